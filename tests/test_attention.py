@@ -1,0 +1,93 @@
+"""The attention equation, the masks and the position encoding against direct NumPy computations."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import transformer_jax as tj
+
+
+def numpy_attention(q, k, v, mask=None):
+  logits = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+  if mask is not None:
+    logits = np.where(mask, logits, -np.inf)
+  with np.errstate(invalid="ignore"):
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    w = w / w.sum(-1, keepdims=True)
+  w = np.nan_to_num(w, nan=0.0)  # fully masked rows: zeros
+  return w @ v, w
+
+
+@pytest.fixture(scope="module")
+def qkv():
+  rng = np.random.default_rng(0)
+  q = rng.normal(size=(2, 3, 5, 8)).astype(np.float32)
+  k = rng.normal(size=(2, 3, 6, 8)).astype(np.float32)
+  v = rng.normal(size=(2, 3, 6, 4)).astype(np.float32)
+  return q, k, v
+
+
+def test_attention_matches_numpy_without_mask(qkv):
+  q, k, v = qkv
+  out, w = tj.scaled_dot_product_attention(q, k, v)
+  ref_out, ref_w = numpy_attention(q, k, v)
+  np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(w).sum(-1), 1.0, rtol=1e-5)
+
+
+def test_attention_matches_numpy_with_mask_and_zero_rows(qkv):
+  q, k, v = qkv
+  mask = np.random.default_rng(1).random((2, 1, 5, 6)) > 0.4
+  mask[0, 0, 2, :] = False  # one fully masked query row
+  out, w = tj.scaled_dot_product_attention(q, k, v, mask=mask)
+  ref_out, ref_w = numpy_attention(q, k, v, mask)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+  assert np.all(np.asarray(out)[0, :, 2] == 0.0)
+  assert np.all(np.asarray(w)[~np.broadcast_to(mask, w.shape)] == 0.0)
+
+
+def test_attention_dropout_is_seeded_and_rescaled(qkv):
+  q, k, v = qkv
+  a, w = tj.scaled_dot_product_attention(q, k, v, dropout_rate=0.5, dropout_rng=jax.random.key(0))
+  b, _ = tj.scaled_dot_product_attention(q, k, v, dropout_rate=0.5, dropout_rng=jax.random.key(0))
+  c, _ = tj.scaled_dot_product_attention(q, k, v, dropout_rate=0.5, dropout_rng=jax.random.key(1))
+  ref, ref_w = numpy_attention(q, k, v)
+  np.testing.assert_array_equal(a, b)
+  assert not np.allclose(a, c)
+  np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)  # weights are pre-dropout
+  # Inverted dropout keeps the expectation: averaged over many keys it approaches the reference.
+  outs = [tj.scaled_dot_product_attention(q, k, v, dropout_rate=0.5, dropout_rng=jax.random.key(i))[0]
+          for i in range(200)]
+  np.testing.assert_allclose(np.mean(outs, 0), ref, atol=0.15)
+
+
+def test_masks():
+  np.testing.assert_array_equal(tj.causal_mask(3)[0, 0],
+                                [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
+  pm = tj.padding_mask(jnp.array([[1, 1, 0]]), jnp.array([[1, 0]]))
+  assert pm.shape == (1, 1, 3, 2)
+  np.testing.assert_array_equal(pm[0, 0], [[1, 0], [1, 0], [0, 0]])
+  seg = jnp.array([[1, 1, 2, 0]])
+  sm = tj.segment_mask(seg, seg)[0, 0]
+  np.testing.assert_array_equal(sm, [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
+  assert tj.combine_masks(None, None) is None
+  np.testing.assert_array_equal(tj.combine_masks(tj.causal_mask(4), tj.segment_mask(seg, seg))[0, 0],
+                                [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
+
+
+def test_sinusoidal_position_encoding_formula():
+  length, dim, base = 50, 16, 10000.0
+  pe = np.asarray(tj.sinusoidal_position_encoding(length, dim, base))
+  assert pe.shape == (length, dim)
+  for pos in range(length):
+    for i in range(dim // 2):
+      angle = pos / base ** (2 * i / dim)
+      assert pe[pos, 2 * i] == pytest.approx(math.sin(angle), abs=1e-6)
+      assert pe[pos, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
+  with pytest.raises(ValueError, match="even"):
+    tj.sinusoidal_position_encoding(4, 5)

@@ -1,0 +1,230 @@
+"""The Transformer's structural guarantees: causality, padding, packing, decoding, gradients, sizes."""
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import transformer_jax as tj
+
+VOCAB = 40
+
+
+def make(norm="post", **overrides):
+  cfg = tj.model_config("tiny", vocab_size=VOCAB, norm_position=norm, **overrides)
+  return cfg, tj.Transformer(cfg.replace(deterministic=True))
+
+
+def random_tokens(seed, shape):
+  return jax.random.randint(jax.random.key(seed), shape, 4, VOCAB)
+
+
+@pytest.fixture(scope="module", params=["post", "pre"])
+def setup(request):
+  cfg, model = make(request.param)
+  params = jax.jit(model.init)(jax.random.key(0), random_tokens(0, (2, 9)),
+                               random_tokens(1, (2, 7)))["params"]
+  apply = jax.jit(lambda p, *a, **k: model.apply({"params": p}, *a, **k))
+  return cfg, model, params, apply
+
+
+def test_causality(setup):
+  cfg, _, params, apply = setup
+  src, tgt = random_tokens(2, (2, 9)), random_tokens(3, (2, 7))
+  base = apply(params, src, tgt)
+  for t in range(7):
+    changed = tgt.at[:, t].set((tgt[:, t] + 1 - 4) % (VOCAB - 4) + 4)
+    out = apply(params, src, changed)
+    # Position i predicts target i from targets < i: positions <= t must not move.
+    np.testing.assert_allclose(out[:, :t + 1], base[:, :t + 1], atol=1e-5)
+    if t < 6:
+      assert not np.allclose(out[:, t + 1:], base[:, t + 1:], atol=1e-5)
+
+
+def test_padding_does_not_leak(setup):
+  cfg, _, params, apply = setup
+  src, tgt = random_tokens(4, (2, 9)), random_tokens(5, (2, 7))
+  src = src.at[:, 6:].set(cfg.pad_id)
+  tgt = tgt.at[:, 5:].set(cfg.pad_id)
+  base = apply(params, src, tgt)
+  # More padding on the right changes nothing at real positions.
+  longer = apply(params, jnp.pad(src, ((0, 0), (0, 5))), jnp.pad(tgt, ((0, 0), (0, 4))))
+  np.testing.assert_allclose(longer[:, :5], base[:, :5], atol=1e-5)
+  # With segment ids, padding is where the segment is 0: whatever tokens sit there are ignored.
+  seg_s, seg_t = (src != 0).astype(jnp.int32), (tgt != 0).astype(jnp.int32)
+  pos_s = jnp.broadcast_to(jnp.arange(9), src.shape)
+  pos_t = jnp.broadcast_to(jnp.arange(7), tgt.shape)
+  garbage_src = jnp.where(seg_s > 0, src, random_tokens(6, src.shape))
+  garbage_tgt = jnp.where(seg_t > 0, tgt, random_tokens(7, tgt.shape))
+  out = apply(params, garbage_src, garbage_tgt, pos_s, pos_t, seg_s, seg_t)
+  np.testing.assert_allclose(out[:, :5], base[:, :5], atol=1e-5)
+  # Changing a real source token does change the output (the test can fail).
+  moved = apply(params, src.at[:, 0].set(src[:, 0] % (VOCAB - 5) + 5), tgt)
+  assert not np.allclose(moved[:, :5], base[:, :5], atol=1e-5)
+
+
+def test_packed_equals_separate(setup):
+  cfg, _, params, apply = setup
+  s1, t1 = random_tokens(8, (1, 4)), random_tokens(9, (1, 3))
+  s2, t2 = random_tokens(10, (1, 5)), random_tokens(11, (1, 4))
+  alone1 = apply(params, s1, t1)
+  alone2 = apply(params, s2, t2)
+  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n)))  # noqa: E731
+  src = pad(jnp.concatenate([s1, s2], 1), 2)          # 4 + 5 + 2 padding
+  tgt = pad(jnp.concatenate([t1, t2], 1), 1)          # 3 + 4 + 1 padding
+  src_seg = jnp.array([[1] * 4 + [2] * 5 + [0] * 2])
+  tgt_seg = jnp.array([[1] * 3 + [2] * 4 + [0]])
+  src_pos = jnp.array([list(range(4)) + list(range(5)) + [0, 0]])
+  tgt_pos = jnp.array([list(range(3)) + list(range(4)) + [0]])
+  packed = apply(params, src, tgt, src_pos, tgt_pos, src_seg, tgt_seg)
+  np.testing.assert_allclose(packed[:, :3], alone1, atol=1e-5)
+  np.testing.assert_allclose(packed[:, 3:7], alone2, atol=1e-5)
+
+
+def test_shift_right_restarts_each_segment():
+  tgt = jnp.array([[11, 12, 13, 21, 22, 0]])
+  seg = jnp.array([[1, 1, 1, 2, 2, 0]])
+  np.testing.assert_array_equal(tj.shift_right(tgt, 2), [[2, 11, 12, 13, 21, 22]])
+  np.testing.assert_array_equal(tj.shift_right(tgt, 2, seg), [[2, 11, 12, 2, 21, 2]])
+
+
+def greedy_cached_logits(cfg, params, src, decoder_inputs):
+  dcfg = cfg.replace(deterministic=True, decode=True)
+  model = tj.Transformer(dcfg)
+  cache = tj.init_cache(dcfg, src.shape[0], src.shape[1], decoder_inputs.shape[1])
+  p = {"params": params}
+  encoded = model.apply(p, src, method=tj.Transformer.encode)
+  _, mut = model.apply({**p, "cache": cache}, encoded, src, method=tj.Transformer.prime_cache,
+                       mutable=["cache"])
+  cache, outs = mut["cache"], []
+  step = jax.jit(lambda c, tok: model.apply({**p, "cache": c}, tok,
+                                            method=tj.Transformer.decode_step, mutable=["cache"]))
+  for t in range(decoder_inputs.shape[1]):
+    logits, mut = step(cache, decoder_inputs[:, t:t + 1])
+    cache = mut["cache"]
+    outs.append(logits)
+  return jnp.concatenate(outs, 1), cache
+
+
+def test_cached_decoding_equals_teacher_forcing(setup):
+  cfg, _, params, apply = setup
+  src, tgt = random_tokens(12, (3, 9)), random_tokens(13, (3, 6))
+  src = src.at[1, 5:].set(cfg.pad_id)  # a padded source in the batch
+  full = apply(params, src, tgt)
+  stepwise, cache = greedy_cached_logits(cfg, params, src, tj.shift_right(tgt, cfg.bos_id))
+  np.testing.assert_allclose(stepwise, full, atol=1e-5)
+  # The encoder-decoder keys/values were computed once (prime) and are only read afterwards.
+  cross = cache["decoder"]["layer_0"]["cross_attention"]
+  assert cross["cross_key"].shape == (3, 9, cfg.num_heads, cfg.head_dim)
+  assert not np.asarray(cross["cross_valid"])[1, 5:].any()
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_gradients_finite_and_nonzero_for_every_parameter(norm):
+  cfg, _ = make(norm)
+  model = tj.Transformer(cfg)  # dropout on
+  src, tgt = random_tokens(14, (2, 8)), random_tokens(15, (2, 6))
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(1), src, tgt)["params"])
+
+  def loss(p):
+    logits = model.apply({"params": p}, src, tgt, rngs={"dropout": jax.random.key(2)})
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tgt[..., None], -1))
+
+  grads = jax.jit(jax.grad(loss))(params)
+  for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+    assert np.all(np.isfinite(g)), path
+    assert np.any(g != 0), path
+
+
+def test_every_parameter_has_logical_axis_names():
+  cfg, model = make("pre", tie_output_embedding=False, position_encoding="learned")
+  variables = model.init(jax.random.key(0), random_tokens(0, (1, 4)), random_tokens(1, (1, 3)))
+  leaves = jax.tree.leaves(variables["params"], is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
+  for box in leaves:
+    assert len(box.names) == box.value.ndim
+  specs = nn.get_partition_spec(variables)["params"]
+  assert specs["shared_embedding"]["embedding"] == jax.sharding.PartitionSpec("vocab", "embed")
+  q = specs["encoder"]["layer_0"]["self_attention"]["query"]["kernel"]
+  assert q == jax.sharding.PartitionSpec("embed", "heads", "kv")
+
+
+def hand_count(V, d, f, n, final_norms=0):
+  attention = 4 * (d * d + d)            # W^Q, W^K, W^V, W^O with biases
+  ffn = d * f + f + f * d + d            # W_1, b_1, W_2, b_2
+  norm = 2 * d                           # LayerNorm gain and bias
+  encoder_layer = attention + ffn + 2 * norm
+  decoder_layer = 2 * attention + ffn + 3 * norm
+  return V * d + n * (encoder_layer + decoder_layer) + final_norms * norm  # one shared, tied V x d
+
+
+@pytest.mark.parametrize("size,expected_millions", [("base", 63.08), ("big", 214.25)])
+def test_parameter_counts_of_paper_sizes(size, expected_millions):
+  cfg = tj.model_config(size, vocab_size=37000)
+  model = tj.Transformer(cfg)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.ones((1, 8), jnp.int32),
+                          jnp.ones((1, 8), jnp.int32))["params"]
+  count = tj.count_params(shapes)
+  assert count == hand_count(37000, cfg.d_model, cfg.d_ff, 6)
+  assert count / 1e6 == pytest.approx(expected_millions, abs=0.01)
+  assert tj.count_params(shapes, non_embedding=True) == count - 37000 * cfg.d_model
+  pre = tj.Transformer(cfg.replace(norm_position="pre"))
+  pre_shapes = jax.eval_shape(pre.init, jax.random.key(0), jnp.ones((1, 8), jnp.int32),
+                              jnp.ones((1, 8), jnp.int32))["params"]
+  assert tj.count_params(pre_shapes) == hand_count(37000, cfg.d_model, cfg.d_ff, 6, final_norms=2)
+
+
+def test_fused_attention_path_matches_reference(setup):
+  cfg, _, params, apply = setup
+  fused = tj.Transformer(cfg.replace(deterministic=True, attention_impl="cudnn"))
+  src, tgt = random_tokens(16, (2, 9)), random_tokens(17, (2, 7))
+  src = src.at[0, 6:].set(0)
+  tgt = tgt.at[0, 4:].set(0)
+  ref = apply(params, src, tgt)
+  out = fused.apply({"params": params}, src, tgt)
+  np.testing.assert_allclose(out[1], ref[1], atol=1e-5)
+  np.testing.assert_allclose(out[0, :4], ref[0, :4], atol=1e-5)
+
+
+def test_bfloat16_compute_stays_close_to_float32(setup):
+  cfg, _, params, apply = setup
+  model = tj.Transformer(cfg.replace(deterministic=True, dtype="bfloat16"))
+  src, tgt = random_tokens(18, (2, 9)), random_tokens(19, (2, 7))
+  out = model.apply({"params": params}, src, tgt)
+  assert out.dtype == jnp.bfloat16
+  ref = apply(params, src, tgt)
+  probs = jax.nn.softmax(out.astype(jnp.float32))
+  np.testing.assert_allclose(probs, jax.nn.softmax(ref), atol=0.03)
+
+
+def test_variants_run():
+  src, tgt = random_tokens(20, (2, 6)), random_tokens(21, (2, 5))
+  for overrides in [dict(position_encoding="learned"), dict(activation="gelu", use_bias=False),
+                    dict(kernel_init="normal", scale_embeddings=False),
+                    dict(share_embeddings=False, tie_output_embedding=False, target_vocab_size=VOCAB + 7),
+                    dict(remat="layer", attention_dropout_rate=0.1, relu_dropout_rate=0.1)]:
+    cfg, _ = make("pre", num_encoder_layers=1, num_decoder_layers=1, **overrides)
+    model = tj.Transformer(cfg)
+    v = jax.jit(model.init)(jax.random.key(0), src, tgt)
+    out = jax.jit(model.apply)(v, src, tgt, rngs={"dropout": jax.random.key(1)})
+    assert out.shape == (2, 5, cfg.output_vocab_size), overrides
+    assert np.all(np.isfinite(out)), overrides
+
+
+def test_invalid_configs_name_the_field():
+  with pytest.raises(ValueError, match="d_model=30 is not divisible by num_heads=4"):
+    tj.model_config("tiny", d_model=30)
+  with pytest.raises(ValueError, match=r"norm_position='middle'.*\('post', 'pre'\)"):
+    tj.model_config("tiny", norm_position="middle")
+  with pytest.raises(ValueError, match=r"model size 'huge'.*tiny"):
+    tj.model_config("huge")
+  with pytest.raises(ValueError, match="unknown TransformerConfig field"):
+    tj.model_config("base", d_modle=3)
+  with pytest.raises(ValueError, match="share_embeddings"):
+    tj.model_config("tiny", target_vocab_size=99)
+  with pytest.raises(ValueError, match="attention_dropout_rate"):
+    tj.model_config("tiny", attention_impl="cudnn", attention_dropout_rate=0.1)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    tj.model_config("tiny").d_model = 3

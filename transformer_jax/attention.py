@@ -1,0 +1,101 @@
+"""Scaled dot-product attention, the masks it takes, and the sinusoidal position encoding.
+
+Plain functions on arrays, no Flax: they are the equations of the paper, and the modules in
+`layers.py` are built on them. Masks are boolean, True where attention is allowed, shaped to
+broadcast against attention logits `[batch, heads, q_len, kv_len]`.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def scaled_dot_product_attention(query, key, value, mask=None, dropout_rate: float = 0.0,
+                                 dropout_rng=None):
+  """softmax(Q K^T / sqrt(d_k)) V over the last two axes; any leading batch/head axes.
+
+  Args:
+    query: `[..., q_len, d_k]`. key: `[..., kv_len, d_k]`. value: `[..., kv_len, d_v]`.
+    mask: boolean, broadcastable to `[..., q_len, kv_len]`, True where a query may attend.
+    dropout_rate: dropout on the attention weights (applied only when `dropout_rng` is given).
+    dropout_rng: PRNG key for that dropout.
+
+  Returns:
+    `(output [..., q_len, d_v], weights [..., q_len, kv_len])`. `weights` are the softmax
+    probabilities before dropout. A query whose whole row is masked (a padding position) gets
+    zero weights and a zero output rather than NaN.
+  """
+  dtype = query.dtype
+  depth = query.shape[-1]
+  # Scale the query, not the logits: the same maths, one multiply on the smaller tensor.
+  query = query / jnp.sqrt(depth).astype(dtype)
+  logits = jnp.einsum("...qd,...kd->...qk", query, key)
+  # Softmax in float32 even for bfloat16 compute: exp and the row sum lose too much otherwise.
+  logits = logits.astype(jnp.float32)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1)
+  if mask is not None:
+    # A fully masked row would otherwise be a uniform average over padding.
+    weights = jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
+  weights = weights.astype(dtype)
+  attend = weights
+  if dropout_rate > 0.0 and dropout_rng is not None:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    attend = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(dtype)
+  output = jnp.einsum("...qk,...kd->...qd", attend, value)
+  return output, weights
+
+
+def causal_mask(length: int, dtype=jnp.bool_):
+  """`[1, 1, length, length]`, True where key position <= query position."""
+  idx = jnp.arange(length)
+  return (idx[None, :] <= idx[:, None]).astype(dtype)[None, None]
+
+
+def padding_mask(query_valid, key_valid):
+  """`[batch, 1, q_len, kv_len]` from per-token validity `[batch, q_len]` and `[batch, kv_len]`.
+
+  A pair is allowed only when both the query and the key are real tokens.
+  """
+  return (query_valid[:, None, :, None].astype(bool) & key_valid[:, None, None, :].astype(bool))
+
+
+def segment_mask(query_segments, key_segments):
+  """`[batch, 1, q_len, kv_len]` for packed rows: True where both tokens are in the same sentence.
+
+  Segment ids are >= 1 for real tokens and 0 for padding; padding attends nowhere.
+  """
+  q = query_segments[:, None, :, None]
+  k = key_segments[:, None, None, :]
+  return (q == k) & (q > 0) & (k > 0)
+
+
+def combine_masks(*masks):
+  """Logical AND of the masks that are not None (None when all are)."""
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  out = masks[0]
+  for m in masks[1:]:
+    out = out & m
+  return out
+
+
+def sinusoidal_position_encoding(length: int, dim: int, base: float = 10000.0):
+  """`[length, dim]` with PE(pos, 2i) = sin(pos / base^(2i/dim)), PE(pos, 2i+1) = cos(same).
+
+  Sines and cosines interleave exactly as the formula says (Flax's WMT example concatenates them
+  instead, which is a different, permuted encoding). Computed in NumPy float64 so the table is a
+  constant folded into the compiled step.
+  """
+  if dim % 2:
+    raise ValueError(f"sinusoidal_position_encoding: dim={dim} must be even")
+  pos = np.arange(length, dtype=np.float64)[:, None]
+  two_i = np.arange(0, dim, 2, dtype=np.float64)[None, :]
+  angle = pos / np.power(base, two_i / dim)
+  pe = np.zeros((length, dim), dtype=np.float64)
+  pe[:, 0::2] = np.sin(angle)
+  pe[:, 1::2] = np.cos(angle)
+  return jnp.asarray(pe, dtype=jnp.float32)

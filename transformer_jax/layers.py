@@ -1,0 +1,223 @@
+"""Building blocks: embeddings, multi-head attention (with the decoding cache) and the FFN.
+
+Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`) and the main
+activations are constrained to (`batch`, `length`, ...): the sharding rules in the training config
+map these names onto a device mesh, so the model never names a device axis.
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.attention import scaled_dot_product_attention
+from transformer_jax.config import TransformerConfig
+
+
+def kernel_init(cfg: TransformerConfig):
+  """Xavier/Glorot uniform (the paper's tensor2tensor code) or N(0, 0.02) (BERT/GPT practice).
+
+  `nn.DenseGeneral` calls it on the flattened 2-D kernel (`[d_model, heads * kv]` for the query),
+  so multi-axis kernels get the fans of the equivalent `[d_model, d_model]` matrix.
+  """
+  if cfg.kernel_init == "normal":
+    return nn.initializers.normal(stddev=0.02)
+  return nn.initializers.xavier_uniform()
+
+
+def constrain(x, names):
+  return nn.with_logical_constraint(x, names)
+
+
+class Embed(nn.Module):
+  """A token embedding table `[vocab, embed]`, also usable as the tied output projection."""
+
+  config: TransformerConfig
+  num_embeddings: int
+
+  def setup(self):
+    cfg = self.config
+    # With the sqrt(d_model) scale, N(0, d_model^-0.5) gives embeddings of unit variance, the
+    # same scale as the sinusoidal encodings they are added to (tensor2tensor's choice).
+    self.embedding = self.param(
+        "embedding",
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=cfg.d_model**-0.5),
+                                     ("vocab", "embed")),
+        (self.num_embeddings, cfg.d_model), cfg.params_dtype)
+
+  def __call__(self, ids):
+    cfg = self.config
+    x = jnp.take(jnp.asarray(self.embedding, cfg.compute_dtype), ids, axis=0)
+    if cfg.scale_embeddings:
+      x = x * jnp.asarray(math.sqrt(cfg.d_model), cfg.compute_dtype)
+    return x
+
+  def attend(self, x):
+    """Logits `x @ E^T`: the pre-softmax linear layer sharing the embedding weights."""
+    return jnp.einsum("...d,vd->...v", x, jnp.asarray(self.embedding, x.dtype))
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+  `cache` says how it behaves when `config.decode` is True:
+    "none": never cached (encoder self-attention);
+    "self": decoder self-attention; keys and values are appended one position per call;
+    "cross": encoder-decoder attention; `prime` computes the keys and values of the encoder output
+      once per sentence, and every decoding step reads them from the cache.
+  """
+
+  config: TransformerConfig
+  cache: str = "none"
+
+  def _dense(self, names, axis, features, name):
+    cfg = self.config
+    n_in = 1 if isinstance(axis, int) else len(axis)
+    return nn.DenseGeneral(
+        features=features, axis=axis, use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        kernel_init=nn.with_logical_partitioning(kernel_init(cfg), names),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[n_in:]), name=name)
+
+  def _project_kv(self, inputs_kv):
+    heads = (self.config.num_heads, self.config.head_dim)
+    k = self._dense(("embed", "heads", "kv"), -1, heads, "key")(inputs_kv)
+    v = self._dense(("embed", "heads", "kv"), -1, heads, "value")(inputs_kv)
+    return (constrain(k, ("batch", "length", "heads", "kv")),
+            constrain(v, ("batch", "length", "heads", "kv")))
+
+  def _store_cross(self, inputs_kv, kv_valid):
+    k, v = self._project_kv(inputs_kv)
+    self.variable("cache", "cross_key", jnp.zeros, k.shape, k.dtype).value = k
+    self.variable("cache", "cross_value", jnp.zeros, v.shape, v.dtype).value = v
+    self.variable("cache", "cross_valid", jnp.zeros, kv_valid.shape, jnp.bool_).value = (
+        kv_valid.astype(jnp.bool_))
+
+  @nn.compact
+  def __call__(self, inputs_q, inputs_kv=None, mask=None, prime_valid=None):
+    """inputs_q `[batch, q_len, d_model]`; inputs_kv defaults to inputs_q (self-attention).
+
+    `mask` is boolean, broadcastable to `[batch, heads, q_len, kv_len]`. In decode mode the
+    cache supplies the masks. `prime_valid` (`[batch, kv_len]`, cross-attention in decode mode
+    only) stores the keys and values of `inputs_kv` in the cache and returns None: this is done
+    once per batch of source sentences.
+    """
+    cfg = self.config
+    if prime_valid is not None:
+      if not (cfg.decode and self.cache == "cross"):
+        raise ValueError("prime_valid is only for cross-attention in decode mode")
+      self._store_cross(inputs_kv, prime_valid)
+      return None
+    inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+    heads = (cfg.num_heads, cfg.head_dim)
+    q = self._dense(("embed", "heads", "kv"), -1, heads, "query")(inputs_q)
+    q = constrain(q, ("batch", "length", "heads", "kv"))
+    if cfg.decode and self.cache == "cross":
+      if not self.has_variable("cache", "cross_key"):
+        # Model initialisation in decode mode: create the cache from the encoder output's shape.
+        self._store_cross(inputs_kv, jnp.ones(inputs_kv.shape[:2], jnp.bool_))
+      k = self.get_variable("cache", "cross_key")
+      v = self.get_variable("cache", "cross_value")
+      mask = self.get_variable("cache", "cross_valid")[:, None, None, :]
+    elif cfg.decode and self.cache == "self":
+      k, v = self._project_kv(inputs_kv)
+      initialised = self.has_variable("cache", "cached_key")
+      cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+      cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+      index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+      if initialised:
+        if inputs_q.shape[1] != 1:
+          raise ValueError(f"decode mode takes one target position per call, got "
+                           f"{inputs_q.shape[1]}")
+        i = index.value
+        cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, i, 0, 0))
+        cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, i, 0, 0))
+        index.value = i + 1
+        k, v = cached_k.value, cached_v.value
+        # The new query sees every cached position up to and including its own.
+        mask = (jnp.arange(k.shape[1]) <= i)[None, None, None, :]
+    else:
+      k, v = self._project_kv(inputs_kv)
+
+    dropout_rng = None
+    if not cfg.deterministic and cfg.attention_dropout_rate > 0.0:
+      dropout_rng = self.make_rng("dropout")
+    if cfg.attention_impl == "cudnn":
+      x = _fused_attention(cfg, q, k, v, mask)
+    else:
+      # [batch, length, heads, kv] -> [batch, heads, length, kv] for the head-batched formula.
+      x, weights = scaled_dot_product_attention(
+          q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), mask=mask,
+          dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng)
+      self.sow("intermediates", "attention_weights", weights)
+      x = x.swapaxes(1, 2)
+    x = constrain(x, ("batch", "length", "heads", "kv"))
+    x = self._dense(("heads", "kv", "embed"), (-2, -1), cfg.d_model, "out")(x)
+    return constrain(x, ("batch", "length", "embed"))
+
+
+def _fused_attention(cfg: TransformerConfig, q, k, v, mask):
+  """`jax.nn.dot_product_attention`: cuDNN's fused kernel on GPUs for 16-bit inputs, else XLA."""
+  implementation = None
+  if jax.default_backend() == "gpu" and cfg.compute_dtype in (jnp.bfloat16, jnp.float16):
+    implementation = "cudnn"
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
+  x = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+  if mask is not None:
+    # Match the reference: a query that may attend nowhere (padding) outputs zeros.
+    x = jnp.where(jnp.any(mask, axis=-1)[:, 0, :, None, None], x, 0)
+  return x
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (or GELU), with optional dropout after the activation."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    dense = lambda features, names, name: nn.Dense(  # noqa: E731
+        features, use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+        kernel_init=nn.with_logical_partitioning(kernel_init(cfg), names),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[1:]), name=name)
+    h = dense(cfg.d_ff, ("embed", "mlp"), "wi")(x)
+    h = nn.relu(h) if cfg.activation == "relu" else nn.gelu(h)
+    h = constrain(h, ("batch", "length", "mlp"))
+    h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=cfg.deterministic)
+    return constrain(dense(cfg.d_model, ("mlp", "embed"), "wo")(h), ("batch", "length", "embed"))
+
+
+class LayerNorm(nn.Module):
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        name="norm")(x)
+
+
+class Residual(nn.Module):
+  """One sublayer with dropout, residual and LayerNorm in the configured position.
+
+  post (the paper): LayerNorm(x + Dropout(Sublayer(x)));  pre: x + Dropout(Sublayer(LayerNorm(x))).
+  """
+
+  config: TransformerConfig
+
+  def setup(self):
+    self.norm = LayerNorm(self.config)
+    self.dropout = nn.Dropout(self.config.dropout_rate)
+
+  def __call__(self, x, sublayer):
+    cfg = self.config
+    if cfg.norm_position == "pre":
+      return x + self.dropout(sublayer(self.norm(x)), deterministic=cfg.deterministic)
+    return self.norm(x + self.dropout(sublayer(x), deterministic=cfg.deterministic))

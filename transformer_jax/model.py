@@ -1,0 +1,259 @@
+"""Encoder, Decoder and the Transformer of "Attention Is All You Need".
+
+Batches may be packed: several sentence pairs share one row, told apart by segment ids (>= 1,
+0 for padding) and positions that restart at 0 in each segment. Packed sentences never attend
+across segments (all three attentions) and the decoder's right shift restarts in each segment.
+
+Decoding: build the model from `config.replace(decode=True, deterministic=True)`, make a zero
+cache with `init_cache`, call `prime_cache` once per batch of source sentences (the encoder-decoder
+keys and values are computed there, once), then `decode_step` one target token at a time.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.attention import (causal_mask, combine_masks, padding_mask, segment_mask,
+                                       sinusoidal_position_encoding)
+from transformer_jax.config import TransformerConfig
+from transformer_jax.layers import (Embed, FeedForward, LayerNorm, MultiHeadAttention, Residual,
+                                    constrain, kernel_init)
+
+
+def shift_right(targets, bos_id: int, segment_ids=None):
+  """Decoder inputs: targets moved one step right with `bos_id` in front.
+
+  With segment ids, every segment starts with `bos_id` instead of the previous segment's last
+  token, so no packed sentence sees another's tokens through the shift.
+  """
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=bos_id)[:, :-1]
+  if segment_ids is not None:
+    previous = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
+    shifted = jnp.where(segment_ids != previous, bos_id, shifted)
+  return shifted
+
+
+def token_validity(tokens, segment_ids, pad_id: int):
+  """Real (non-padding) tokens: segment id > 0 for packed rows, else token != pad_id."""
+  return tokens != pad_id if segment_ids is None else segment_ids > 0
+
+
+class PositionEncoding(nn.Module):
+  """Adds the position encoding (sinusoidal, as the paper, or a learned table) to embeddings."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x, positions=None):
+    cfg = self.config
+    length = x.shape[1]
+    if positions is None:
+      positions = jnp.arange(length)[None, :]
+    if cfg.position_encoding == "learned":
+      table = self.param(
+          "embedding",
+          nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
+          (cfg.max_len, cfg.d_model), cfg.params_dtype)
+    else:
+      table = sinusoidal_position_encoding(cfg.max_len, cfg.d_model)
+    return x + jnp.take(jnp.asarray(table, x.dtype), positions, axis=0)
+
+
+class EncoderLayer(nn.Module):
+  config: TransformerConfig
+
+  def setup(self):
+    self.self_attention = MultiHeadAttention(self.config)
+    self.feed_forward = FeedForward(self.config)
+    self.attention_block = Residual(self.config)
+    self.feed_forward_block = Residual(self.config)
+
+  def __call__(self, x, mask):
+    x = self.attention_block(x, lambda h: self.self_attention(h, mask=mask))
+    return self.feed_forward_block(x, self.feed_forward)
+
+
+class DecoderLayer(nn.Module):
+  config: TransformerConfig
+
+  def setup(self):
+    self.self_attention = MultiHeadAttention(self.config, cache="self")
+    self.cross_attention = MultiHeadAttention(self.config, cache="cross")
+    self.feed_forward = FeedForward(self.config)
+    self.self_attention_block = Residual(self.config)
+    self.cross_attention_block = Residual(self.config)
+    self.feed_forward_block = Residual(self.config)
+
+  def prime(self, encoded, encoded_valid):
+    self.cross_attention(None, encoded, prime_valid=encoded_valid)
+
+  def __call__(self, x, encoded, self_mask, cross_mask):
+    x = self.self_attention_block(x, lambda h: self.self_attention(h, mask=self_mask))
+    x = self.cross_attention_block(x, lambda h: self.cross_attention(h, encoded, mask=cross_mask))
+    return self.feed_forward_block(x, self.feed_forward)
+
+
+def _layer_class(cls, cfg: TransformerConfig):
+  # Rematerialisation trades a second forward pass per layer for not storing its activations.
+  return nn.remat(cls) if cfg.remat == "layer" else cls
+
+
+class Encoder(nn.Module):
+  config: TransformerConfig
+  embedding: Embed
+
+  def setup(self):
+    cfg = self.config
+    self.position = PositionEncoding(cfg)
+    self.dropout = nn.Dropout(cfg.dropout_rate)
+    layer = _layer_class(EncoderLayer, cfg)
+    self.layers = [layer(cfg, name=f"layer_{i}") for i in range(cfg.num_encoder_layers)]
+    if cfg.norm_position == "pre":
+      self.final_norm = LayerNorm(cfg)
+
+  def __call__(self, inputs, positions=None, segment_ids=None):
+    cfg = self.config
+    valid = token_validity(inputs, segment_ids, cfg.pad_id)
+    mask = combine_masks(padding_mask(valid, valid),
+                         None if segment_ids is None else segment_mask(segment_ids, segment_ids))
+    x = self.position(self.embedding(inputs), positions)
+    x = self.dropout(x, deterministic=cfg.deterministic)
+    x = constrain(x, ("batch", "length", "embed"))
+    for layer in self.layers:
+      x = layer(x, mask)
+    if cfg.norm_position == "pre":
+      x = self.final_norm(x)
+    return x
+
+
+class Decoder(nn.Module):
+  config: TransformerConfig
+  embedding: Embed
+
+  def setup(self):
+    cfg = self.config
+    self.position = PositionEncoding(cfg)
+    self.dropout = nn.Dropout(cfg.dropout_rate)
+    layer = _layer_class(DecoderLayer, cfg)
+    self.layers = [layer(cfg, name=f"layer_{i}") for i in range(cfg.num_decoder_layers)]
+    if cfg.norm_position == "pre":
+      self.final_norm = LayerNorm(cfg)
+    if cfg.decode:
+      # How many tokens this cache has seen: the position of the next one.
+      self.cache_ready = self.has_variable("cache", "decode_position")
+      self.next_position = self.variable("cache", "decode_position", lambda: jnp.array(0, jnp.int32))
+    if not cfg.tie_output_embedding:
+      self.logits_dense = nn.Dense(
+          cfg.output_vocab_size, use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
+          param_dtype=cfg.params_dtype,
+          kernel_init=nn.with_logical_partitioning(kernel_init(cfg), ("embed", "vocab")),
+          bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)))
+
+  def prime(self, encoded, encoded_valid):
+    for layer in self.layers:
+      layer.prime(encoded, encoded_valid)
+
+  def __call__(self, encoded, decoder_inputs, positions=None, self_mask=None, cross_mask=None):
+    cfg = self.config
+    if cfg.decode and self.cache_ready:
+      positions = jnp.broadcast_to(self.next_position.value, decoder_inputs.shape)
+      self.next_position.value = self.next_position.value + 1
+    y = self.position(self.embedding(decoder_inputs), positions)
+    y = self.dropout(y, deterministic=cfg.deterministic)
+    y = constrain(y, ("batch", "length", "embed"))
+    for layer in self.layers:
+      y = layer(y, encoded, self_mask, cross_mask)
+    if cfg.norm_position == "pre":
+      y = self.final_norm(y)
+    if cfg.tie_output_embedding:
+      logits = self.embedding.attend(y)
+    else:
+      logits = self.logits_dense(y)
+    return constrain(logits, ("batch", "length", "vocab"))
+
+
+class Transformer(nn.Module):
+  """The encoder-decoder Transformer. `__call__(inputs, targets)` returns logits `[batch, len, vocab]`.
+
+  `targets` are the labels (ending in EOS, no BOS): the decoder sees them shifted right.
+  """
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    if cfg.share_embeddings:
+      self.shared_embedding = Embed(cfg, cfg.vocab_size)
+      source = target = self.shared_embedding
+    else:
+      self.source_embedding = Embed(cfg, cfg.vocab_size)
+      self.target_embedding = Embed(cfg, cfg.output_vocab_size)
+      source, target = self.source_embedding, self.target_embedding
+    self.encoder = Encoder(cfg, embedding=source)
+    self.decoder = Decoder(cfg, embedding=target)
+
+  def encode(self, inputs, inputs_positions=None, inputs_segmentation=None):
+    return self.encoder(inputs, inputs_positions, inputs_segmentation)
+
+  def decode(self, encoded, inputs, targets, targets_positions=None, inputs_segmentation=None,
+             targets_segmentation=None):
+    """Teacher-forced decoder logits given the encoder output (training and scoring)."""
+    cfg = self.config
+    target_valid = token_validity(targets, targets_segmentation, cfg.pad_id)
+    input_valid = token_validity(inputs, inputs_segmentation, cfg.pad_id)
+    packed = targets_segmentation is not None
+    self_mask = combine_masks(
+        causal_mask(targets.shape[1]), padding_mask(target_valid, target_valid),
+        segment_mask(targets_segmentation, targets_segmentation) if packed else None)
+    cross_mask = combine_masks(
+        padding_mask(target_valid, input_valid),
+        segment_mask(targets_segmentation, inputs_segmentation) if packed else None)
+    decoder_inputs = shift_right(targets, cfg.bos_id, targets_segmentation)
+    return self.decoder(encoded, decoder_inputs, targets_positions, self_mask, cross_mask)
+
+  def __call__(self, inputs, targets, inputs_positions=None, targets_positions=None,
+               inputs_segmentation=None, targets_segmentation=None):
+    if self.config.decode:
+      # Only used by `init` in decode mode, to create the cache with the right shapes.
+      encoded = self.encode(inputs)
+      return self.decoder(encoded, targets)
+    encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
+    return self.decode(encoded, inputs, targets, targets_positions, inputs_segmentation,
+                       targets_segmentation)
+
+  def prime_cache(self, encoded, inputs):
+    """Decode mode: compute every layer's encoder-decoder keys/values once for these sources."""
+    self.decoder.prime(encoded, inputs != self.config.pad_id)
+
+  def decode_step(self, tokens):
+    """Decode mode: logits `[batch, 1, vocab]` for the next position, given the last token `[batch, 1]`."""
+    return self.decoder(None, tokens)
+
+
+def init_cache(config: TransformerConfig, batch_size: int, source_len: int, max_decode_len: int):
+  """A zero decoding cache for `batch_size` sentences of `source_len` source and up to
+  `max_decode_len` target tokens (shapes only are traced; nothing is computed)."""
+  model = Transformer(config.replace(decode=True, deterministic=True))
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.ones((batch_size, source_len), jnp.int32),
+      jnp.ones((batch_size, max_decode_len), jnp.int32)))["cache"]
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def _is_embedding(path) -> bool:
+  names = [getattr(p, "key", str(p)) for p in path]
+  return any("embedding" in n or n == "logits_dense" for n in names)
+
+
+def count_params(params, non_embedding: bool = False) -> int:
+  """Number of parameters; `non_embedding=True` leaves out token/position embedding tables and an
+  untied output projection (the convention of Kaplan et al. 2020)."""
+  params = nn.meta.unbox(params)
+  total = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if non_embedding and _is_embedding(path):
+      continue
+    total += int(np.prod(leaf.shape))
+  return total
