@@ -16,15 +16,16 @@ from transformer_jax.attention import scaled_dot_product_attention
 from transformer_jax.config import TransformerConfig
 
 
-def kernel_init(cfg: TransformerConfig):
+def kernel_init(cfg: TransformerConfig, in_axis=-2, out_axis=-1):
   """Xavier/Glorot uniform (the paper's tensor2tensor code) or N(0, 0.02) (BERT/GPT practice).
 
-  `nn.DenseGeneral` calls it on the flattened 2-D kernel (`[d_model, heads * kv]` for the query),
-  so multi-axis kernels get the fans of the equivalent `[d_model, d_model]` matrix.
+  For multi-axis kernels such as `[embed, heads, kv]` the fans are taken over the axes that form
+  the equivalent 2-D matrix (`[d_model, heads * kv]`), so the variance is that of a plain Dense.
   """
   if cfg.kernel_init == "normal":
     return nn.initializers.normal(stddev=0.02)
-  return nn.initializers.xavier_uniform()
+  return nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=in_axis,
+                                          out_axis=out_axis)
 
 
 def constrain(x, names):
@@ -59,6 +60,37 @@ class Embed(nn.Module):
     return jnp.einsum("...d,vd->...v", x, jnp.asarray(self.embedding, x.dtype))
 
 
+class Projection(nn.Module):
+  """`x @ W + b` for a kernel with several input or output axes, e.g. `[embed, heads, kv]`.
+
+  Written out instead of `nn.DenseGeneral`, which initialises its kernel flattened to 2-D and so
+  cannot carry one logical name per axis through Flax's metadata checks under a mesh.
+  """
+
+  config: TransformerConfig
+  kernel_shape: tuple[int, ...]
+  num_in: int                      # leading kernel axes contracted with x's trailing axes
+  names: tuple[str, ...]
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    n = len(self.kernel_shape)
+    in_axes, out_axes = tuple(range(self.num_in)), tuple(range(self.num_in, n))
+    kernel = self.param(
+        "kernel", nn.with_logical_partitioning(kernel_init(cfg, in_axes, out_axes), self.names),
+        self.kernel_shape, cfg.params_dtype)
+    x = x.astype(cfg.compute_dtype)
+    y = jnp.tensordot(x, jnp.asarray(kernel, cfg.compute_dtype),
+                      axes=(tuple(range(x.ndim - self.num_in, x.ndim)), in_axes))
+    if cfg.use_bias:
+      bias = self.param(
+          "bias", nn.with_logical_partitioning(nn.initializers.zeros, self.names[self.num_in:]),
+          self.kernel_shape[self.num_in:], cfg.params_dtype)
+      y = y + jnp.asarray(bias, cfg.compute_dtype)
+    return y
+
+
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -74,12 +106,9 @@ class MultiHeadAttention(nn.Module):
 
   def _dense(self, names, axis, features, name):
     cfg = self.config
-    n_in = 1 if isinstance(axis, int) else len(axis)
-    return nn.DenseGeneral(
-        features=features, axis=axis, use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
-        param_dtype=cfg.params_dtype,
-        kernel_init=nn.with_logical_partitioning(kernel_init(cfg), names),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[n_in:]), name=name)
+    if isinstance(axis, int):  # [embed] -> [heads, kv]
+      return Projection(cfg, (cfg.d_model,) + features, 1, names, name=name)
+    return Projection(cfg, (cfg.num_heads, cfg.head_dim, features), 2, names, name=name)
 
   def _project_kv(self, inputs_kv):
     heads = (self.config.num_heads, self.config.head_dim)

@@ -1,0 +1,126 @@
+"""Orbax checkpoints of the train state, the data iterator state and run metadata.
+
+One `CheckpointManager` under `<workdir>/checkpoints`, async saves, keep the last N (and every
+K-th step if asked). Orbax writes each step into a temporary directory and renames it when
+complete, so a half-written step is never listed; a step whose files are damaged fails to
+restore, and we then fall back to the previous step with a warning, never to a fresh start.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+  pass
+
+
+def checkpoint_dir(workdir: str) -> str:
+  return os.path.join(os.path.abspath(workdir), "checkpoints")
+
+
+def abstract_like(tree, shardings=None):
+  """ShapeDtypeStructs (with target shardings) to restore into."""
+  if shardings is None:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
+                      shardings)
+
+
+class Checkpointer:
+  """Saves and restores `{state, data, meta}` per step."""
+
+  def __init__(self, workdir: str, max_to_keep: int = 3, keep_period: int | None = None,
+               async_save: bool = True):
+    self.directory = checkpoint_dir(workdir)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, keep_period=keep_period or None,
+        enable_async_checkpointing=async_save, create=True)
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, state, data_state: dict | None = None, meta: dict | None = None,
+           force: bool = False) -> bool:
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                              data=ocp.args.JsonSave(data_state or {}),
+                              meta=ocp.args.JsonSave(meta or {}))
+    return self.manager.save(int(step), args=args, force=force)
+
+  def restore(self, step: int, abstract_state) -> tuple[Any, dict, dict]:
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                              data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
+    out = self.manager.restore(int(step), args=args)
+    return out["state"], dict(out["data"] or {}), dict(out["meta"] or {})
+
+  def restore_latest(self, abstract_state) -> tuple[int, Any, dict, dict] | None:
+    """The newest step that restores; older ones are tried, with a warning, if it is damaged.
+
+    Returns None when there is no checkpoint at all; raises CheckpointError when there are
+    checkpoints but none restores (a run must not silently start again from scratch).
+    """
+    steps = self.all_steps()
+    if not steps:
+      return None
+    errors = []
+    for step in reversed(steps):
+      try:
+        state, data, meta = self.restore(step, abstract_state)
+        if errors:
+          log.warning("restored step %d after skipping damaged checkpoint(s): %s", step,
+                      "; ".join(errors))
+        return step, state, data, meta
+      except Exception as e:  # noqa: BLE001 - any failure to read means "damaged"
+        msg = f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        log.warning("checkpoint %s/%d does not restore (%s); trying the previous one",
+                    self.directory, step, msg)
+        errors.append(msg)
+    raise CheckpointError(
+        f"none of the checkpoints {steps} in {self.directory} could be restored:\n  "
+        + "\n  ".join(errors) + "\nMove the directory aside to start from scratch, or point "
+        "--workdir at another run.")
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def load_params(path: str, step: int | None = None):
+  """Parameters (host numpy) from a workdir, its checkpoints dir, or one step's directory.
+
+  Used by `init_from` and the translation tools; restores without a target so it does not need
+  to know the optimizer the checkpoint was trained with.
+  """
+  path = os.path.abspath(path)
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    path = os.path.join(path, "checkpoints")
+  if os.path.isdir(os.path.join(path, "state")) and os.path.basename(path).isdigit():
+    step, path = int(os.path.basename(path)), os.path.dirname(path)
+  if not os.path.isdir(path):
+    raise CheckpointError(f"no checkpoint directory at {path}: pass a workdir of a training run "
+                          "or its checkpoints/<step> directory")
+  with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(read_only=True)) as mgr:
+    steps = sorted(mgr.all_steps())
+    if not steps:
+      raise CheckpointError(f"{path} holds no finished checkpoint")
+    if step is None:
+      step = steps[-1]
+    elif step not in steps:
+      raise CheckpointError(f"step {step} is not in {path}: available steps {steps}")
+    restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  params = restored["state"]["params"]
+  return step, jax.tree.map(np.asarray, params)

@@ -1,0 +1,137 @@
+"""The experiment configuration: every field of a run, commented, in one ConfigDict.
+
+`configs/*.py` start from `base_config()` and override what their experiment changes. The
+precedence of what a run starts from is: resume (the workdir already holds checkpoints) >
+`init_from` (parameters of another run) > scratch.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from transformer_jax.config import SIZES, TransformerConfig, model_config
+from transformer_jax.optim import SCHEDULES
+from transformer_jax.sharding import DEFAULT_RULES, MESH_AXES
+
+# TransformerConfig fields a run sets itself: the vocabulary comes from the tokenizer, the mode
+# flags from what is being run.
+_RUNTIME_FIELDS = ("vocab_size", "target_vocab_size", "deterministic", "decode", "pad_id",
+                   "bos_id", "eos_id")
+
+
+def model_fields(size: str) -> ml_collections.ConfigDict:
+  """The model's fields for a named size, as a ConfigDict so `--config.model.x=...` works."""
+  fields = model_config(size, vocab_size=1).to_dict()
+  for name in _RUNTIME_FIELDS:
+    fields.pop(name)
+  return ml_collections.ConfigDict(fields)
+
+
+def base_config(size: str = "small") -> ml_collections.ConfigDict:
+  from transformer_jax.data.config import default_data_config  # no tfds/grain import there
+
+  c = ml_collections.ConfigDict()
+  # The model: a named size (tiny, small, base, big) and every TransformerConfig field of it;
+  # override any, e.g. --config.model.norm_position=pre. vocab_size comes from the tokenizer.
+  c.model_size = size
+  c.model = model_fields(size)
+  # The data pipeline: dataset, tokenizer, lengths, batching (see transformer_jax/data/config.py).
+  c.data = default_data_config()
+
+  c.seed = 0                      # parameter init, dropout and (through data.shuffle_seed) order
+  c.num_train_steps = 2000        # optimizer updates
+  # Learning rate: "rsqrt" is the paper's d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
+  # multiplied by learning_rate; "constant"/"cosine" use learning_rate as the peak after warmup.
+  c.schedule = "rsqrt"
+  c.learning_rate = 1.0
+  c.warmup_steps = 4000
+  c.adam_b1 = 0.9                 # the paper: 0.9, 0.98, 1e-9
+  c.adam_b2 = 0.98
+  c.adam_eps = 1e-9
+  c.weight_decay = 0.0            # > 0 switches Adam to AdamW
+  c.grad_clip_norm = 0.0          # global-norm clipping; 0 = off (the paper does not clip)
+  c.label_smoothing = 0.1         # epsilon_ls
+  c.grad_accum_steps = 1          # microbatches per step (rows must divide evenly)
+
+  # Device mesh: sizes of the data / fsdp / tensor axes; -1 fills the remaining devices.
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  # Logical axis name -> mesh axes, in priority order (see transformer_jax/sharding.py).
+  c.logical_axis_rules = [list(r) for r in DEFAULT_RULES]
+
+  c.log_every_steps = 50          # console, metrics.jsonl and TensorBoard cadence
+  c.eval_every_steps = 500        # validation loss/accuracy over the whole validation split
+  c.bleu_every_steps = 1000       # sacreBLEU on the first bleu_num_sentences validation pairs
+  c.bleu_num_sentences = 256
+  c.beam_size = 1                 # search for BLEU during training and for the tools (paper: 4)
+  c.length_penalty_alpha = 0.6    # GNMT length penalty alpha (paper: 0.6)
+  c.max_len_margin = 50           # output length limit = source length + margin (paper: 50)
+  c.average_last_checkpoints = 1  # paper: 5 (base), 20 (big); used by the evaluation tools
+
+  c.checkpoint_every_steps = 500  # also saved at the end and on SIGTERM/SIGINT
+  c.keep_checkpoints = 3          # the last N
+  c.keep_every_steps = 0          # additionally keep every K-th step for good; 0 = off
+  c.async_checkpointing = True
+  # Start from another run's parameters (a workdir or a checkpoints/<step> directory) when the
+  # workdir holds no checkpoint yet; a workdir with checkpoints always resumes instead.
+  c.init_from = ""
+
+  # Multi-host: "auto" calls jax.distributed.initialize() when a cluster is detected (TPU pod,
+  # SLURM, Kubernetes) or coordinator_address is set; "off" never does.
+  c.distributed = "auto"
+  c.coordinator_address = ""      # host:port of process 0, for explicit multi-process runs
+  c.coordinator_bind_address = "" # e.g. 127.0.0.1:PORT in tests; empty = JAX's default
+  c.num_processes = 0             # with coordinator_address
+  c.process_id = -1
+  return c
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Raise ValueError naming the field and what is allowed."""
+  def bad(field, value, allowed):
+    raise ValueError(f"config.{field}={value!r}: {allowed}")
+
+  if c.model_size not in SIZES:
+    bad("model_size", c.model_size, f"expected one of {tuple(SIZES)}")
+  known = {f.name for f in dataclasses.fields(TransformerConfig)}
+  unknown = sorted(set(c.model.keys()) - known)
+  if unknown:
+    bad("model", unknown, f"unknown field(s); expected among {sorted(known)}")
+  if c.schedule not in SCHEDULES:
+    bad("schedule", c.schedule, f"expected one of {SCHEDULES}")
+  for field in ("num_train_steps", "log_every_steps", "eval_every_steps", "bleu_every_steps",
+                "checkpoint_every_steps", "keep_checkpoints", "grad_accum_steps"):
+    if c[field] < 1:
+      bad(field, c[field], "must be >= 1")
+  for field in ("learning_rate", "adam_eps"):
+    if not c[field] > 0:
+      bad(field, c[field], "must be > 0")
+  if c.schedule == "rsqrt" and c.warmup_steps < 1:
+    bad("warmup_steps", c.warmup_steps, "must be >= 1 with schedule='rsqrt'")
+  for field in ("adam_b1", "adam_b2", "label_smoothing"):
+    if not 0 <= c[field] < 1:
+      bad(field, c[field], "must be in [0, 1)")
+  if c.beam_size < 1:
+    bad("beam_size", c.beam_size, "must be >= 1")
+  if c.max_len_margin < 0:
+    bad("max_len_margin", c.max_len_margin, "must be >= 0")
+  unknown_axes = sorted(set(c.mesh.keys()) - set(MESH_AXES))
+  if unknown_axes:
+    bad("mesh", dict(c.mesh), f"unknown axes {unknown_axes}; expected among {MESH_AXES}")
+  if c.distributed not in ("auto", "off"):
+    bad("distributed", c.distributed, "expected 'auto' or 'off'")
+  if c.data.batch_size % c.grad_accum_steps:
+    bad("grad_accum_steps", c.grad_accum_steps,
+        f"must divide data.batch_size={c.data.batch_size}")
+  from transformer_jax.data.config import validate as validate_data
+  validate_data(c.data)
+
+
+def transformer_config(c: ml_collections.ConfigDict, vocab_size: int, pad_id: int = 0,
+                       bos_id: int = 2, eos_id: int = 3) -> TransformerConfig:
+  """The model config of a run; `TransformerConfig` validates the model fields itself."""
+  fields = dict(c.model)
+  if "dropout_rate" in fields and fields["dropout_rate"] is None:
+    fields.pop("dropout_rate")
+  return TransformerConfig(vocab_size=vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
+                           **fields)

@@ -1,0 +1,103 @@
+"""What a researcher sees: a live progress bar, `metrics.jsonl` and TensorBoard event files.
+
+Steps return sums (loss, nll, correct, tokens); `summarize` turns them into averages on the host,
+so averages over several steps and devices are exact token-weighted means.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def summarize(sums: dict[str, float], prefix: str) -> dict[str, float]:
+  tokens = max(float(sums["tokens"]), 1.0)
+  nll = float(sums["nll"]) / tokens
+  return {f"{prefix}_loss": float(sums["loss"]) / tokens,
+          f"{prefix}_nll": nll,
+          f"{prefix}_perplexity": math.exp(min(nll, 50.0)),
+          f"{prefix}_accuracy": float(sums["correct"]) / tokens}
+
+
+def accumulate(total: dict | None, new: dict) -> dict:
+  new = {k: float(np.asarray(v)) for k, v in new.items()}
+  if total is None:
+    return new
+  return {k: total.get(k, 0.0) + v for k, v in new.items()}
+
+
+class MetricsWriter:
+  """Appends JSON lines and TensorBoard scalars; only the first process writes."""
+
+  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True):
+    self.enabled = enabled
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.tb = None
+    if enabled and tensorboard:
+      from tensorboardX import SummaryWriter  # imported lazily: only the writer needs it
+      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, values: dict):
+    if not self.enabled:
+      return
+    record = {"step": int(step), "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    if self.tb is not None:
+      for k, v in record.items():
+        if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool):
+          self.tb.add_scalar(k, v, int(step))
+      self.tb.flush()
+
+  def close(self):
+    if self.tb is not None:
+      self.tb.close()
+
+
+def _plain(v):
+  if isinstance(v, (np.generic, np.ndarray)):
+    return v.item()
+  return v
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class Progress:
+  """A tqdm bar over training steps showing loss, learning rate, tokens/s, MFU and the ETA."""
+
+  def __init__(self, total: int, initial: int, enabled: bool = True):
+    self.bar = None
+    if enabled:
+      from tqdm import tqdm
+      self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                      file=sys.stderr, mininterval=1.0, smoothing=0.1)
+
+  def update(self, step: int, info: dict | None = None):
+    if self.bar is None:
+      return
+    self.bar.update(step - self.bar.n)
+    if info:
+      self.bar.set_postfix_str(
+          f"loss {info['train_loss']:.3f} lr {info['learning_rate']:.2e} "
+          f"tok/s {info['tokens_per_sec']:,.0f} MFU {100 * info.get('mfu', 0.0):.1f}%",
+          refresh=False)
+
+  def write(self, text: str):
+    if self.bar is not None:
+      self.bar.write(text)
+    else:
+      print(text, file=sys.stderr)
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()

@@ -1,0 +1,44 @@
+"""The paper's learning-rate schedule and optimizer (Adam with beta2 = 0.98, eps = 1e-9)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import optax
+
+SCHEDULES = ("rsqrt", "constant", "cosine")
+
+
+def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0):
+  """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), counting steps from 1.
+
+  optax passes the number of updates done so far (0 for the first), so step = count + 1: the first
+  update already gets a non-zero rate, as in tensor2tensor.
+  """
+  def schedule(count):
+    step = jnp.asarray(count, jnp.float32) + 1.0
+    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+  return schedule
+
+
+def make_schedule(config, d_model: int):
+  name = config.schedule
+  if name == "rsqrt":
+    return paper_schedule(d_model, config.warmup_steps, config.learning_rate)
+  if name == "constant":
+    return optax.linear_schedule(0.0, config.learning_rate, max(config.warmup_steps, 1))
+  if name == "cosine":
+    return optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps,
+                                              config.num_train_steps)
+  raise ValueError(f"config.schedule={name!r}: expected one of {SCHEDULES}")
+
+
+def make_optimizer(config, d_model: int):
+  """Adam (or AdamW when weight_decay > 0), optional global-norm clipping; returns (tx, schedule)."""
+  schedule = make_schedule(config, d_model)
+  if config.weight_decay > 0:
+    adam = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
+                       weight_decay=config.weight_decay)
+  else:
+    adam = optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
+  if config.grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adam), schedule
+  return adam, schedule

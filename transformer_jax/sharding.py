@@ -1,0 +1,86 @@
+"""Device mesh and logical-axis sharding: the only place that knows about devices.
+
+The model names its axes (`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`); the config's
+`logical_axis_rules` map those names onto the mesh axes `data`, `fsdp` and `tensor`. Rules are in
+priority order and a mesh axis is used at most once per array (Flax's semantics), so
+`("embed", "fsdp")` shards parameters over fsdp while activations, whose `batch` axis already
+took fsdp, keep `embed` whole.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("embed", "fsdp"),
+    ("length", None),
+    ("kv", None),
+)
+
+
+def mesh_shape(spec: dict[str, int], num_devices: int) -> tuple[int, ...]:
+  """Resolve `{"data": -1, "fsdp": 1, "tensor": 2}` against the device count (-1 fills the rest)."""
+  unknown = sorted(set(spec) - set(MESH_AXES))
+  if unknown:
+    raise ValueError(f"config.mesh has unknown axes {unknown}: expected among {MESH_AXES}")
+  sizes = [int(spec.get(a, 1)) for a in MESH_AXES]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"config.mesh={dict(spec)}: at most one axis may be -1")
+  fixed = math.prod(s for s in sizes if s != -1)
+  if any(s == 0 or s < -1 for s in sizes) or num_devices % fixed:
+    raise ValueError(f"config.mesh={dict(spec)} does not divide the {num_devices} devices")
+  sizes = [num_devices // fixed if s == -1 else s for s in sizes]
+  if math.prod(sizes) != num_devices:
+    raise ValueError(f"config.mesh={dict(spec)} uses {math.prod(sizes)} devices, but "
+                     f"{num_devices} are present: set one axis to -1 to fill the rest")
+  return tuple(sizes)
+
+
+def make_mesh(spec: dict[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(spec, len(devices))
+  try:
+    grid = jax.experimental.mesh_utils.create_device_mesh(shape, devices)
+  except Exception:  # noqa: BLE001 - fake CPU devices have no topology; plain order is fine there
+    grid = np.asarray(devices).reshape(shape)
+  return Mesh(grid, MESH_AXES)
+
+
+def rules_from_config(rules) -> tuple[tuple[str, Any], ...]:
+  """ConfigDict lists come back as lists; Flax wants tuples of (name, axis or tuple of axes)."""
+  out = []
+  for name, axes in rules:
+    out.append((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes))
+  return tuple(out)
+
+
+def logical_shardings(abstract_tree, mesh: Mesh, rules):
+  """NamedShardings for a tree whose leaves may be `nn.Partitioned` (unboxed structure)."""
+  specs = nn.get_partition_spec(abstract_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
+  """Batches `[batch, length]` are split over the axes that `batch` maps to."""
+  return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch", "length"), rules))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def global_batch(local_batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+  """Assemble each process's rows into global arrays (one process: just a device_put)."""
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+          for k, v in local_batch.items()}

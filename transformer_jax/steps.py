@@ -1,0 +1,123 @@
+"""The train state and the pure train/eval steps. No I/O, no data loading: jit them and feed batches.
+
+A batch is a dict of `[rows, length]` int32 arrays: `inputs`, `targets` and, for packed rows,
+`inputs_segmentation`, `targets_segmentation`, `inputs_position`, `targets_position`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from transformer_jax.losses import loss_sums
+from transformer_jax.model import Transformer, token_validity
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array        # number of updates done
+  params: Any
+  opt_state: Any
+  rng: jax.Array         # raw uint32 key data, so the state is a plain checkpointable tree
+
+
+def init_train_state(model: Transformer, tx: optax.GradientTransformation, rng, batch_shape):
+  """A fresh state with boxed (logically named) parameters; unbox after taking its shardings."""
+  init_rng, train_rng = jax.random.split(rng)
+  dummy = jnp.ones(batch_shape, jnp.int32)
+  params = model.init(init_rng, dummy, dummy)["params"]
+  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
+                    rng=jax.random.key_data(train_rng))
+
+
+# Batch key -> Transformer.__call__ argument.
+_MODEL_ARGS = {"inputs_position": "inputs_positions", "targets_position": "targets_positions",
+               "inputs_segmentation": "inputs_segmentation",
+               "targets_segmentation": "targets_segmentation"}
+
+
+def model_kwargs(batch) -> dict:
+  return {arg: batch[key] for key, arg in _MODEL_ARGS.items() if key in batch}
+
+
+def target_weights(batch, pad_id: int):
+  return token_validity(batch["targets"], batch.get("targets_segmentation"), pad_id).astype(
+      jnp.float32)
+
+
+def _microbatches(batch, num: int):
+  # Row r goes to microbatch r % num: each device keeps an equal share of every microbatch
+  # when the batch axis is sharded (a contiguous split would put a microbatch on few devices).
+  return jax.tree.map(lambda x: x.reshape(x.shape[0] // num, num, *x.shape[1:]).swapaxes(0, 1),
+                      batch)
+
+
+def make_train_step(model: Transformer, tx: optax.GradientTransformation, schedule: Callable,
+                    label_smoothing: float, grad_accum_steps: int = 1):
+  """`train_step(state, batch) -> (state, metrics)`; metrics are sums plus norms and the rate.
+
+  The loss is the smoothed cross-entropy averaged over all non-pad target tokens of the whole
+  batch: each microbatch's gradient is of (its loss sum / the batch's token count), so the
+  accumulated gradient equals the gradient of one big batch exactly, whatever the microbatches'
+  token counts.
+  """
+  pad_id = model.config.pad_id
+
+  def micro_grads(params, micro, denominator, rng):
+    def loss_fn(p):
+      logits = model.apply({"params": p}, micro["inputs"], micro["targets"],
+                           **model_kwargs(micro), rngs={"dropout": rng})
+      sums = loss_sums(logits, micro["targets"], target_weights(micro, pad_id), label_smoothing)
+      return sums["loss"] / denominator, sums
+    return jax.grad(loss_fn, has_aux=True)(params)
+
+  def train_step(state: TrainState, batch):
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    denominator = jnp.maximum(target_weights(batch, pad_id).sum(), 1.0)
+    if grad_accum_steps == 1:
+      grads, sums = micro_grads(state.params, batch, denominator, rng)
+    else:
+      def body(carry, xs):
+        micro, i = xs
+        g, s = micro_grads(state.params, micro, denominator, jax.random.fold_in(rng, i))
+        # One gradient buffer: add in place instead of stacking per-microbatch gradients.
+        return jax.tree.map(jnp.add, carry, (g, s)), None
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      zero_sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "tokens")}
+      (grads, sums), _ = jax.lax.scan(
+          body, (zeros, zero_sums),
+          (_microbatches(batch, grad_accum_steps), jnp.arange(grad_accum_steps)))
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(sums)
+    metrics["source_tokens"] = token_validity(
+        batch["inputs"], batch.get("inputs_segmentation"), pad_id).sum().astype(jnp.float32)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["param_norm"] = optax.global_norm(params)
+    metrics["update_norm"] = optax.global_norm(updates)
+    metrics["learning_rate"] = schedule(state.step)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model: Transformer, label_smoothing: float):
+  """`eval_step(params, batch) -> sums` with dropout off (`model` built with deterministic=True)."""
+  pad_id = model.config.pad_id
+
+  def eval_step(params, batch):
+    logits = model.apply({"params": params}, batch["inputs"], batch["targets"],
+                         **model_kwargs(batch))
+    # Rows that only fill the last batch have segment id 0 everywhere: weight 0.
+    return loss_sums(logits, batch["targets"], target_weights(batch, pad_id), label_smoothing)
+
+  return eval_step
+
+
+def unbox(tree):
+  return nn.meta.unbox(tree)

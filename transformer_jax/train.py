@@ -1,0 +1,324 @@
+"""The training loop: `train_and_evaluate(config, workdir)`.
+
+Resumes automatically from `<workdir>/checkpoints` (state, RNG and data iterator position), so a
+resumed run sees exactly the batches and losses of an uninterrupted one. SIGTERM/SIGINT finish
+the current step, save, and return. A non-finite loss stops the run before anything is saved.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import signal
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from transformer_jax import bleu as bleu_lib
+from transformer_jax import checkpointing, experiment, flops, metrics as metrics_lib, sharding
+from transformer_jax.model import Transformer
+from transformer_jax.optim import make_optimizer
+from transformer_jax.steps import init_train_state, make_eval_step, make_train_step, unbox
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(FloatingPointError):
+  pass
+
+
+def maybe_initialize_distributed(config) -> None:
+  """Join a multi-process run when asked (explicit coordinator) or when a cluster is detected."""
+  if config.distributed == "off" or jax.distributed.is_initialized():
+    return
+  if config.coordinator_address:
+    kwargs = {}
+    if config.coordinator_bind_address:
+      kwargs["coordinator_bind_address"] = config.coordinator_bind_address
+    jax.distributed.initialize(coordinator_address=config.coordinator_address,
+                               num_processes=config.num_processes,
+                               process_id=config.process_id, **kwargs)
+  elif (int(os.environ.get("SLURM_NTASKS", "1")) > 1 or "TPU_WORKER_HOSTNAMES" in os.environ
+        or "JAX_COORDINATOR_ADDRESS" in os.environ):
+    jax.distributed.initialize()  # JAX reads SLURM / TPU / Kubernetes settings itself
+
+
+class _StopFlag:
+  """Turns SIGTERM/SIGINT into "save and stop after this step" (preemption loses nothing)."""
+
+  def __init__(self):
+    self.signal = None
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread: leave signals alone
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    self.signal = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def _config_json(config, model_cfg) -> dict:
+  out = json.loads(config.to_json_best_effort())
+  out["resolved_model"] = model_cfg.to_dict()
+  return out
+
+
+def _pad_rows(batch: dict, multiple: int) -> dict:
+  """Eval batches: add all-padding rows (segment 0, weight 0) so rows divide the devices."""
+  rows = batch["inputs"].shape[0]
+  extra = -rows % multiple
+  if not extra:
+    return batch
+  return {k: np.concatenate([v, np.zeros((extra,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
+
+
+ARRAY_KEYS = ("inputs", "targets", "inputs_segmentation", "targets_segmentation",
+              "inputs_position", "targets_position")
+
+
+class Trainer:
+  """Holds the compiled steps, the mesh and the data of one run (see `train_and_evaluate`)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    from transformer_jax.data import get_data  # the data stack is only needed by the loop
+
+    experiment.validate(config)
+    maybe_initialize_distributed(config)
+    self.config, self.workdir = config, workdir
+    self.is_main = jax.process_index() == 0
+    os.makedirs(workdir, exist_ok=True)
+    self.data = get_data(config.data, workdir, process_index=jax.process_index(),
+                         process_count=jax.process_count())
+    tok = self.data.tokenizer
+    self.model_cfg = experiment.transformer_config(config, tok.vocab_size, tok.pad_id,
+                                                   tok.bos_id, tok.eos_id)
+    if self.model_cfg.max_len < max(config.data.max_source_len, config.data.max_target_len):
+      raise ValueError(f"config.model.max_len={self.model_cfg.max_len} is shorter than "
+                       f"data.max_source_len/max_target_len; raise model.max_len")
+    if self.is_main:
+      with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump(_config_json(config, self.model_cfg), f, indent=2)
+
+    self.mesh = sharding.make_mesh(dict(config.mesh))
+    self.rules = sharding.rules_from_config(config.logical_axis_rules)
+    self.model = Transformer(self.model_cfg)
+    self.eval_model = Transformer(self.model_cfg.replace(deterministic=True))
+    self.tx, self.schedule = make_optimizer(config, self.model_cfg.d_model)
+
+    # Initialised outside the mesh context: `nn.DenseGeneral` unboxes its kernel while still
+    # flattened to 2-D, where a 3-axis logical constraint would not apply. The out_shardings
+    # place every parameter where the rules say.
+    init = functools.partial(init_train_state, self.model, self.tx, batch_shape=(1, 8))
+    boxed = jax.eval_shape(init, jax.random.key(config.seed))
+    self.state_shardings = sharding.logical_shardings(boxed, self.mesh, self.rules)
+    self._init = jax.jit(lambda rng: unbox(init(rng)), out_shardings=self.state_shardings)
+    self.abstract_state = checkpointing.abstract_like(unbox(boxed), self.state_shardings)
+    self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+    out = sharding.replicated(self.mesh)
+    self.train_step = jax.jit(
+        make_train_step(self.model, self.tx, self.schedule, config.label_smoothing,
+                        config.grad_accum_steps),
+        in_shardings=(self.state_shardings, self.batch_sharding),
+        out_shardings=(self.state_shardings, out), donate_argnums=0)
+    self.eval_step = jax.jit(make_eval_step(self.eval_model, config.label_smoothing),
+                             in_shardings=(self.state_shardings.params, self.batch_sharding),
+                             out_shardings=out)
+    self.checkpointer = checkpointing.Checkpointer(
+        workdir, max_to_keep=config.keep_checkpoints, keep_period=config.keep_every_steps or None,
+        async_save=config.async_checkpointing)
+
+  def _context(self):
+    """Mesh and logical rules for tracing: `nn.with_logical_constraint` needs both."""
+    stack = _Contexts(jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules))
+    return stack
+
+  def initial_state(self):
+    """(state, data iterator state or None, how it started): resume > init_from > scratch."""
+    restored = self.checkpointer.restore_latest(self.abstract_state)
+    if restored is not None:
+      step, state, data_state, _ = restored
+      return state, data_state, f"resumed from step {step}"
+    state = self._init(jax.random.key(self.config.seed))
+    if self.config.init_from:
+      step, params = checkpointing.load_params(self.config.init_from)
+      expected = jax.tree.structure(state.params)
+      if jax.tree.structure(params) != expected or any(
+          a.shape != b.shape for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params))):
+        raise ValueError(f"config.init_from={self.config.init_from!r}: its parameters do not "
+                         "match this model's shapes; use the same config.model and vocabulary")
+      params = jax.tree.map(lambda p, s: jax.device_put(p.astype(s.dtype), s.sharding), params,
+                            state.params)
+      state = state.replace(params=params)
+      return state, None, f"parameters from {self.config.init_from} (step {step})"
+    return state, None, "scratch"
+
+  def put(self, batch: dict) -> dict:
+    return sharding.global_batch({k: batch[k] for k in ARRAY_KEYS if k in batch},
+                                 self.batch_sharding)
+
+  def evaluate(self, params, split: str = "validation") -> dict:
+    total = None
+    multiple = self.batch_sharding.mesh.size
+    for batch in self.data.eval_batches(split):
+      arrays = _pad_rows({k: batch[k] for k in ARRAY_KEYS}, multiple)
+      rows = arrays["inputs"].shape[0] // jax.process_count()
+      lo = jax.process_index() * rows
+      local = {k: v[lo:lo + rows] for k, v in arrays.items()}
+      with self._context():
+        sums = self.eval_step(params, self.put(local))
+      total = metrics_lib.accumulate(total, jax.device_get(sums))
+    return metrics_lib.summarize(total, "eval")
+
+  def bleu(self, params, num_sentences: int, split: str = "validation") -> dict:
+    """sacreBLEU of the configured search on the first `num_sentences` pairs of `split`."""
+    from transformer_jax.decode import decode_batch, output_ids  # decoding only for BLEU
+
+    c = self.config
+    host_params = jax.device_get(params)
+    tok = self.data.tokenizer
+    hyps, refs = [], []
+    for batch in self.data.eval_batches(split):
+      n = min(batch["num_real"], num_sentences - len(refs))
+      if n <= 0:
+        break
+      # The whole (fixed-shape) batch is decoded so the search compiles once per split.
+      tokens, lengths = decode_batch(self.eval_model.config, host_params, batch["inputs"],
+                                     beam_size=c.beam_size, alpha=c.length_penalty_alpha,
+                                     max_len_margin=c.max_len_margin)
+      hyps.extend(tok.decode(ids) for ids in output_ids(tokens, lengths, tok.eos_id)[:n])
+      refs.extend(batch["target_text"][:n])
+    score, signature = bleu_lib.corpus_bleu(hyps, refs)
+    return {"bleu": score, "bleu_signature": signature, "bleu_sentences": len(refs),
+            "bleu_example": hyps[0] if hyps else ""}
+
+
+class _Contexts:
+  def __init__(self, *managers):
+    self.managers = managers
+
+  def __enter__(self):
+    for m in self.managers:
+      m.__enter__()
+
+  def __exit__(self, *exc):
+    for m in reversed(self.managers):
+      m.__exit__(*exc)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Train (resuming if possible) until `config.num_train_steps`; returns the last metrics."""
+  trainer = Trainer(config, workdir)
+  c, tok = config, trainer.data.tokenizer
+  state, data_state, origin = trainer.initial_state()
+  step = int(jax.device_get(state.step))
+  train_iter = iter(trainer.data.train_dataset())
+  if data_state:
+    train_iter.set_state(data_state)
+  writer = metrics_lib.MetricsWriter(workdir, enabled=trainer.is_main)
+  progress = metrics_lib.Progress(c.num_train_steps, step, enabled=trainer.is_main)
+  peak, peak_source = flops.peak_flops(trainer.model_cfg.dtype)
+  num_devices = jax.device_count()
+  progress.write(
+      f"transformer-jax: {origin}; model {c.model_size} "
+      f"({trainer.model_cfg.d_model}d, {trainer.model_cfg.num_encoder_layers}+"
+      f"{trainer.model_cfg.num_decoder_layers} layers, vocab {tok.vocab_size}); "
+      f"mesh {dict(trainer.mesh.shape)}; {jax.process_count()} process(es); "
+      f"peak {peak / 1e12:.3f} TFLOP/s per device ({peak_source})")
+
+  pending, window_flops, window_start = [], 0.0, None
+  last: dict = {}
+
+  def flush(now_step: int) -> dict:
+    """Fetch the pending step metrics, stop on a non-finite loss, log averages."""
+    nonlocal pending, window_flops, window_start
+    if not pending:
+      return {}
+    host = jax.device_get(pending)
+    total = None
+    for m in host:
+      if not np.isfinite(m["loss"]):
+        raise NonFiniteLossError(
+            f"non-finite training loss at step {now_step}: stopping without saving; the last "
+            f"good checkpoint in {trainer.checkpointer.directory} is untouched. Lower "
+            "config.learning_rate, raise config.warmup_steps or set config.grad_clip_norm.")
+      total = metrics_lib.accumulate(total, {k: m[k] for k in ("loss", "nll", "correct", "tokens",
+                                                               "source_tokens")})
+    record = {k.replace("eval_", "train_"): v for k, v in metrics_lib.summarize(total, "train").items()}
+    record.update({k: float(host[-1][k]) for k in ("learning_rate", "grad_norm", "param_norm",
+                                                   "update_norm")})
+    elapsed = time.perf_counter() - window_start if window_start else 0.0
+    if elapsed > 0:
+      # Real (non-pad) tokens of the global batch, counted by the step itself.
+      record["tokens_per_sec"] = total["tokens"] / elapsed
+      record["source_target_tokens_per_sec"] = (total["tokens"] + total["source_tokens"]) / elapsed
+      record["steps_per_sec"] = len(host) / elapsed
+      record["tflops_per_sec"] = window_flops / elapsed / 1e12
+      record["mfu"] = window_flops / elapsed / (peak * num_devices)
+    else:  # the window held only the compiling first step
+      record["tokens_per_sec"] = 0.0
+    pending, window_flops = [], 0.0
+    window_start = time.perf_counter()
+    return record
+
+  with _StopFlag() as stop:
+    while step < c.num_train_steps:
+      batch = next(train_iter)
+      src_lens, tgt_lens = flops.batch_lengths(batch, tok.pad_id)
+      with trainer._context():
+        state, step_metrics = trainer.train_step(state, trainer.put(batch))
+      step += 1
+      pending.append(step_metrics)
+      if window_start is not None:
+        # This process's sentences; other processes read equally sized shards.
+        window_flops += flops.train_flops(trainer.model_cfg, src_lens, tgt_lens) * jax.process_count()
+      else:  # leave the compiling first step out of the throughput
+        jax.block_until_ready(step_metrics)
+        pending = []
+        window_start = time.perf_counter()
+      final = step == c.num_train_steps
+      save = final or step % c.checkpoint_every_steps == 0 or stop.signal is not None
+      evaluate = final or step % c.eval_every_steps == 0
+      if final or save or evaluate or step % c.log_every_steps == 0:
+        record = flush(step)
+        if record:
+          last = record
+          writer.write(step, record)
+          progress.update(step, record if "train_loss" in record else None)
+      if evaluate:
+        record = trainer.evaluate(state.params)
+        if final or step % c.bleu_every_steps == 0:
+          record.update(trainer.bleu(state.params, c.bleu_num_sentences))
+        writer.write(step, record)
+        last.update(record)
+        progress.write(f"step {step}: " + ", ".join(
+            f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
+        window_start = time.perf_counter()  # evaluation time is not training throughput
+      if save:
+        trainer.checkpointer.save(step, state, train_iter.get_state(),
+                                  {"step": step, "origin": origin}, force=True)
+      progress.update(step)
+      if stop.signal is not None:
+        progress.write(f"{stop.signal}: saved step {step} in {trainer.checkpointer.directory}; "
+                       "run the same command again to resume")
+        last["stopped_by"] = stop.signal
+        break
+  trainer.checkpointer.close()
+  writer.close()
+  progress.close()
+  last["step"] = step
+  return last
+
