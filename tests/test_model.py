@@ -83,6 +83,14 @@ def test_packed_equals_separate(setup):
   np.testing.assert_allclose(packed[:, 3:7], alone2, atol=1e-5)
 
 
+def test_sinusoidal_rows_longer_than_max_len(setup):
+  cfg, _, params, apply = setup
+  src, tgt = random_tokens(22, (1, cfg.max_len + 9)), random_tokens(23, (1, cfg.max_len + 3))
+  out = apply(params, src, tgt)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_allclose(apply(params, src, tgt[:, :5]), out[:, :5], atol=1e-5)
+
+
 def test_shift_right_restarts_each_segment():
   tgt = jnp.array([[11, 12, 13, 21, 22, 0]])
   seg = jnp.array([[1, 1, 1, 2, 2, 0]])

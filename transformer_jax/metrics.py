@@ -89,7 +89,7 @@ class Progress:
     if info:
       self.bar.set_postfix_str(
           f"loss {info['train_loss']:.3f} lr {info['learning_rate']:.2e} "
-          f"tok/s {info['tokens_per_sec']:,.0f} MFU {100 * info.get('mfu', 0.0):.1f}%",
+          f"tok/s {info['tokens_per_sec']:,.0f} MFU {100 * info['mfu']:.1f}%",
           refresh=False)
 
   def write(self, text: str):

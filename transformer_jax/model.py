@@ -52,13 +52,19 @@ class PositionEncoding(nn.Module):
     if positions is None:
       positions = jnp.arange(length)[None, :]
     if cfg.position_encoding == "learned":
+      if length > cfg.max_len:
+        raise ValueError(f"a sequence of {length} positions is longer than the learned position "
+                         f"table (TransformerConfig.max_len={cfg.max_len}): raise max_len")
       table = self.param(
           "embedding",
           nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
           (cfg.max_len, cfg.d_model), cfg.params_dtype)
     else:
-      table = sinusoidal_position_encoding(cfg.max_len, cfg.d_model)
-    return x + jnp.take(jnp.asarray(table, x.dtype), positions, axis=0)
+      # The formula holds at any position: cover rows longer than max_len (evaluation never
+      # truncates a sentence) instead of reading past the table.
+      table = sinusoidal_position_encoding(max(cfg.max_len, length), cfg.d_model)
+    # Positions never exceed the row length (packed positions restart in each segment).
+    return x + jnp.take(jnp.asarray(table, x.dtype), positions, axis=0, mode="clip")
 
 
 class EncoderLayer(nn.Module):

@@ -241,9 +241,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   pending, window_flops, window_start = [], 0.0, None
   last: dict = {}
+  # On CPU the measured peak is the whole host's (fake devices share its cores).
+  peak_total = peak if jax.devices()[0].platform == "cpu" else peak * num_devices
 
-  def flush(now_step: int) -> dict:
-    """Fetch the pending step metrics, stop on a non-finite loss, log averages."""
+  def flush(now_step: int, timed: bool = True) -> dict:
+    """Fetch the pending step metrics, stop on a non-finite loss, log averages.
+
+    `timed=False` for the first step of a process, which includes compilation: its losses are
+    logged, its time is not counted as throughput.
+    """
     nonlocal pending, window_flops, window_start
     if not pending:
       return {}
@@ -257,19 +263,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             "config.learning_rate, raise config.warmup_steps or set config.grad_clip_norm.")
       total = metrics_lib.accumulate(total, {k: m[k] for k in ("loss", "nll", "correct", "tokens",
                                                                "source_tokens")})
-    record = {k.replace("eval_", "train_"): v for k, v in metrics_lib.summarize(total, "train").items()}
+    record = metrics_lib.summarize(total, "train")
     record.update({k: float(host[-1][k]) for k in ("learning_rate", "grad_norm", "param_norm",
                                                    "update_norm")})
-    elapsed = time.perf_counter() - window_start if window_start else 0.0
+    elapsed = time.perf_counter() - window_start if timed else 0.0
     if elapsed > 0:
       # Real (non-pad) tokens of the global batch, counted by the step itself.
       record["tokens_per_sec"] = total["tokens"] / elapsed
       record["source_target_tokens_per_sec"] = (total["tokens"] + total["source_tokens"]) / elapsed
       record["steps_per_sec"] = len(host) / elapsed
       record["tflops_per_sec"] = window_flops / elapsed / 1e12
-      record["mfu"] = window_flops / elapsed / (peak * num_devices)
-    else:  # the window held only the compiling first step
-      record["tokens_per_sec"] = 0.0
+      record["mfu"] = window_flops / elapsed / peak_total
     pending, window_flops = [], 0.0
     window_start = time.perf_counter()
     return record
@@ -282,13 +286,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         state, step_metrics = trainer.train_step(state, trainer.put(batch))
       step += 1
       pending.append(step_metrics)
-      if window_start is not None:
+      if window_start is None:  # the compiling first step: logged, but not timed
+        record = flush(step, timed=False)
+        last = record
+        writer.write(step, record)
+      else:
         # This process's sentences; other processes read equally sized shards.
         window_flops += flops.train_flops(trainer.model_cfg, src_lens, tgt_lens) * jax.process_count()
-      else:  # leave the compiling first step out of the throughput
-        jax.block_until_ready(step_metrics)
-        pending = []
-        window_start = time.perf_counter()
       final = step == c.num_train_steps
       save = final or step % c.checkpoint_every_steps == 0 or stop.signal is not None
       evaluate = final or step % c.eval_every_steps == 0
@@ -297,7 +301,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if record:
           last = record
           writer.write(step, record)
-          progress.update(step, record if "train_loss" in record else None)
+          progress.update(step, record if "tokens_per_sec" in record else None)
       if evaluate:
         record = trainer.evaluate(state.params)
         if final or step % c.bleu_every_steps == 0:

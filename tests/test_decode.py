@@ -1,0 +1,276 @@
+"""Greedy and beam search: uncached and exhaustive references, EOS, padding, length limits."""
+import functools
+import itertools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import transformer_jax as tj
+from transformer_jax import decode
+
+VOCAB = 40
+MARGIN = 5
+# Real source lengths 7, 4, 1 and 0 (an all-padding row): limits differ in one batch.
+SOURCE_LENGTHS = np.array([7, 4, 1, 0])
+
+
+def make_source(vocab, lengths, width, seed=0):
+  tokens = np.asarray(jax.random.randint(jax.random.key(seed), (len(lengths), width), 4, vocab))
+  return jnp.asarray(np.where(np.arange(width)[None] < np.asarray(lengths)[:, None], tokens, 0))
+
+
+def expected_limits(lengths, margin, buffer_len):
+  return np.minimum(np.asarray(lengths) + margin, buffer_len)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def teacher_forced(model, params, src, targets):
+  return model.apply({"params": params}, src, targets)
+
+
+def log_probs_of(cfg, params, src, tokens, lengths):
+  """Teacher-forced sum of log-probabilities of `tokens[i, :lengths[i]]`, no cache involved."""
+  model = tj.Transformer(cfg.replace(deterministic=True))
+  logits = teacher_forced(model, params, src, tokens)
+  log_probs = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)))
+  picked = np.take_along_axis(log_probs, np.asarray(tokens)[..., None], -1)[..., 0]
+  return np.where(np.arange(tokens.shape[1])[None] < np.asarray(lengths)[:, None], picked, 0).sum(1)
+
+
+def uncached_greedy(cfg, params, src, margin, buffer_len):
+  """Greedy search re-running the whole teacher-forced model on the prefix at every step."""
+  model = tj.Transformer(cfg.replace(deterministic=True))
+  limits = expected_limits(np.sum(np.asarray(src) != cfg.pad_id, 1), margin, buffer_len)
+  batch = src.shape[0]
+  tokens = np.full((batch, buffer_len), cfg.pad_id)
+  done = limits <= 0
+  for t in range(buffer_len):
+    # The model shifts its targets right: logits[:, t] depend on targets[:, :t] only. The dummy
+    # tokens from t on must not be padding, which would mask position t's query.
+    prefix = np.full((batch, buffer_len), 4)
+    prefix[:, :t] = tokens[:, :t]
+    logits = teacher_forced(model, params, src, jnp.asarray(prefix))[:, t]
+    log_probs = np.array(jax.nn.log_softmax(logits))
+    log_probs[:, cfg.pad_id] = -np.inf
+    token = np.where(done, cfg.pad_id, log_probs.argmax(-1))
+    tokens[:, t] = token
+    done = done | (token == cfg.eos_id) | (t + 1 >= limits)
+  return tokens
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = tj.model_config("tiny", vocab_size=VOCAB)
+  src = make_source(VOCAB, SOURCE_LENGTHS, 7)
+  model = tj.Transformer(cfg.replace(deterministic=True))
+  params = model.init(jax.random.key(0), src, src)["params"]
+  return cfg, params, src
+
+
+@pytest.fixture(scope="module")
+def greedy(tiny):
+  cfg, params, src = tiny
+  return decode.greedy_search(cfg, params, src, max_len_margin=MARGIN)
+
+
+@pytest.fixture(scope="module")
+def beam4(tiny):
+  cfg, params, src = tiny
+  return decode.beam_search(cfg, params, src, beam_size=4, alpha=0.6, max_len_margin=MARGIN,
+                            return_all=True)
+
+
+def check_well_formed(tokens, lengths, limits, eos_id, pad_id=0, scores=None):
+  """Output = lengths[i] non-pad tokens, then pad; EOS last, or no EOS and the limit reached.
+  Rows whose score is -inf (empty slots of a beam's finished set) are all padding."""
+  tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+  filled = np.ones(len(tokens), bool) if scores is None else np.isfinite(np.asarray(scores))
+  for row, n, limit, full in zip(tokens, lengths, limits, filled):
+    if not full:
+      assert (row == pad_id).all()
+      continue
+    assert n <= limit
+    assert (row[:n] != pad_id).all() and (row[n:] == pad_id).all()
+    assert eos_id not in row[:max(n - 1, 0)].tolist()
+    assert (n > 0 and row[n - 1] == eos_id) or n == limit
+
+
+def test_greedy_equals_uncached_reference(tiny, greedy):
+  cfg, params, src = tiny
+  tokens, lengths = greedy
+  buffer_len = src.shape[1] + MARGIN
+  assert tokens.shape == (4, buffer_len) and tokens.dtype == jnp.int32
+  np.testing.assert_array_equal(tokens, uncached_greedy(cfg, params, src, MARGIN, buffer_len))
+  check_well_formed(tokens, lengths, expected_limits(SOURCE_LENGTHS, MARGIN, buffer_len),
+                    cfg.eos_id)
+
+
+def test_beam_size_one_equals_greedy(tiny, greedy):
+  cfg, params, src = tiny
+  tokens, scores = decode.beam_search(cfg, params, src, beam_size=1, alpha=0.6,
+                                      max_len_margin=MARGIN)
+  np.testing.assert_array_equal(tokens, greedy[0])
+  lengths = np.asarray(greedy[1])
+  expected = log_probs_of(cfg, params, src, greedy[0], lengths) / ((5 + lengths) / 6) ** 0.6
+  np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-5)
+  # decode_batch dispatches to greedy search and hands back numpy.
+  np_tokens, np_lengths = decode.decode_batch(cfg, params, src, beam_size=1, max_len_margin=MARGIN)
+  assert isinstance(np_tokens, np.ndarray) and isinstance(np_lengths, np.ndarray)
+  np.testing.assert_array_equal(np_tokens, greedy[0])
+  np.testing.assert_array_equal(np_lengths, greedy[1])
+
+
+def test_beam_scores_match_teacher_forcing(tiny, beam4):
+  """The search's scores are those of its sequences under the uncached model: the self-attention
+  cache followed every beam's reordering."""
+  cfg, params, src = tiny
+  seqs, scores = (np.asarray(x) for x in beam4)
+  batch, beam, buffer_len = seqs.shape
+  assert (batch, beam) == (4, 4)
+  # Finished set best first; the last row (empty source) still has room for MARGIN tokens.
+  assert (np.diff(scores, axis=1) <= 0).all()
+  assert np.isfinite(scores[:, 0]).all()
+  limits = expected_limits(SOURCE_LENGTHS, MARGIN, buffer_len)
+  flat = seqs.reshape(batch * beam, buffer_len)
+  lengths = (flat != cfg.pad_id).sum(1)
+  for k in range(beam):
+    check_well_formed(seqs[:, k], lengths.reshape(batch, beam)[:, k], limits, cfg.eos_id,
+                      scores=scores[:, k])
+  finite = np.isfinite(scores.reshape(-1))
+  expected = log_probs_of(cfg, params, jnp.repeat(src, beam, 0), jnp.asarray(flat), lengths)
+  expected = expected / ((5 + lengths) / 6) ** 0.6
+  np.testing.assert_allclose(scores.reshape(-1)[finite], expected[finite], rtol=1e-5, atol=1e-5)
+  # decode_batch (best hypothesis only) agrees with the full finished set.
+  np_tokens, np_lengths = decode.decode_batch(cfg, params, src, beam_size=4, alpha=0.6,
+                                              max_len_margin=MARGIN)
+  np.testing.assert_array_equal(np_tokens, seqs[:, 0])
+  np.testing.assert_array_equal(np_lengths, (seqs[:, 0] != cfg.pad_id).sum(1))
+
+
+def test_eos_ends_sentences_and_pads_after(tiny, greedy):
+  """Declaring greedy's first token of sentence 0 the EOS (the model never reads eos_id) makes that
+  sentence end at once and every other one end at that token's first occurrence."""
+  cfg, params, src = tiny
+  tokens, _ = (np.asarray(x) for x in greedy)
+  eos = int(tokens[0, 0])
+  assert eos not in (cfg.pad_id, cfg.bos_id)
+  ecfg = cfg.replace(eos_id=eos)
+  new_tokens, new_lengths = (np.asarray(x) for x in
+                             decode.greedy_search(ecfg, params, src, max_len_margin=MARGIN))
+  assert new_lengths[0] == 1 and new_tokens[0, 0] == eos and (new_tokens[0, 1:] == 0).all()
+  limits = expected_limits(SOURCE_LENGTHS, MARGIN, tokens.shape[1])
+  for row, new_row, n, limit in zip(tokens, new_tokens, new_lengths, limits):
+    hits = np.flatnonzero(row[:limit] == eos)
+    assert n == (hits[0] + 1 if hits.size else limit)
+    np.testing.assert_array_equal(new_row[:n], row[:n])
+  check_well_formed(new_tokens, new_lengths, limits, eos)
+  # Beam search: outputs are well formed; sentence 0's best is either the immediate EOS or longer.
+  seqs, scores = decode.beam_search(ecfg, params, src, beam_size=4, alpha=0.6,
+                                    max_len_margin=MARGIN, return_all=True)
+  seqs, scores = np.asarray(seqs), np.asarray(scores)
+  for k in range(4):
+    check_well_formed(seqs[:, k], (seqs[:, k] != 0).sum(1), limits, eos, scores=scores[:, k])
+  assert [eos] in [list(s[s != 0]) for s in seqs[0]]  # the one-token hypothesis was finished
+
+
+@pytest.mark.parametrize("margin", [0, 2])
+def test_length_limits(tiny, greedy, margin):
+  cfg, params, src = tiny
+  buffer_len = src.shape[1] + margin
+  limits = expected_limits(SOURCE_LENGTHS, margin, buffer_len)
+  tokens, lengths = decode.greedy_search(cfg, params, src, max_len_margin=margin)
+  assert tokens.shape == (4, buffer_len)
+  check_well_formed(tokens, lengths, limits, cfg.eos_id)
+  # A shorter limit truncates the same greedy output.
+  full = np.asarray(greedy[0])
+  for i, n in enumerate(np.asarray(lengths)):
+    np.testing.assert_array_equal(np.asarray(tokens)[i, :n], full[i, :n])
+  if margin == 0:
+    # The empty source has no room at all; beam search keeps to the same limits.
+    assert lengths[3] == 0 and (np.asarray(tokens)[3] == cfg.pad_id).all()
+    seqs, scores = decode.beam_search(cfg, params, src, beam_size=3, max_len_margin=margin)
+    check_well_formed(seqs, (np.asarray(seqs) != 0).sum(1), limits, cfg.eos_id)
+    assert scores[3] == 0.0 and (np.asarray(seqs)[3] == cfg.pad_id).all()
+
+
+def test_buffer_caps(tiny, greedy):
+  cfg, params, src = tiny
+  # An explicit buffer shorter than source + margin caps every sentence.
+  tokens, lengths = decode.greedy_search(cfg, params, src, max_len_margin=MARGIN, max_decode_len=3)
+  assert tokens.shape == (4, 3)
+  np.testing.assert_array_equal(tokens, np.asarray(greedy[0])[:, :3])
+  # So does the model's longest position: the decoder has no position beyond it.
+  assert decode.buffer_length(cfg.replace(max_len=8), 7, MARGIN) == 8
+  assert decode.buffer_length(cfg, 7, MARGIN) == 12
+  assert decode.buffer_length(cfg, 7, MARGIN, max_decode_len=100) == cfg.max_len
+  with pytest.raises(ValueError, match="no room to decode"):
+    decode.greedy_search(cfg, params, src, max_decode_len=0)
+
+
+def test_output_ids_strips_eos_and_padding():
+  tokens = np.array([[5, 6, 3, 0], [5, 6, 7, 8], [3, 0, 0, 0], [0, 0, 0, 0]])
+  assert decode.output_ids(tokens, [3, 4, 1, 0], eos_id=3) == [[5, 6], [5, 6, 7, 8], [], []]
+
+
+# --- Exhaustive search on a tiny vocabulary ---------------------------------------------------
+
+SMALL_VOCAB = 6        # pad 0, 1, bos 2, eos 3, 4, 5: five tokens may be produced
+SMALL_MARGIN = 2       # sources of 2 and 1 real tokens: limits 4 and 3
+WIDE_BEAM = 80         # >= 16 live prefixes x 5 tokens: the most candidates of a step before the
+                       # limit, so no EOS candidate is ever ranked out (see beam_search)
+
+
+@pytest.fixture(scope="module")
+def peaked():
+  cfg = tj.model_config("tiny", vocab_size=SMALL_VOCAB, tie_output_embedding=False)
+  src = jnp.array([[4, 5], [5, 0]])
+  model = tj.Transformer(cfg.replace(deterministic=True))
+  params = nn.meta.unbox(model.init(jax.random.key(1), src, src)["params"])
+  # Larger logits: peakier distributions that depend on the prefix. Not too peaked, or greedy
+  # search finds the best output (it does at 4x here): at 2x it does not for the second sentence.
+  dense = params["decoder"]["logits_dense"]
+  params["decoder"]["logits_dense"] = {**dense, "kernel": dense["kernel"] * 2.0}
+  return cfg, params, src
+
+
+def all_outputs(cfg, limit):
+  """Every output up to `limit` tokens: EOS-terminated, or `limit` tokens without EOS."""
+  allowed = [v for v in range(cfg.output_vocab_size) if v not in (cfg.pad_id, cfg.eos_id)]
+  outputs = [list(p) + [cfg.eos_id]
+             for n in range(limit) for p in itertools.product(allowed, repeat=n)]
+  return outputs + [list(p) for p in itertools.product(allowed, repeat=limit)]
+
+
+def test_wide_beam_equals_exhaustive_search(peaked):
+  cfg, params, src = peaked
+  alpha, limits = 0.6, [4, 3]
+  seqs, scores = decode.beam_search(cfg, params, src, beam_size=WIDE_BEAM, alpha=alpha,
+                                    max_len_margin=SMALL_MARGIN)
+  greedy_tokens, _ = decode.greedy_search(cfg, params, src, max_len_margin=SMALL_MARGIN)
+  # Score every output of both sentences in one teacher-forced batch, as beam search scores them:
+  # sum of log-probabilities / ((5 + length) / 6) ** alpha.
+  outputs = [all_outputs(cfg, limit) for limit in limits]
+  sentence = np.concatenate([np.full(len(o), i) for i, o in enumerate(outputs)])
+  flat = [out for o in outputs for out in o]
+  tokens = np.zeros((len(flat), max(limits)), np.int32)
+  for i, out in enumerate(flat):
+    tokens[i, :len(out)] = out
+  lengths = np.array([len(o) for o in flat])
+  exhaustive = log_probs_of(cfg, params, src[sentence], jnp.asarray(tokens), lengths)
+  exhaustive = exhaustive / ((5 + lengths) / 6) ** alpha
+  differs = []
+  for i in range(len(limits)):
+    best = int(np.argmax(np.where(sentence == i, exhaustive, -np.inf)))
+    row = np.asarray(seqs[i])
+    assert row[:lengths[best]].tolist() == flat[best] and (row[lengths[best]:] == 0).all()
+    np.testing.assert_allclose(scores[i], exhaustive[best], rtol=1e-5, atol=1e-5)
+    differs.append(np.asarray(greedy_tokens[i]).tolist() != row.tolist())
+  assert any(differs), "greedy already finds the best output: the test would not test search"
+  # Here the best output is not greedy's, yet beam size 1 still is greedy search (EOS candidates
+  # ranked below the beam are not finished: see beam_search).
+  one, _ = decode.beam_search(cfg, params, src, beam_size=1, alpha=alpha,
+                              max_len_margin=SMALL_MARGIN)
+  np.testing.assert_array_equal(one, greedy_tokens)

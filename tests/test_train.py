@@ -1,0 +1,273 @@
+"""Training: the schedule, the loss, accumulation, config errors, checkpoints, resume and signals."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import transformer_jax as tj
+from transformer_jax import checkpointing, experiment, losses, metrics, optim, sharding, steps, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import tiny_config as tiny_config_module  # noqa: E402
+
+
+def tiny_config(data_dir, **overrides):
+  c = tiny_config_module.get_config()
+  c.data.data_dir = str(data_dir)
+  for k, v in overrides.items():
+    target = c
+    *parents, leaf = k.split(".")
+    for p in parents:
+      target = target[p]
+    target[leaf] = v
+  return c
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp("tfds")
+
+
+def train_losses(workdir):
+  return {m["step"]: m["train_loss"] for m in metrics.read_metrics(workdir) if "train_loss" in m}
+
+
+# ---------------------------------------------------------------- pure pieces
+
+
+def test_paper_learning_rate_schedule():
+  d_model, warmup = 512, 4000
+  schedule = optim.paper_schedule(d_model, warmup)
+  for count in [0, 1, 99, 3999, 4000, 10_000, 99_999]:
+    step = count + 1
+    expected = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    assert float(schedule(count)) == pytest.approx(expected, rel=1e-5)
+  peak = max(float(schedule(c)) for c in range(3990, 4010))
+  assert peak == pytest.approx(512**-0.5 * 4000**-0.5, rel=1e-4)   # ~7.0e-4 at step 4000
+
+
+def test_label_smoothed_loss_against_hand_computation():
+  logits = np.array([[[2.0, 0.5, -1.0, 0.0]]], np.float32)
+  target = np.array([[1]])
+  eps, V = 0.1, 4
+  logp = logits[0, 0] - np.log(np.exp(logits[0, 0]).sum())
+  q = np.full(V, eps / (V - 1))
+  q[1] = 1 - eps
+  cross = -(q * logp).sum()
+  entropy = -(q * np.log(q)).sum()
+  loss, nll = losses.smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(target),
+                                            jnp.ones((1, 1)), eps)
+  assert float(loss[0, 0]) == pytest.approx(cross - entropy, rel=1e-5)
+  assert float(nll[0, 0]) == pytest.approx(-logp[1], rel=1e-5)
+  # Weights zero out padding; no smoothing gives the plain NLL.
+  loss0, _ = losses.smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(target),
+                                           jnp.zeros((1, 1)), eps)
+  assert float(loss0[0, 0]) == 0.0
+  plain, _ = losses.smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(target),
+                                           jnp.ones((1, 1)), 0.0)
+  assert float(plain[0, 0]) == pytest.approx(-logp[1], rel=1e-5)
+
+
+def test_gradient_accumulation_equals_big_batch():
+  cfg = tj.model_config("tiny", vocab_size=30, dropout_rate=0.0, num_encoder_layers=1,
+                        num_decoder_layers=1)
+  model = tj.Transformer(cfg)
+  tx = optax.sgd(1.0)
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(4, 30, (8, 10)).astype(np.int32)
+  targets = rng.integers(4, 30, (8, 7)).astype(np.int32)
+  # Unequal token counts per row, so a mean of per-microbatch means would differ.
+  for r in range(8):
+    targets[r, 7 - r % 4:] = 0
+  batch = {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(targets)}
+  state = steps.init_train_state(model, tx, jax.random.key(0), (1, 8))
+  state = steps.unbox(state)
+  one = jax.jit(steps.make_train_step(model, tx, lambda s: 1.0, 0.1, 1))
+  four = jax.jit(steps.make_train_step(model, tx, lambda s: 1.0, 0.1, 4))
+  s1, m1 = one(state, batch)
+  s4, m4 = four(state, batch)
+  for k in ("loss", "nll", "correct", "tokens"):
+    assert float(m1[k]) == pytest.approx(float(m4[k]), rel=1e-5), k
+  assert float(m1["grad_norm"]) == pytest.approx(float(m4["grad_norm"]), rel=1e-4)
+  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s4.params)):
+    np.testing.assert_allclose(a, b, atol=2e-6)
+  # And the accumulation did change something (the test could fail).
+  assert float(m1["grad_norm"]) > 0
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("schedule", "linear", r"config.schedule='linear': expected one of"),
+    ("num_train_steps", 0, r"config.num_train_steps=0: must be >= 1"),
+    ("label_smoothing", 1.5, r"config.label_smoothing=1.5: must be in \[0, 1\)"),
+    ("model_size", "huge", r"config.model_size='huge'"),
+    ("grad_accum_steps", 3, r"config.grad_accum_steps=3: must divide data.batch_size=8"),
+    ("data.batching", "foo", r"data.batching='foo'"),
+])
+def test_bad_config_values_name_the_field(tmp_path, field, value, match):
+  c = tiny_config(tmp_path, **{field: value})
+  with pytest.raises(ValueError, match=match):
+    experiment.validate(c)
+
+
+def test_bad_model_field_names_the_field(tmp_path):
+  c = tiny_config(tmp_path, **{"model.num_heads": 5})
+  with pytest.raises(ValueError, match="d_model=32 is not divisible by num_heads=5"):
+    experiment.transformer_config(c, vocab_size=10)
+
+
+def test_mesh_shapes():
+  assert sharding.mesh_shape({"data": -1, "fsdp": 1, "tensor": 2}, 8) == (4, 1, 2)
+  assert sharding.mesh_shape({"data": 2, "fsdp": 2, "tensor": 2}, 8) == (2, 2, 2)
+  with pytest.raises(ValueError, match="does not divide"):
+    sharding.mesh_shape({"data": 3, "tensor": -1}, 8)
+  with pytest.raises(ValueError, match="unknown axes"):
+    sharding.mesh_shape({"model": 2}, 8)
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir):
+  full = tmp_path / "full"
+  result = train.train_and_evaluate(tiny_config(data_dir, eval_every_steps=6, bleu_every_steps=6),
+                                    str(full))
+  assert result["step"] == 6
+  records = metrics.read_metrics(str(full))
+  logged = [r for r in records if "train_loss" in r]
+  assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6]
+  assert "tokens_per_sec" not in logged[0]   # step 1 compiles: logged, not timed
+  for key in ("train_loss", "learning_rate", "tokens_per_sec", "mfu", "grad_norm"):
+    assert all(np.isfinite(r[key]) for r in logged[1:]), key
+  evals = [r for r in records if "eval_loss" in r]
+  assert evals and {"eval_loss", "eval_accuracy", "bleu"} <= set(evals[-1])
+  with open(full / "config.json") as f:
+    assert json.load(f)["resolved_model"]["vocab_size"] > 0
+  assert os.path.exists(full / "spm.model")
+  assert sorted(os.listdir(full / "checkpoints")) == ["3", "6"]
+  assert os.listdir(full / "tensorboard")
+
+  # Interrupted after 3 steps, then the same command again: the same losses as uninterrupted.
+  part = tmp_path / "part"
+  train.train_and_evaluate(tiny_config(data_dir, num_train_steps=3), str(part))
+  train.train_and_evaluate(tiny_config(data_dir), str(part))
+  full_losses, resumed = train_losses(str(full)), train_losses(str(part))
+  for step in (4, 5, 6):
+    assert resumed[step] == pytest.approx(full_losses[step], rel=1e-6), step
+  # A resumed run does not start over: the next loss is not the first one's.
+  assert full_losses[2] != pytest.approx(full_losses[6])
+
+  # init_from takes another run's parameters when the workdir is empty.
+  c = tiny_config(data_dir, num_train_steps=7, init_from=str(full))
+  c.data.vocab_path = str(full / "spm.model")
+  trainer = train.Trainer(c, str(tmp_path / "from"))
+  state, data_state, origin = trainer.initial_state()
+  assert "parameters from" in origin and data_state is None and int(state.step) == 0
+  _, saved = checkpointing.load_params(str(full))
+  for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(state.params)):
+    np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, data_dir):
+  workdir = str(tmp_path / "nan")
+  train.train_and_evaluate(tiny_config(data_dir, num_train_steps=3), workdir)
+  before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+  with pytest.raises(train.NonFiniteLossError, match="non-finite training loss"):
+    train.train_and_evaluate(tiny_config(data_dir, num_train_steps=6, learning_rate=1e38,
+                                         schedule="constant", warmup_steps=1), workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
+  step, _ = checkpointing.load_params(workdir)
+  assert step == 3
+
+
+def _state_on(mesh, seed=0):
+  cfg = tj.model_config("tiny", vocab_size=50)
+  model = tj.Transformer(cfg)
+  tx = optax.adam(1e-3)
+  rules = sharding.DEFAULT_RULES
+  boxed = jax.eval_shape(lambda r: steps.init_train_state(model, tx, r, (1, 8)), jax.random.key(0))
+  shardings = sharding.logical_shardings(boxed, mesh, rules)
+  init = jax.jit(lambda r: steps.unbox(steps.init_train_state(model, tx, r, (1, 8))),
+                 out_shardings=shardings)
+  return init(jax.random.key(seed)), shardings, boxed
+
+
+@pytest.mark.parametrize("src,dst", [({"fsdp": 4, "tensor": 2}, "one"),
+                                     ("one", {"data": 2, "fsdp": 2, "tensor": 2})])
+def test_checkpoint_restores_across_meshes(tmp_path, src, dst):
+  one = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  mesh_src = one if src == "one" else sharding.make_mesh(src)
+  mesh_dst = one if dst == "one" else sharding.make_mesh(dst)
+  state, _, boxed = _state_on(mesh_src)
+  ckpt = checkpointing.Checkpointer(str(tmp_path), async_save=False)
+  ckpt.save(5, state, {"next": 1}, {"step": 5}, force=True)
+  ckpt.wait()
+  dst_shardings = sharding.logical_shardings(boxed, mesh_dst, sharding.DEFAULT_RULES)
+  target = checkpointing.abstract_like(steps.unbox(boxed), dst_shardings)
+  step, restored, data_state, meta = ckpt.restore_latest(target)
+  assert step == 5 and data_state == {"next": 1} and meta["step"] == 5
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  kernel = restored.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"]
+  assert len(kernel.sharding.device_set) == mesh_dst.size
+  ckpt.close()
+
+
+def test_damaged_checkpoint_falls_back_with_warning(tmp_path, caplog):
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  state, shardings, boxed = _state_on(mesh)
+  ckpt = checkpointing.Checkpointer(str(tmp_path), async_save=False)
+  ckpt.save(1, state, {}, {}, force=True)
+  ckpt.save(2, state, {}, {}, force=True)
+  ckpt.wait()
+  # Damage every file of step 2's state.
+  for root, _, files in os.walk(os.path.join(ckpt.directory, "2", "state")):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  target = checkpointing.abstract_like(steps.unbox(boxed), shardings)
+  step, restored, _, _ = ckpt.restore_latest(target)
+  assert step == 1
+  assert "does not restore" in caplog.text
+  # When nothing restores, it is an error, not a silent fresh start.
+  for root, _, files in os.walk(os.path.join(ckpt.directory, "1", "state")):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  with pytest.raises(checkpointing.CheckpointError, match="none of the checkpoints"):
+    ckpt.restore_latest(target)
+  ckpt.close()
+
+
+def test_sigterm_saves_a_loadable_checkpoint(tmp_path, data_dir):
+  workdir = tmp_path / "sig"
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  cmd = [sys.executable, os.path.join(REPO, "scripts", "train.py"),
+         "--config", os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", str(workdir),
+         f"--config.data.data_dir={data_dir}", "--config.num_train_steps=100000",
+         "--config.checkpoint_every_steps=100000"]
+  proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  deadline = time.time() + 240
+  try:
+    while time.time() < deadline and len(train_losses(str(workdir))) < 3:
+      assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+      time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0].decode()
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 0, out[-3000:]
+  assert "SIGTERM: saved step" in out
+  step, params = checkpointing.load_params(str(workdir))
+  assert step >= 4 and jax.tree.leaves(params)

@@ -1,0 +1,270 @@
+"""Greedy and beam search on the decoding cache, batched and compiled whole (`jax.lax.while_loop`).
+
+Both searches run the encoder and the encoder-decoder keys/values once per batch (`prime_cache`),
+then call `decode_step` once per target position for every row at the same time: the cache's
+position counters are scalars shared by the batch, so all rows (and all beams) step together and
+a row that has finished keeps stepping, its output ignored, until every row has finished.
+
+Output conventions, shared by both searches:
+  * tokens `[batch, T]` are what follows BOS: the output ends with EOS, then `pad_id` to the end.
+  * the padding token is never produced: its log-probability is set to -inf (not renormalised),
+    so "tokens != pad_id" is exactly the output and `lengths` counts it, EOS included.
+  * a sentence may produce at most `limit = min(source_length + max_len_margin, T)` tokens, with
+    source_length its number of non-padding tokens (the paper: input length + 50), and T the static
+    buffer `max_decode_len or (padded source length + max_len_margin)`, capped at `config.max_len`
+    (the decoder has no positions beyond it). A sentence that reaches its limit without EOS stops
+    there: its output is `limit` tokens with no EOS (beam search treats it as a finished
+    hypothesis: the sum of its tokens' log-probabilities over lp(limit), no EOS term).
+
+Beam search follows tensor2tensor's (the paper's) and Flax's `examples/wmt`: 2 * beam candidates per
+step, a live set of `beam` hypotheses and a separate finished set of `beam`, GNMT's length
+penalty; the differences, which make beam size 1 exactly greedy search, are in `beam_search`.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.config import TransformerConfig
+from transformer_jax.model import Transformer, init_cache
+
+_SELF_CACHE = ("cached_key", "cached_value")
+
+
+def length_penalty(length, alpha: float):
+  """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| the output tokens (EOS included, BOS not)."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def buffer_length(config: TransformerConfig, source_len: int, max_len_margin: int,
+                  max_decode_len: int | None = None) -> int:
+  """T, the static number of output positions: `max_decode_len` or source_len + margin, capped
+  at `config.max_len`."""
+  length = source_len + max_len_margin if max_decode_len is None else max_decode_len
+  length = min(length, config.max_len)
+  if length < 1:
+    raise ValueError(f"no room to decode: max_decode_len={max_decode_len}, source length "
+                     f"{source_len} + max_len_margin={max_len_margin}, max_len={config.max_len}")
+  return length
+
+
+def length_limits(config: TransformerConfig, inputs, max_len_margin: int, buffer_len: int):
+  """Per-sentence output limit `[batch]`: real source tokens + margin, at most the buffer."""
+  source_lengths = jnp.sum(inputs != config.pad_id, axis=-1).astype(jnp.int32)
+  return jnp.minimum(source_lengths + max_len_margin, buffer_len)
+
+
+def _decode_model(config: TransformerConfig) -> Transformer:
+  return Transformer(config.replace(decode=True, deterministic=True))
+
+
+def _primed_cache(model: Transformer, params, inputs, buffer_len: int, repeat: int = 1):
+  """Encode once, compute the encoder-decoder keys/values once, then repeat every row `repeat`
+  times (row b becomes rows b*repeat .. b*repeat + repeat - 1: the beams of sentence b)."""
+  batch, source_len = inputs.shape
+  cache = init_cache(model.config, batch, source_len, buffer_len)
+  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  _, mutated = model.apply({"params": params, "cache": cache}, encoded, inputs,
+                           method=Transformer.prime_cache, mutable=["cache"])
+  cache = mutated["cache"]
+  if repeat > 1:
+    # Scalars (cache_index, decode_position) are shared by all rows and stay as they are.
+    cache = jax.tree.map(lambda x: jnp.repeat(x, repeat, axis=0) if x.ndim else x, cache)
+  return cache
+
+
+def _step_log_probs(model: Transformer, params, cache, last_tokens):
+  """One decoder step: float32 log-probabilities `[rows, vocab]` (padding forbidden), new cache."""
+  logits, mutated = model.apply({"params": params, "cache": cache}, last_tokens[:, None],
+                                method=Transformer.decode_step, mutable=["cache"])
+  log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1)
+  log_probs = log_probs.at[:, model.config.pad_id].set(-jnp.inf)
+  return log_probs, mutated["cache"]
+
+
+def _gather_self_cache(cache, rows):
+  """Reorder the self-attention keys/values along the batch*beam axis.
+
+  Only `cached_key`/`cached_value` depend on a hypothesis's history. The cross-attention entries
+  need no gather: a beam's parent is always a beam of the same sentence, and all beams of one
+  sentence hold identical copies of that sentence's encoder keys/values, so the gather would be
+  the identity. The position counters are shared scalars.
+  """
+  def gather(path, x):
+    name = getattr(path[-1], "key", None)
+    return jnp.take(x, rows, axis=0) if name in _SELF_CACHE else x
+  return jax.tree_util.tree_map_with_path(gather, cache)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_len_margin", "max_decode_len"))
+def greedy_search(config: TransformerConfig, params, inputs, *, max_len_margin: int = 50,
+                  max_decode_len: int | None = None):
+  """Greedy decoding of source `inputs` `[batch, source_len]` (padding = `pad_id`).
+
+  Returns `(tokens [batch, T] int32, lengths [batch] int32)`: see the module docstring.
+  Stops as soon as every sentence has produced EOS or reached its length limit.
+  """
+  model = _decode_model(config)
+  batch, source_len = inputs.shape
+  buffer_len = buffer_length(config, source_len, max_len_margin, max_decode_len)
+  limits = length_limits(config, inputs, max_len_margin, buffer_len)
+  cache = _primed_cache(model, params, inputs, buffer_len)
+
+  def not_done(state):
+    i, _, _, _, done = state
+    return (i < buffer_len) & ~jnp.all(done)
+
+  def step(state):
+    i, cache, last, tokens, done = state
+    log_probs, cache = _step_log_probs(model, params, cache, last)
+    token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+    token = jnp.where(done, config.pad_id, token)
+    tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
+    done = done | (token == config.eos_id) | (i + 1 >= limits)
+    return i + 1, cache, token, tokens, done
+
+  state = (jnp.array(0, jnp.int32), cache, jnp.full((batch,), config.bos_id, jnp.int32),
+           jnp.full((batch, buffer_len), config.pad_id, jnp.int32), limits <= 0)
+  tokens = jax.lax.while_loop(not_done, step, state)[3]
+  return tokens, jnp.sum(tokens != config.pad_id, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "beam_size", "alpha", "max_len_margin",
+                                              "max_decode_len", "return_all"))
+def beam_search(config: TransformerConfig, params, inputs, *, beam_size: int = 4,
+                alpha: float = 0.6, max_len_margin: int = 50, max_decode_len: int | None = None,
+                return_all: bool = False):
+  """Beam search with GNMT's length penalty: score(Y) = log P(Y | X) / ((5 + |Y|) / 6) ** alpha.
+
+  Returns `(tokens [batch, T], scores [batch])`, the best finished hypothesis of each sentence, or
+  with `return_all=True` the finished set `(tokens [batch, beam, T], scores [batch, beam])`, best
+  first (empty slots: score -inf, all padding). A sentence with a limit of 0 tokens (empty source,
+  margin 0) returns no tokens and score 0.
+
+  Each step takes the 2 * beam best one-token extensions of the live hypotheses by log-probability.
+  Of those, the ones ending in EOS (or reaching the sentence's length limit) *and ranked within the
+  first `beam`* become finished hypotheses, scored with the length penalty, and the best `beam`
+  finished so far are kept; the best `beam` others stay live. A sentence stops when
+    (a) its best finished score is >= the best score any live hypothesis could still reach (its
+        log-probability can only fall, so the bound divides it by the largest penalty it could
+        still get, lp(limit) for alpha >= 0), or
+    (b) `beam` hypotheses have finished (counting ones that did not stay in the finished set), or
+    (c) no live hypothesis is left (the length limit finishes them all).
+  The rank rule and (b) are fairseq's and Hugging Face's; tensor2tensor and Flax finalise every EOS
+  among the 2 * beam and stop by (a) and (c) alone. With them beam size 1 is exactly greedy search
+  (EOS finishes a hypothesis only when it is the best next token, and one finished ends the
+  search). (a) stops on the best finished score, which makes the best hypothesis exact (no worse
+  than without early stopping) but not the rest of the finished set.
+  With a beam at least as wide as the number of candidates of every step, the search is exhaustive.
+  A stopped sentence's live hypotheses are dropped, so its result does not depend on the others.
+  """
+  model = _decode_model(config)
+  batch, source_len = inputs.shape
+  vocab = config.output_vocab_size
+  beam = beam_size
+  candidates = min(2 * beam, beam * vocab)
+  buffer_len = buffer_length(config, source_len, max_len_margin, max_decode_len)
+  limits = length_limits(config, inputs, max_len_margin, buffer_len)
+  cache = _primed_cache(model, params, inputs, buffer_len, repeat=beam)
+  neg_inf = jnp.array(-jnp.inf, jnp.float32)
+  in_first_beam = (jnp.arange(candidates) < beam)[None, :]
+  # Penalty of the longest output a sentence can still reach: the bound of rule (a).
+  limit_penalty = length_penalty(limits, alpha)
+
+  def take(x, index):  # x [batch, n, ...], index [batch, m] -> [batch, m, ...]
+    return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+  def not_done(state):
+    return (state["i"] < buffer_len) & ~jnp.all(state["done"])
+
+  def step(state):
+    i = state["i"]
+    length = i + 1  # of every hypothesis made in this step
+    log_probs, cache = _step_log_probs(model, params, state["cache"],
+                                       state["last"].reshape(batch * beam))
+    log_probs = log_probs.reshape(batch, beam, vocab)
+    extended = (state["live_log_probs"][:, :, None] + log_probs).reshape(batch, beam * vocab)
+    top_log_probs, top_index = jax.lax.top_k(extended, candidates)
+    parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
+    seqs = jax.lax.dynamic_update_slice(take(state["live_seqs"], parent), token[:, :, None],
+                                        (0, 0, i))
+    valid = top_log_probs > neg_inf
+    ends = (token == config.eos_id) | (length >= limits)[:, None]
+    finishing = valid & ends & in_first_beam
+
+    # Finished set: the best `beam` of the old set and the ones finishing now.
+    new_scores = jnp.where(finishing, top_log_probs / length_penalty(length, alpha), neg_inf)
+    finished_scores, keep = jax.lax.top_k(
+        jnp.concatenate([state["finished_scores"], new_scores], axis=1), beam)
+    finished_seqs = take(jnp.concatenate([state["finished_seqs"], seqs], axis=1), keep)
+    num_finished = state["num_finished"] + jnp.sum(finishing, axis=1)
+
+    # Live set: the best `beam` candidates that go on; the cache follows their parents.
+    live_log_probs, keep = jax.lax.top_k(jnp.where(valid & ~ends, top_log_probs, neg_inf), beam)
+    live_seqs, live_parent, last = take(seqs, keep), take(parent, keep), take(token, keep)
+    rows = (jnp.arange(batch)[:, None] * beam + live_parent).reshape(batch * beam)
+    cache = _gather_self_cache(cache, rows)
+
+    best_live = live_log_probs[:, 0]
+    reachable = best_live / jnp.maximum(length_penalty(length + 1, alpha), limit_penalty)
+    done = (state["done"] | (finished_scores[:, 0] >= reachable) | (num_finished >= beam)
+            | (best_live == neg_inf))
+    return dict(i=i + 1, cache=cache, last=last, live_seqs=live_seqs,
+                live_log_probs=jnp.where(done[:, None], neg_inf, live_log_probs),
+                finished_seqs=finished_seqs, finished_scores=finished_scores,
+                num_finished=num_finished, done=done)
+
+  done = limits <= 0
+  first_beam_only = jnp.where(jnp.arange(beam) == 0, 0.0, neg_inf)[None, :]
+  empty_seqs = jnp.full((batch, beam, buffer_len), config.pad_id, jnp.int32)
+  state = dict(
+      i=jnp.array(0, jnp.int32), cache=cache,
+      last=jnp.full((batch, beam), config.bos_id, jnp.int32),
+      live_seqs=empty_seqs,
+      # All beams start as the same empty hypothesis: only the first may be extended.
+      live_log_probs=jnp.where(done[:, None], neg_inf, first_beam_only),
+      finished_seqs=empty_seqs,
+      finished_scores=jnp.full((batch, beam), neg_inf),
+      num_finished=jnp.zeros((batch,), jnp.int32), done=done)
+  state = jax.lax.while_loop(not_done, step, state)
+
+  scores = state["finished_scores"]
+  seqs = jnp.where((scores > neg_inf)[:, :, None], state["finished_seqs"], config.pad_id)
+  # The empty output (limit 0) has log-probability 0.
+  scores = scores.at[:, 0].set(jnp.where(limits <= 0, 0.0, scores[:, 0]))
+  if return_all:
+    return seqs, scores
+  return seqs[:, 0], scores[:, 0]
+
+
+def decode_batch(config: TransformerConfig, params, inputs, *, beam_size: int = 1,
+                 alpha: float = 0.6, max_len_margin: int = 50,
+                 max_decode_len: int | None = None):
+  """Translate a batch: greedy search for `beam_size == 1`, else beam search.
+
+  Returns numpy `(tokens [batch, T] int32, lengths [batch] int32)`: row i's output is
+  `tokens[i, :lengths[i]]`, ending in EOS unless it hit its length limit (`output_ids` strips it).
+  Compiled once per (config, settings, input shape): pad batches to a few fixed shapes.
+  """
+  if beam_size < 1:
+    raise ValueError(f"beam_size={beam_size}: must be >= 1")
+  if beam_size == 1:
+    tokens, lengths = greedy_search(config, params, inputs, max_len_margin=max_len_margin,
+                                    max_decode_len=max_decode_len)
+  else:
+    tokens, _ = beam_search(config, params, inputs, beam_size=beam_size, alpha=float(alpha),
+                            max_len_margin=max_len_margin, max_decode_len=max_decode_len)
+    lengths = jnp.sum(tokens != config.pad_id, axis=-1)
+  return np.asarray(tokens, np.int32), np.asarray(lengths, np.int32)
+
+
+def output_ids(tokens, lengths, eos_id: int) -> list[list[int]]:
+  """Per sentence, the output token ids without EOS and padding (for detokenising and BLEU)."""
+  out = []
+  for row, n in zip(np.asarray(tokens), np.asarray(lengths)):
+    ids = row[:n].tolist()
+    out.append(ids[:-1] if ids and ids[-1] == eos_id else ids)
+  return out
