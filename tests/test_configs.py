@@ -1,0 +1,46 @@
+"""Every shipped config loads, validates and yields a valid model config."""
+import importlib.util
+import os
+
+import pytest
+
+from transformer_jax import experiment
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def load(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(CONFIGS, name + ".py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize("name,arg", [("default", None), ("locale", "ende"), ("locale", "enfr"),
+                                      ("wmt14_ende", "base"), ("wmt14_ende", "big")])
+def test_config_validates(name, arg):
+  c = load(name).get_config(arg)
+  experiment.validate(c)
+  model = experiment.transformer_config(c, vocab_size=1000)
+  assert model.max_len >= max(c.data.max_source_len, c.data.max_target_len)
+  assert c.data.batch_size % 8 == 0   # rows split evenly over 8 devices
+
+
+def test_paper_recipe_values():
+  base, big = load("wmt14_ende").get_config("base"), load("wmt14_ende").get_config("big")
+  assert (base.model.d_model, base.model.d_ff, base.model.num_heads) == (512, 2048, 8)
+  assert (big.model.d_model, big.model.d_ff, big.model.num_heads) == (1024, 4096, 16)
+  assert (base.model.dropout_rate, big.model.dropout_rate) == (0.1, 0.3)
+  assert (base.num_train_steps, big.num_train_steps) == (100_000, 300_000)
+  assert (base.average_last_checkpoints, big.average_last_checkpoints) == (5, 20)
+  for c in (base, big):
+    assert (c.adam_b1, c.adam_b2, c.adam_eps, c.warmup_steps) == (0.9, 0.98, 1e-9, 4000)
+    assert (c.label_smoothing, c.beam_size, c.length_penalty_alpha, c.max_len_margin) == (
+        0.1, 4, 0.6, 50)
+    assert c.model.norm_position == "post"
+    assert 24_000 <= c.data.batch_size * c.data.max_target_len <= 26_000
+
+
+def test_unknown_config_arg_is_named():
+  with pytest.raises(ValueError, match="expected one of"):
+    load("wmt14_ende").get_config("huge")

@@ -1,0 +1,240 @@
+"""Parallelism on 8 fake CPU devices: every mesh gives the one-device loss and gradients, the
+`base` model's partition specs match the reviewed golden files, and checkpoints move between meshes.
+
+The golden files in tests/golden/ record where each parameter of the `base` model lives. When a
+change to the model or the rules moves a parameter on purpose, regenerate and review the diff:
+
+    REGENERATE_GOLDEN=1 pytest tests/test_parallel.py -k golden
+"""
+import functools
+import json
+import os
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+import pytest
+
+import transformer_jax as tj
+from transformer_jax import checkpointing, experiment, metrics, sharding, steps, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN = os.path.join(REPO, "tests", "golden")
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import tiny_config as tiny_config_module  # noqa: E402
+
+RULES = sharding.DEFAULT_RULES
+# A tiny model whose sharded dimensions divide every mesh axis below (at most 8): vocab 64,
+# d_model 32, 4 heads, d_ff 64. Dropout stays on: with JAX's partitionable threefry the random
+# bits do not depend on the sharding, so the dropout masks are the same on every mesh.
+MODEL = tj.model_config("tiny", vocab_size=64, d_model=32, num_heads=4, d_ff=64,
+                        num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.1)
+ROWS = 8  # divides data * fsdp on every mesh
+
+MESHES = {
+    "data8": {"data": 8},
+    "fsdp8": {"fsdp": 8},
+    "data2_tensor4": {"data": 2, "tensor": 4},
+    "fsdp2_tensor4": {"fsdp": 2, "tensor": 4},
+    "fsdp4_tensor2": {"fsdp": 4, "tensor": 2},
+    "data2_fsdp2_tensor2": {"data": 2, "fsdp": 2, "tensor": 2},
+}
+
+# float32 sums in a different order (all-reduces, sharded matmuls): agreement to about 1e-6
+# relative is expected; the bounds below leave a margin of ~10x.
+LOSS_RTOL = 1e-5
+GRAD_ATOL, GRAD_RTOL = 2e-6, 1e-4
+
+
+def _batch():
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(4, MODEL.vocab_size, (ROWS, 12)).astype(np.int32)
+  targets = rng.integers(4, MODEL.vocab_size, (ROWS, 10)).astype(np.int32)
+  for r in range(ROWS):  # padding of different lengths, so token counts differ per shard
+    inputs[r, 12 - r % 3:] = 0
+    targets[r, 10 - r % 4:] = 0
+  return {"inputs": inputs, "targets": targets}
+
+
+def _run_step(mesh, constrained: bool):
+  """One SGD(lr=1) train step on `mesh`: (metrics, gradients = old params - new params)."""
+  model = tj.Transformer(MODEL)
+  tx = optax.sgd(1.0)
+  init = functools.partial(steps.init_train_state, model, tx, batch_shape=(1, 8))
+  boxed = jax.eval_shape(init, jax.random.key(0))
+  shardings = sharding.logical_shardings(boxed, mesh, RULES)
+  state = jax.jit(lambda r: steps.unbox(init(r)), out_shardings=shardings)(jax.random.key(0))
+  batch_sharding = sharding.batch_sharding(mesh, RULES)
+  batch = sharding.global_batch(_batch(), batch_sharding)
+  step = jax.jit(steps.make_train_step(model, tx, lambda s: 1.0, 0.1),
+                 in_shardings=(shardings, batch_sharding),
+                 out_shardings=(shardings, sharding.replicated(mesh)))
+  old = jax.device_get(state.params)
+  if constrained:  # as the Trainer traces: activations constrained to the logical axes
+    with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
+      new, m = step(state, batch)
+  else:
+    new, m = step(state, batch)
+  kernel = new.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"]
+  assert len(kernel.sharding.device_set) == mesh.size
+  grads = jax.tree.map(lambda a, b: a - np.asarray(b), old, jax.device_get(new.params))
+  return jax.device_get(m), grads
+
+
+@pytest.fixture(scope="module")
+def reference():
+  return _run_step(sharding.make_mesh({"data": 1}, jax.devices()[:1]), constrained=False)
+
+
+@pytest.mark.parametrize("constrained", [False, True], ids=["plain", "constrained"])
+@pytest.mark.parametrize("name", sorted(MESHES))
+def test_mesh_matches_one_device(reference, name, constrained):
+  ref_metrics, ref_grads = reference
+  mesh = sharding.make_mesh(MESHES[name])
+  assert mesh.size == 8
+  got_metrics, got_grads = _run_step(mesh, constrained)
+  assert float(ref_metrics["tokens"]) == float(got_metrics["tokens"])
+  for k in ("loss", "nll", "correct", "grad_norm"):
+    assert float(got_metrics[k]) == pytest.approx(float(ref_metrics[k]), rel=LOSS_RTOL), k
+  flat_ref = jax.tree_util.tree_leaves_with_path(ref_grads)
+  flat_got = jax.tree.leaves(got_grads)
+  for (path, a), b in zip(flat_ref, flat_got):
+    np.testing.assert_allclose(b, a, atol=GRAD_ATOL, rtol=GRAD_RTOL,
+                               err_msg=jax.tree_util.keystr(path))
+  # The gradients are not trivially zero (the comparison could fail).
+  assert float(ref_metrics["grad_norm"]) > 1e-3
+
+
+def test_constraints_shard_activations():
+  """Under the mesh and rules context the activation constraints are really in the program."""
+  mesh = sharding.make_mesh({"data": 2, "tensor": 4})
+  model = tj.Transformer(MODEL.replace(deterministic=True))
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0), np.ones((ROWS, 8), np.int32),
+                                             np.ones((ROWS, 8), np.int32))["params"])
+  apply = jax.jit(lambda p, x, y: model.apply({"params": steps.unbox(p)}, x, y))
+  x = jax.ShapeDtypeStruct((ROWS, 8), np.int32)
+
+  def hlo(constrained):
+    if constrained:
+      with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
+        return apply.lower(params, x, x).as_text()
+    return apply.lower(params, x, x).as_text()
+
+  assert "sharding" not in hlo(False).replace("mhlo.sharding = \"{replicated}\"", "")
+  assert hlo(True).count("Sharding") + hlo(True).count("sharding") > 10
+
+
+# ---------------------------------------------------------------- golden partition specs
+
+
+def _base_specs(mesh_spec: dict) -> dict:
+  """Mesh partition spec and shape of every `base` parameter, without materialising them."""
+  c = experiment.base_config("base")
+  cfg = experiment.transformer_config(c, vocab_size=32000)
+  model = tj.Transformer(cfg)
+  dummy = jax.ShapeDtypeStruct((1, 8), np.int32)
+  boxed = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, x)["params"], dummy)
+  mesh = sharding.make_mesh(mesh_spec)
+  shardings = sharding.logical_shardings(boxed, mesh, sharding.rules_from_config(
+      c.logical_axis_rules))
+  shapes = steps.unbox(boxed)
+  out = {}
+  for (path, s), shape in zip(jax.tree_util.tree_leaves_with_path(shardings),
+                              jax.tree.leaves(shapes)):
+    # Every sharded dimension must divide by its mesh axes, or jit would refuse the layout.
+    for dim, axes in zip(shape.shape, s.spec):
+      for axis in (axes if isinstance(axes, tuple) else (axes,)):
+        if axis is not None:
+          assert dim % mesh.shape[axis] == 0, (jax.tree_util.keystr(path), shape.shape, s.spec)
+    out["/".join(str(k.key) for k in path)] = {
+        "shape": list(shape.shape),
+        "spec": [list(a) if isinstance(a, tuple) else a for a in s.spec]}
+  return {"mesh": dict(mesh.shape), "params": out}
+
+
+@pytest.mark.parametrize("filename,mesh_spec", [
+    ("base_2x4_data_tensor.json", {"data": 2, "tensor": 4}),
+    ("base_2x4_fsdp_tensor.json", {"fsdp": 2, "tensor": 4}),
+])
+def test_golden_partition_specs(filename, mesh_spec):
+  got = _base_specs(mesh_spec)
+  path = os.path.join(GOLDEN, filename)
+  if os.environ.get("REGENERATE_GOLDEN"):
+    os.makedirs(GOLDEN, exist_ok=True)
+    with open(path, "w") as f:
+      json.dump(got, f, indent=1, sort_keys=True)
+      f.write("\n")
+  with open(path) as f:
+    want = json.load(f)
+  assert got["mesh"] == want["mesh"]
+  changed = {k: (want["params"].get(k), got["params"].get(k))
+             for k in sorted(set(want["params"]) | set(got["params"]))
+             if want["params"].get(k) != got["params"].get(k)}
+  assert not changed, (
+      f"partition specs differ from {path} (golden, now): {json.dumps(changed, indent=1)}\n"
+      "If intended, regenerate with REGENERATE_GOLDEN=1 pytest tests/test_parallel.py -k golden "
+      "and review the diff.")
+
+
+# ---------------------------------------------------------------- portable checkpoints
+
+
+def _state_on(mesh):
+  model = tj.Transformer(MODEL)
+  tx = optax.adam(1e-3)
+  init = functools.partial(steps.init_train_state, model, tx, batch_shape=(1, 8))
+  boxed = jax.eval_shape(init, jax.random.key(0))
+  shardings = sharding.logical_shardings(boxed, mesh, RULES)
+  return jax.jit(lambda r: steps.unbox(init(r)), out_shardings=shardings)(jax.random.key(3)), boxed
+
+
+def test_checkpoint_moves_from_data_to_tensor_mesh(tmp_path):
+  src = sharding.make_mesh({"data": 8})
+  dst = sharding.make_mesh({"data": 2, "tensor": 4})
+  state, boxed = _state_on(src)
+  ckpt = checkpointing.Checkpointer(str(tmp_path), async_save=False)
+  ckpt.save(2, state, {"next_index": 7}, {}, force=True)
+  ckpt.wait()
+  target = checkpointing.abstract_like(steps.unbox(boxed),
+                                       sharding.logical_shardings(boxed, dst, RULES))
+  step, restored, data_state, _ = ckpt.restore_latest(target)
+  ckpt.close()
+  assert step == 2 and data_state == {"next_index": 7}
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  kernel = restored.params["decoder"]["layer_0"]["mlp"]["wi"]["kernel"]
+  assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+  assert kernel.addressable_shards[0].data.shape == (32, 64 // 4)
+
+
+def _tiny(data_dir, **overrides):
+  c = tiny_config_module.get_config()
+  c.data.data_dir = str(data_dir)
+  c.update(eval_every_steps=1000, bleu_every_steps=1000)
+  for k, v in overrides.items():
+    if k == "mesh":
+      c.mesh = v
+    else:
+      c[k] = v
+  return c
+
+
+def test_trainer_resumes_a_workdir_under_another_mesh(tmp_path):
+  """3 steps data-parallel, then 1 more on a data x tensor mesh == 4 steps data-parallel."""
+  import ml_collections
+  data_dir = tmp_path / "tfds"
+  data = lambda **m: ml_collections.ConfigDict(m)  # noqa: E731
+  straight, moved = str(tmp_path / "straight"), str(tmp_path / "moved")
+  train.train_and_evaluate(_tiny(data_dir, num_train_steps=4, mesh=data(data=8)), straight)
+  train.train_and_evaluate(_tiny(data_dir, num_train_steps=3, mesh=data(data=8)), moved)
+  result = train.train_and_evaluate(
+      _tiny(data_dir, num_train_steps=4, mesh=data(data=2, fsdp=1, tensor=4)), moved)
+  assert result["step"] == 4
+  want = {m["step"]: m["train_loss"] for m in metrics.read_metrics(straight) if "train_loss" in m}
+  got = {m["step"]: m["train_loss"] for m in metrics.read_metrics(moved) if "train_loss" in m}
+  assert got[4] == pytest.approx(want[4], rel=LOSS_RTOL)
+  assert got[3] == pytest.approx(want[3], rel=LOSS_RTOL)
+  with open(os.path.join(moved, "config.json")) as f:
+    assert json.load(f)["mesh"] == {"data": 2, "fsdp": 1, "tensor": 4}
