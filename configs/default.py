@@ -10,9 +10,8 @@ from transformer_jax.experiment import base_config
 
 def get_config(arg=None):
   del arg
-  c = base_config("tiny")
-  c.model.update(d_model=128, num_heads=4, d_ff=512, num_encoder_layers=3,
-                 num_decoder_layers=3, dropout_rate=0.1, max_len=64, norm_position="pre")
+  c = base_config("small")         # 3+3 layers, 4 heads; narrowed below
+  c.model.update(d_model=128, d_ff=512, dropout_rate=0.1, max_len=64, norm_position="pre")
   c.data.dataset = "numbers"
   c.data.vocab_size = 1000
   c.data.max_source_len = 32       # the longest sentence has 21 pieces
@@ -28,3 +27,13 @@ def get_config(arg=None):
   c.bleu_num_sentences = 256
   c.checkpoint_every_steps = 500
   return c
+
+
+def sweep():
+  """The learning-rate multiplier against the warmup, 2 x 2 points:
+
+      python scripts/sweep.py --config configs/default.py --workdir runs/default_lr_warmup
+      python scripts/sweep.py --workdir runs/default_lr_warmup --report --metric bleu
+  """
+  from transformer_jax import sweeps
+  return sweeps.product(learning_rate=[1.0, 2.0], warmup_steps=[200, 400])

@@ -106,46 +106,52 @@ def _layer_class(cls, cfg: TransformerConfig):
   return nn.remat(cls) if cfg.remat == "layer" else cls
 
 
-class Encoder(nn.Module):
+class _Stack(nn.Module):
+  """What the encoder and decoder share: embedding + position encoding + dropout on the way in,
+  N layers, and (pre-LN) a final LayerNorm on the way out."""
+
   config: TransformerConfig
   embedding: Embed
 
-  def setup(self):
+  def _setup_stack(self, layer_cls, num_layers: int):
     cfg = self.config
     self.position = PositionEncoding(cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate)
-    layer = _layer_class(EncoderLayer, cfg)
-    self.layers = [layer(cfg, name=f"layer_{i}") for i in range(cfg.num_encoder_layers)]
+    layer = _layer_class(layer_cls, cfg)
+    self.layers = [layer(cfg, name=f"layer_{i}") for i in range(num_layers)]
     if cfg.norm_position == "pre":
       self.final_norm = LayerNorm(cfg)
+
+  def _embed(self, tokens, positions):
+    x = self.position(self.embedding(tokens), positions)
+    x = self.dropout(x, deterministic=self.config.deterministic)
+    return constrain(x, ("batch", "length", "embed"))
+
+  def _finish(self, x):
+    return self.final_norm(x) if self.config.norm_position == "pre" else x
+
+
+class Encoder(_Stack):
+
+  def setup(self):
+    self._setup_stack(EncoderLayer, self.config.num_encoder_layers)
 
   def __call__(self, inputs, positions=None, segment_ids=None):
     cfg = self.config
     valid = token_validity(inputs, segment_ids, cfg.pad_id)
     mask = combine_masks(padding_mask(valid, valid),
                          None if segment_ids is None else segment_mask(segment_ids, segment_ids))
-    x = self.position(self.embedding(inputs), positions)
-    x = self.dropout(x, deterministic=cfg.deterministic)
-    x = constrain(x, ("batch", "length", "embed"))
+    x = self._embed(inputs, positions)
     for layer in self.layers:
       x = layer(x, mask)
-    if cfg.norm_position == "pre":
-      x = self.final_norm(x)
-    return x
+    return self._finish(x)
 
 
-class Decoder(nn.Module):
-  config: TransformerConfig
-  embedding: Embed
+class Decoder(_Stack):
 
   def setup(self):
     cfg = self.config
-    self.position = PositionEncoding(cfg)
-    self.dropout = nn.Dropout(cfg.dropout_rate)
-    layer = _layer_class(DecoderLayer, cfg)
-    self.layers = [layer(cfg, name=f"layer_{i}") for i in range(cfg.num_decoder_layers)]
-    if cfg.norm_position == "pre":
-      self.final_norm = LayerNorm(cfg)
+    self._setup_stack(DecoderLayer, cfg.num_decoder_layers)
     if cfg.decode:
       # How many tokens this cache has seen: the position of the next one.
       self.cache_ready = self.has_variable("cache", "decode_position")
@@ -166,13 +172,10 @@ class Decoder(nn.Module):
     if cfg.decode and self.cache_ready:
       positions = jnp.broadcast_to(self.next_position.value, decoder_inputs.shape)
       self.next_position.value = self.next_position.value + 1
-    y = self.position(self.embedding(decoder_inputs), positions)
-    y = self.dropout(y, deterministic=cfg.deterministic)
-    y = constrain(y, ("batch", "length", "embed"))
+    y = self._embed(decoder_inputs, positions)
     for layer in self.layers:
       y = layer(y, encoded, self_mask, cross_mask)
-    if cfg.norm_position == "pre":
-      y = self.final_norm(y)
+    y = self._finish(y)
     if cfg.tie_output_embedding:
       logits = self.embedding.attend(y)
     else:

@@ -16,6 +16,7 @@ import time
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
@@ -188,7 +189,7 @@ class Trainer:
     from transformer_jax.decode import decode_batch, output_ids  # decoding only for BLEU
 
     c = self.config
-    host_params = jax.device_get(params)
+    host_params = multihost_utils.process_allgather(params, tiled=True)  # may span hosts
     tok = self.data.tokenizer
     hyps, refs = [], []
     for batch in self.data.eval_batches(split):
@@ -274,6 +275,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       record["steps_per_sec"] = len(host) / elapsed
       record["tflops_per_sec"] = window_flops / elapsed / 1e12
       record["mfu"] = window_flops / elapsed / peak_total
+    else:  # a step that includes compilation has no meaningful throughput
+      record.update(tokens_per_sec=None, includes_compilation=True)
     pending, window_flops = [], 0.0
     window_start = time.perf_counter()
     return record
@@ -301,7 +304,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if record:
           last = record
           writer.write(step, record)
-          progress.update(step, record if "tokens_per_sec" in record else None)
+          progress.update(step, record if record.get("tokens_per_sec") else None)
       if evaluate:
         record = trainer.evaluate(state.params)
         if final or step % c.bleu_every_steps == 0:
