@@ -1,0 +1,246 @@
+"""The decoding tools: translate, evaluate, average_checkpoints and plot_attention.
+
+One tiny run is trained once for the module (steps 3 and 6 saved); the scripts' `main` functions
+are called in-process (one subprocess smoke test checks the command line itself).
+"""
+import importlib.util
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from transformer_jax import checkpointing, train
+from transformer_jax import translate as translate_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import tiny_config  # noqa: E402
+
+EVAL_SIZE = 24
+LONG = " ".join(["one hundred and twenty three thousand"] * 12)  # well over max_len=32 pieces
+
+
+def load_script(name):
+  spec = importlib.util.spec_from_file_location(f"script_{name}",
+                                                os.path.join(REPO, "scripts", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+translate_script = load_script("translate")
+evaluate_script = load_script("evaluate")
+average_script = load_script("average_checkpoints")
+plot_script = load_script("plot_attention")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  """A tiny run trained for 6 steps with checkpoints at steps 3 and 6."""
+  root = tmp_path_factory.mktemp("tools")
+  c = tiny_config.get_config()
+  c.data.data_dir = str(root / "tfds")
+  c.data.numbers_eval_size = EVAL_SIZE
+  c.data.numbers_train_size = 500
+  c.num_train_steps = 6
+  c.checkpoint_every_steps = 3
+  path = str(root / "run")
+  train.train_and_evaluate(c, path)
+  assert translate_lib.checkpoint_steps(os.path.join(path, "checkpoints")) == [3, 6]
+  return path
+
+
+@pytest.fixture(scope="module")
+def translator(workdir):
+  return translate_lib.Translator(workdir, batch_size=4)
+
+
+def run_main(module, argv, capsys, stdin=None, monkeypatch=None):
+  if stdin is not None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+  rc = module.main(argv)
+  out, err = capsys.readouterr()
+  return rc, out, err
+
+
+# ---------------------------------------------------------------- translate
+
+
+def test_translate_stdin_keeps_lines_and_survives_odd_input(workdir, capsys, monkeypatch):
+  lines = ["one hundred and two", "", "   ", "日本語 ☃ seven", LONG, "five"]
+  rc, out, err = run_main(translate_script, ["--workdir", workdir, "--batch_size", "2"], capsys,
+                          stdin="\n".join(lines) + "\n", monkeypatch=monkeypatch)
+  assert rc == 0, err
+  outputs = out.split("\n")
+  assert outputs[-1] == "" and len(outputs[:-1]) == len(lines)   # one line per input line
+  assert outputs[1] == "" and outputs[2] == ""                    # empty stays empty
+  assert "stdin line 5" in err and "truncated to 31 pieces" in err
+  assert "line 4" not in err                                      # unknown characters: no warning
+  assert err.count("warning:") == 1
+
+
+def test_translate_arguments_to_file_with_overrides(workdir, tmp_path, capsys):
+  out_path = tmp_path / "out.txt"
+  rc, out, err = run_main(translate_script, [
+      "--workdir", workdir, "--step", "3", "--beam_size", "2", "--alpha", "0.6",
+      "--output", str(out_path), "--verbose", "seven", "", "eight hundred"], capsys)
+  assert rc == 0, err
+  assert out == ""
+  assert out_path.read_text(encoding="utf-8").split("\n")[1] == ""
+  assert len(out_path.read_text(encoding="utf-8").split("\n")) == 4
+  assert "'step': 3" in err and "'beam_size': 2" in err and "sentences/s" in err
+
+
+def test_translation_order_and_batching(translator):
+  """Results come back in input order whatever the batching; empty sources are not searched."""
+  lines = ["one", "two hundred and three", "four thousand", "", "ninety nine", "six", "seventy"]
+  before = translator.stats.sentences
+  forward = translator.translate(lines)
+  assert translator.stats.sentences - before == len(lines) - 1
+  backward = translator.translate(lines[::-1])[::-1]
+  assert forward == backward
+  assert forward[3] == ""
+  # Search settings default to the run's config.json.
+  run = translate_lib.load_run_config(translator.workdir)
+  assert (translator.beam_size, translator.alpha, translator.max_len_margin) == (
+      run["beam_size"], run["length_penalty_alpha"], run["max_len_margin"])
+
+
+def test_bucket_shapes_are_bounded(translator):
+  shapes = {translator.bucket_shape(rows, length) for rows in range(1, 5)
+            for length in range(1, translator.config.max_len + 1)}
+  assert {r for r, _ in shapes} == {1, 2, 4} and {n for _, n in shapes} == {16, 32}
+  assert translator.bucket_shape(3, 40) == (4, 48)   # untruncated (evaluation) sources
+
+
+def test_unknown_characters_use_unk(translator):
+  (ids,) = translator.encode(["☃"])
+  assert translator.tokenizer.unk_id in ids and ids[-1] == translator.tokenizer.eos_id
+
+
+def test_actionable_errors(workdir, tmp_path, capsys):
+  rc, _, err = run_main(translate_script, ["--workdir", str(tmp_path), "one"], capsys)
+  assert rc == 1 and "not the workdir of a training run" in err and "scripts/train.py" in err
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  shutil.copy(os.path.join(workdir, "config.json"), empty)
+  shutil.copy(os.path.join(workdir, "spm.model"), empty)
+  rc, _, err = run_main(translate_script, ["--workdir", str(empty), "one"], capsys)
+  assert rc == 1
+  assert f"no checkpoint in {empty}/checkpoints: train first with scripts/train.py" in err
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--step", "4", "one"], capsys)
+  assert rc == 1 and "available steps [3, 6]" in err
+  rc, _, err = run_main(translate_script, ["--workdir", str(empty), "--averaged", "one"], capsys)
+  assert rc == 1 and "average_checkpoints.py" in err
+  rc, _, err = run_main(evaluate_script, ["--workdir", str(empty)], capsys)
+  assert rc == 1 and "train first" in err
+
+
+# ---------------------------------------------------------------- evaluate
+
+
+def test_evaluate_writes_hypotheses_and_reports_json(workdir, capsys):
+  rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--split", "test"], capsys)
+  assert rc == 0, err
+  result = json.loads(out)
+  for key in ("bleu", "chrf", "bleu_signature", "chrf_signature", "sentences", "step",
+              "beam_size", "alpha", "sentences_per_sec", "target_tokens_per_sec",
+              "compile_seconds"):
+    assert key in result, key
+  assert result["sentences"] == EVAL_SIZE and result["step"] == 6
+  assert "case:mixed" in result["bleu_signature"] and "tok:13a" in result["bleu_signature"]
+  assert 0 <= result["bleu"] <= 100 and 0 <= result["chrf"] <= 100
+  assert result["sentences_per_sec"] > 0 and result["target_tokens_per_sec"] > 0
+  hyp_path = os.path.join(workdir, "checkpoints", "6", "hypotheses.test.txt")
+  assert result["hypotheses"] == hyp_path
+  with open(hyp_path, encoding="utf-8") as f:
+    assert len(f.read().split("\n")) == EVAL_SIZE + 1
+  assert "sentences/s" in err
+  # The files beside the checkpoint do not disturb loading it (or resuming from it).
+  step, _ = checkpointing.load_params(workdir)
+  assert step == 6
+
+
+# ---------------------------------------------------------------- averaging
+
+
+def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
+  rc, out, err = run_main(average_script, ["--workdir", workdir, "--last", "2"], capsys)
+  assert rc == 0, err
+  result = json.loads(out)
+  averaged_dir = os.path.join(workdir, "averaged")
+  assert result == {"output": averaged_dir, "step": 6, "averaged_steps": [3, 6]}
+  # Training's own directory is untouched.
+  assert translate_lib.checkpoint_steps(os.path.join(workdir, "checkpoints")) == [3, 6]
+  _, p3 = checkpointing.load_params(workdir, 3)
+  _, p6 = checkpointing.load_params(workdir, 6)
+  step, avg = checkpointing.load_params(averaged_dir)
+  assert step == 6
+  for a, b, m in zip(jax.tree.leaves(p3), jax.tree.leaves(p6), jax.tree.leaves(avg)):
+    assert m.dtype == a.dtype
+    np.testing.assert_allclose(m, (a.astype(np.float32) + b.astype(np.float32)) / 2, rtol=1e-6,
+                               atol=1e-7)
+  assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p3), jax.tree.leaves(p6)))
+  assert translate_lib.averaged_steps(averaged_dir, 6) == [3, 6]
+  # Loadable by the tools; running it again replaces the average.
+  rc, out, err = run_main(translate_script, ["--workdir", workdir, "--averaged"], capsys,
+                          stdin="seven\n\n", monkeypatch=monkeypatch)
+  assert rc == 0 and len(out.split("\n")) == 3, err
+  rc, _, err = run_main(average_script, ["--workdir", workdir, "--last", "1"], capsys)
+  assert rc == 0, err
+  _, avg1 = checkpointing.load_params(averaged_dir)
+  for a, b in zip(jax.tree.leaves(avg1), jax.tree.leaves(p6)):
+    np.testing.assert_array_equal(a, b)
+  rc, _, err = run_main(average_script, ["--workdir", workdir, "--last", "5"], capsys)
+  assert rc == 1 and "holds only 2 checkpoint(s)" in err and "keep_checkpoints=5" in err
+
+
+# ---------------------------------------------------------------- attention plots
+
+
+def test_attention_rows_sum_to_one(translator):
+  maps = translate_lib.attention_maps(translator, "one hundred and two", "einhundertzwei")
+  s, t = len(maps["source_pieces"]), len(maps["target_pieces"])
+  assert maps["target_pieces"][-1] == "</s>" and maps["decoder_input_pieces"][0] == "<s>"
+  cfg = translator.config
+  assert len(maps["encoder_self"]) == cfg.num_encoder_layers
+  assert len(maps["cross"]) == len(maps["decoder_self"]) == cfg.num_decoder_layers
+  for kind, shape in (("encoder_self", (s, s)), ("decoder_self", (t, t)), ("cross", (t, s))):
+    for w in maps[kind]:
+      assert w.shape == (cfg.num_heads,) + shape
+      np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+  # Decoder self-attention is causal.
+  assert np.all(np.triu(maps["decoder_self"][0], k=1) == 0)
+
+
+def test_plot_attention_writes_pngs(workdir, tmp_path, capsys):
+  out_dir = tmp_path / "att"
+  rc, out, err = run_main(plot_script, ["--workdir", workdir, "--source", "one hundred and two",
+                                        "--out_dir", str(out_dir)], capsys)
+  assert rc == 0, err
+  expected = {"encoder_self_layer0.png", "decoder_self_layer0.png", "cross_layer0.png",
+              "summary.png"}
+  assert set(json.loads(out)["files"]) == expected
+  for name in expected:
+    with open(out_dir / name, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.getsize(out_dir / name) > 1000
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_translate_command_line(workdir):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "translate.py"),
+                         "--workdir", workdir], input="three\n\n" + LONG + "\n",
+                        capture_output=True, text=True, env=env, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert len(proc.stdout.split("\n")) == 4 and proc.stdout.split("\n")[1] == ""
+  assert "stdin line 3" in proc.stderr
