@@ -14,3 +14,9 @@ def get_config(arg=None):
            bleu_every_steps=1000, bleu_num_sentences=8, checkpoint_every_steps=3,
            async_checkpointing=False)
   return c
+
+
+def sweep():
+  """Two learning rates x two warmups (tests/test_sweeps.py runs them for a few steps each)."""
+  from transformer_jax import sweeps
+  return sweeps.product(learning_rate=[1.0, 2.0], warmup_steps=[5, 10])

@@ -121,6 +121,8 @@ def load_params(path: str, step: int | None = None):
       step = steps[-1]
     elif step not in steps:
       raise CheckpointError(f"step {step} is not in {path}: available steps {steps}")
-    restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    # Saved on devices this process lacks (more hosts or devices): read onto one local device.
+    restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(
+        fallback_sharding=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))))
   params = restored["state"]["params"]
   return step, jax.tree.map(np.asarray, params)

@@ -76,8 +76,9 @@ def base_config(size: str = "small") -> ml_collections.ConfigDict:
   # workdir holds no checkpoint yet; a workdir with checkpoints always resumes instead.
   c.init_from = ""
 
-  # Multi-host: "auto" calls jax.distributed.initialize() when a cluster is detected (TPU pod,
-  # SLURM, Kubernetes) or coordinator_address is set; "off" never does.
+  # Multi-host: "auto" calls jax.distributed.initialize() when coordinator_address is set or a
+  # cluster shows in the environment (SLURM, TPU_WORKER_HOSTNAMES, JAX_COORDINATOR_ADDRESS);
+  # "on" always calls it (Cloud TPU VM pods, found through the metadata server); "off" never.
   c.distributed = "auto"
   c.coordinator_address = ""      # host:port of process 0, for explicit multi-process runs
   c.coordinator_bind_address = "" # e.g. 127.0.0.1:PORT in tests; empty = JAX's default
@@ -118,8 +119,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   unknown_axes = sorted(set(c.mesh.keys()) - set(MESH_AXES))
   if unknown_axes:
     bad("mesh", dict(c.mesh), f"unknown axes {unknown_axes}; expected among {MESH_AXES}")
-  if c.distributed not in ("auto", "off"):
-    bad("distributed", c.distributed, "expected 'auto' or 'off'")
+  if c.distributed not in ("auto", "on", "off"):
+    bad("distributed", c.distributed, "expected 'auto', 'on' or 'off'")
   if c.data.batch_size % c.grad_accum_steps:
     bad("grad_accum_steps", c.grad_accum_steps,
         f"must divide data.batch_size={c.data.batch_size}")

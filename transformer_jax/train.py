@@ -44,9 +44,42 @@ def maybe_initialize_distributed(config) -> None:
     jax.distributed.initialize(coordinator_address=config.coordinator_address,
                                num_processes=config.num_processes,
                                process_id=config.process_id, **kwargs)
-  elif (int(os.environ.get("SLURM_NTASKS", "1")) > 1 or "TPU_WORKER_HOSTNAMES" in os.environ
-        or "JAX_COORDINATOR_ADDRESS" in os.environ):
-    jax.distributed.initialize()  # JAX reads SLURM / TPU / Kubernetes settings itself
+  elif (config.distributed == "on" or int(os.environ.get("SLURM_NTASKS", "1")) > 1
+        or "TPU_WORKER_HOSTNAMES" in os.environ or "JAX_COORDINATOR_ADDRESS" in os.environ):
+    # JAX finds SLURM, TPU pod (through the metadata server) and Kubernetes settings itself;
+    # "on" is for clusters it detects but whose environment we cannot see (gcloud TPU VMs).
+    jax.distributed.initialize()
+
+
+def gather_data_states(state: dict) -> dict:
+  """Every process's data iterator state, so each resumes at its own position in its shard.
+
+  Processes read disjoint shards and their windows fill differently, so their positions drift
+  apart; saving only process 0's would put every process at process 0's position on resume.
+  """
+  count = jax.process_count()
+  if count == 1:
+    return {"process_count": 1, "processes": {"0": state}}
+  blob = np.frombuffer(json.dumps(state).encode(), np.uint8)
+  lengths = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int32)))
+  padded = np.zeros(int(lengths.max()), np.uint8)
+  padded[:blob.size] = blob
+  blobs = np.asarray(multihost_utils.process_allgather(padded))
+  return {"process_count": count, "processes": {
+      str(i): json.loads(bytes(blobs[i, :int(lengths.reshape(-1)[i])]).decode())
+      for i in range(count)}}
+
+
+def own_data_state(saved: dict) -> dict | None:
+  """This process's iterator state from `gather_data_states`' record (None: start the data anew)."""
+  if not saved:
+    return None
+  if saved.get("process_count") != jax.process_count():
+    log.warning("the checkpoint's data positions are for %s process(es), this run has %d: the "
+                "data shards differ, so each process starts its shard from the beginning",
+                saved.get("process_count"), jax.process_count())
+    return None
+  return saved["processes"][str(jax.process_index())]
 
 
 class _StopFlag:
@@ -227,6 +260,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   state, data_state, origin = trainer.initial_state()
   step = int(jax.device_get(state.step))
   train_iter = iter(trainer.data.train_dataset())
+  data_state = own_data_state(data_state)
   if data_state:
     train_iter.set_state(data_state)
   writer = metrics_lib.MetricsWriter(workdir, enabled=trainer.is_main)
@@ -315,7 +349,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
         window_start = time.perf_counter()  # evaluation time is not training throughput
       if save:
-        trainer.checkpointer.save(step, state, train_iter.get_state(),
+        trainer.checkpointer.save(step, state, gather_data_states(train_iter.get_state()),
                                   {"step": step, "origin": origin}, force=True)
       progress.update(step)
       if stop.signal is not None:

@@ -1,0 +1,128 @@
+"""Multi-host: two local processes (2 fake CPU devices each) train through scripts/train.py.
+
+They meet through `jax.distributed.initialize` on 127.0.0.1 only, each reads its own half of
+every global batch, agree on the (replicated) loss, and write one checkpoint together that this
+single process then restores onto its own 8-device mesh.
+"""
+import ast
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from transformer_jax import checkpointing, metrics, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import tiny_config as tiny_config_module  # noqa: E402
+
+STEPS = 3
+TIMEOUT = 300
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _config(data_dir):
+  c = tiny_config_module.get_config()
+  c.data.data_dir = str(data_dir)
+  # No dropout: the loss is then a plain sum over rows, whatever row order the global batch has.
+  c.model.dropout_rate = 0.0
+  c.update(num_train_steps=STEPS, checkpoint_every_steps=STEPS, bleu_num_sentences=4)
+  return c
+
+
+def _summary(output: str) -> dict:
+  """The result dict scripts/train.py prints last (on stderr) when it finishes."""
+  lines = [l for l in output.splitlines() if l.startswith("{") and l.endswith("}")]
+  assert lines, output[-3000:]
+  return ast.literal_eval(lines[-1])
+
+
+@pytest.mark.parametrize("mesh_flags,mesh_text", [
+    ([], "{'data': 4, 'fsdp': 1, 'tensor': 1}"),
+    # Parameters sharded over the devices of both processes (the usual case for big models).
+    (["--config.mesh.data=1", "--config.mesh.fsdp=-1"], "{'data': 1, 'fsdp': 4, 'tensor': 1}"),
+], ids=["data", "fsdp"])
+def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_text):
+  data_dir, workdir = tmp_path / "tfds", tmp_path / "run"
+  c = _config(data_dir)
+  from transformer_jax.data import get_data
+  # Build the dataset and the tokenizer once here, so the two processes only read them.
+  get_data(c.data, str(workdir))
+  shards = [next(iter(get_data(c.data, str(workdir), process_index=i,
+                               process_count=2).train_dataset())) for i in range(2)]
+  assert shards[0]["inputs"].shape[0] == c.data.batch_size // 2
+  assert not np.array_equal(shards[0]["inputs"], shards[1]["inputs"])  # each its own shard
+
+  port = _free_port()
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  for key in ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "JAX_COORDINATOR_ADDRESS"):
+    env.pop(key, None)
+  procs = []
+  for i in range(2):
+    cmd = [sys.executable, os.path.join(REPO, "scripts", "train.py"),
+           "--config", os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", str(workdir),
+           f"--config.data.data_dir={data_dir}", "--config.model.dropout_rate=0.0",
+           f"--config.num_train_steps={STEPS}", f"--config.checkpoint_every_steps={STEPS}",
+           "--config.bleu_num_sentences=4",
+           f"--config.coordinator_address=127.0.0.1:{port}",
+           f"--config.coordinator_bind_address=127.0.0.1:{port}",
+           "--config.num_processes=2", f"--config.process_id={i}", *mesh_flags]
+    procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, cwd=REPO))
+  outputs = []
+  try:
+    for p in procs:
+      outputs.append(p.communicate(timeout=TIMEOUT)[0])
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+    if len(outputs) < 2 or any(p.returncode for p in procs):
+      for i, p in enumerate(procs):
+        out = outputs[i] if i < len(outputs) else "(timed out)"
+        print(f"---- process {i} (exit {p.returncode}):\n{out[-6000:]}")
+  assert [p.returncode for p in procs] == [0, 0]
+
+  # Both processes see the same global loss and evaluation, and say they are 2 of 2.
+  first, second = (_summary(o) for o in outputs)
+  assert first["step"] == second["step"] == STEPS
+  for key in ("train_loss", "eval_loss", "grad_norm"):
+    assert first[key] == second[key], key
+  assert all("2 process(es)" in o and f"mesh {mesh_text}" in o for o in outputs)
+  logged = {m["step"]: m for m in metrics.read_metrics(str(workdir)) if "train_loss" in m}
+  assert sorted(logged) == list(range(1, STEPS + 1))          # written once, by process 0
+  assert round(logged[STEPS]["train_loss"], 4) == first["train_loss"]
+
+  # Step 1's loss is that of one process holding both shards (with the same initial state).
+  single = _config(data_dir)
+  trainer = train.Trainer(single, str(workdir))
+  state = trainer._init(jax.random.key(single.seed))
+  batch = {k: np.concatenate([s[k] for s in shards]) for k in train.ARRAY_KEYS if k in shards[0]}
+  with trainer._context():
+    _, m = trainer.train_step(state, trainer.put(batch))
+  assert float(m["loss"] / m["tokens"]) == pytest.approx(logged[1]["train_loss"], rel=1e-5)
+
+  # The checkpoint both wrote restores in this one process, onto its 8-device mesh.
+  step, params = checkpointing.load_params(str(workdir))
+  assert step == STEPS
+  state, data_state, origin = trainer.initial_state()
+  assert origin == f"resumed from step {STEPS}" and data_state
+  # Each process's own data position was saved; a 1-process resume cannot use them.
+  assert data_state["process_count"] == 2 and sorted(data_state["processes"]) == ["0", "1"]
+  assert train.own_data_state(data_state) is None
+  kernel = state.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"]
+  assert len(kernel.sharding.device_set) == 8
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
+    np.testing.assert_array_equal(a, np.asarray(b))
+  trainer.checkpointer.close()

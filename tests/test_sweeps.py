@@ -1,0 +1,224 @@
+"""Sweeps: point helpers, names, skip/fail/resume bookkeeping, SLURM script, report, end to end."""
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from transformer_jax import sweeps
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(REPO, "tests", "tiny_config.py")
+
+
+def test_product_zipped_cross_chain():
+  assert sweeps.product(a=[1, 2], b=["x", "y"]) == [
+      {"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 2, "b": "x"}, {"a": 2, "b": "y"}]
+  assert sweeps.zipped(d=[1, 2], h=[3, 4]) == [{"d": 1, "h": 3}, {"d": 2, "h": 4}]
+  with pytest.raises(ValueError, match="different lengths"):
+    sweeps.zipped(d=[1, 2], h=[3])
+  assert sweeps.cross(sweeps.zipped(d=[1, 2], h=[3, 4]), sweeps.product(lr=[0.1])) == [
+      {"d": 1, "h": 3, "lr": 0.1}, {"d": 2, "h": 4, "lr": 0.1}]
+  with pytest.raises(ValueError, match="set by two groups"):
+    sweeps.cross([{"a": 1}], [{"a": 2}])
+  assert sweeps.chain([{"a": 1}], [{"a": 1}, {"a": 2}]) == [{"a": 1}, {"a": 2}]
+
+
+def test_names_flags_and_values():
+  assert sweeps.point_name({"warmup_steps": 10, "learning_rate": 0.5}) == (
+      "learning_rate=0.5,warmup_steps=10")
+  assert sweeps.point_name({}) == "default"
+  odd = sweeps.point_name({"data.vocab_path": "/a/b.model"})
+  assert "/" not in odd and odd.startswith("data.vocab_path=_a_b.model-")
+  assert sweeps.point_name({"x": "/a"}) != sweeps.point_name({"x": "_a"})
+  long = sweeps.point_name({"f": "v" * 500})
+  assert len(long) <= 120 and long != sweeps.point_name({"f": "v" * 499})
+  assert sweeps.override_flags({"model.norm_position": "pre", "async_checkpointing": False,
+                                "learning_rate": 2.0}) == [
+      "--config.model.norm_position=pre", "--config.async_checkpointing=false",
+      "--config.learning_rate=2.0"]
+  assert sweeps.flags_to_point(["--config.num_train_steps=3", "--config.schedule=constant"]) == {
+      "num_train_steps": 3, "schedule": "constant"}
+  env = sweeps.slot_env(1, 2, {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo"})
+  assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+  assert env["XLA_FLAGS"] == "--foo --xla_force_host_platform_device_count=2"
+
+
+def test_points_from_config_checks_fields(tmp_path):
+  good = sweeps.points_from_config(TINY)
+  assert len(good) == 4 and {p["warmup_steps"] for p in good} == {5, 10}
+  bad = tmp_path / "bad.py"
+  bad.write_text("from transformer_jax.experiment import base_config\n"
+                 "def get_config(arg=None):\n  return base_config('tiny')\n"
+                 "def sweep(arg):\n  return [{'learning_rat': 1.0}]\n")
+  with pytest.raises(ValueError, match="no field 'learning_rat'"):
+    sweeps.points_from_config(str(bad) + ":x")
+  none = tmp_path / "none.py"
+  none.write_text("def get_config():\n  return None\n")
+  with pytest.raises(ValueError, match="no sweep"):
+    sweeps.points_from_config(str(none))
+
+
+# A stand-in for scripts/train.py: logs metrics like the real one, fails where told to.
+FAKE_TRAIN = textwrap.dedent("""
+    import json, os, sys
+    args = sys.argv[1:]
+    workdir = args[args.index("--workdir") + 1]
+    flags = dict(a[len("--config."):].split("=", 1) for a in args if a.startswith("--config."))
+    lr, warmup = float(flags["learning_rate"]), int(flags["warmup_steps"])
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "calls"), "a") as f:
+      f.write("x")
+    if lr == 2.0 and warmup == 5:
+      raise SystemExit("boom: this point fails")
+    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+      for step in (1, 2, 3):
+        f.write(json.dumps({"step": step, "train_loss": 5.0 / step, "learning_rate": 1e-3})
+                + "\\n")
+      f.write(json.dumps({"step": 3, "bleu": 10 * lr + warmup, "eval_loss": 1 / lr}) + "\\n")
+""")
+
+
+def _calls(sweep_dir, point):
+  with open(os.path.join(sweeps.point_dir(sweep_dir, point), "calls")) as f:
+    return len(f.read())
+
+
+def test_runner_records_failures_skips_done_and_reports(tmp_path):
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(FAKE_TRAIN)
+  sweep_dir = str(tmp_path / "sweep")
+  runner = sweeps.Runner(TINY, sweep_dir, str(fake), ["--config.num_train_steps=3"])
+  assert runner.num_steps == [3, 3, 3, 3]
+  results = runner.run(log=lambda s: None)
+  by_name = {r["name"]: r for r in results}
+  failed = sweeps.point_name({"learning_rate": 2.0, "warmup_steps": 5})
+  assert by_name[failed]["status"] == "failed"
+  assert [r["status"] for r in results].count("done") == 3   # the others went on
+  failed_file = os.path.join(sweep_dir, failed, sweeps.FAILED)
+  text = open(failed_file).read()
+  assert "exit status 1" in text and "boom: this point fails" in text
+  with open(os.path.join(sweep_dir, "status.json")) as f:
+    assert [r["status"] for r in json.load(f)] == [r["status"] for r in results]
+
+  # Re-run: done points are skipped, the failed one runs again.
+  again = sweeps.Runner(TINY, sweep_dir, str(fake), ["--config.num_train_steps=3"])
+  results = again.run(log=lambda s: None)
+  assert [r["status"] for r in results].count("skipped (done)") == 3
+  assert _calls(sweep_dir, {"learning_rate": 1.0, "warmup_steps": 5}) == 1
+  assert _calls(sweep_dir, {"learning_rate": 2.0, "warmup_steps": 5}) == 2
+  # One point by index, as a SLURM array task runs it.
+  assert again.run([0], log=lambda s: None)[0]["status"] == "skipped (done)"
+  assert again.run([2], log=lambda s: None)[0]["status"] == "failed"
+  assert _calls(sweep_dir, {"learning_rate": 2.0, "warmup_steps": 5}) == 3
+  with pytest.raises(IndexError, match="points 0..3"):
+    again.run([4])
+  # A point whose metrics already reach the last step counts as done without a DONE marker.
+  done_dir = sweeps.point_dir(sweep_dir, {"learning_rate": 1.0, "warmup_steps": 10})
+  os.remove(os.path.join(done_dir, sweeps.DONE))
+  assert again.status(1) == "done"
+  assert sweeps.status(done_dir, num_train_steps=4) == "partial"
+
+  out = sweeps.report(sweep_dir, metric="bleu")
+  assert [r["name"] for r in out["rows"]][:3] == [
+      "learning_rate=2,warmup_steps=10", "learning_rate=1,warmup_steps=10",
+      "learning_rate=1,warmup_steps=5"]
+  assert out["rows"][-1]["status"] == "failed" and "bleu" not in out["rows"][-1]
+  with open(os.path.join(sweep_dir, "report.csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert float(rows[0]["bleu"]) == 30 and rows[0]["learning_rate"] == "2.0"
+  assert "| name | learning_rate | warmup_steps | status |" in out["markdown"]
+  assert os.path.getsize(os.path.join(sweep_dir, "report_bleu.png")) > 1000
+  # Losses sort ascending.
+  assert sweeps.report(sweep_dir, metric="eval_loss")["rows"][0]["learning_rate"] == 2.0
+
+
+def test_parallel_slots_get_disjoint_devices(tmp_path):
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(textwrap.dedent("""
+      import os, sys, time
+      workdir = sys.argv[sys.argv.index("--workdir") + 1]
+      os.makedirs(workdir, exist_ok=True)
+      open(os.path.join(workdir, "devices"), "w").write(os.environ["CUDA_VISIBLE_DEVICES"] + " "
+                                                        + os.environ["XLA_FLAGS"])
+      time.sleep(0.5)
+  """))
+  sweep_dir = str(tmp_path / "sweep")
+  runner = sweeps.Runner(TINY, sweep_dir, str(fake))
+  results = runner.run(parallel=2, devices_per_point=4, log=lambda s: None)
+  assert [r["status"] for r in results] == ["done"] * 4
+  seen = []
+  for p in runner.points:
+    with open(os.path.join(sweeps.point_dir(sweep_dir, p), "devices")) as f:
+      visible, flags = f.read().split(" ", 1)
+    seen.append(visible)
+    assert flags.endswith("--xla_force_host_platform_device_count=4")
+  assert set(seen) == {"0,1,2,3", "4,5,6,7"}
+
+
+def test_slurm_script(tmp_path):
+  sweep_dir = tmp_path / "lr"
+  out = subprocess.run(
+      [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), "--config", TINY + ":x",
+       "--workdir", str(sweep_dir), "--slurm", "--slurm_option=--gres=gpu:1",
+       "--slurm_max_concurrent", "2", "--config.num_train_steps=3"],
+      capture_output=True, text=True, timeout=120, cwd=REPO)
+  assert out.returncode == 0, out.stderr
+  script = (sweep_dir / "sweep.sbatch").read_text()
+  assert "#SBATCH --array=0-3%2" in script and "#SBATCH --gres=gpu:1" in script
+  assert script.rstrip().endswith("--point $SLURM_ARRAY_TASK_ID")
+  assert f"--config {TINY}:x" in script and "--config.num_train_steps=3" in script
+  assert os.path.isdir(sweep_dir / "slurm")
+  assert len(json.loads((sweep_dir / "sweep.json").read_text())["points"]) == 4
+  listing = subprocess.run(
+      [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), "--config", TINY,
+       "--workdir", str(sweep_dir), "--list"], capture_output=True, text=True, timeout=120)
+  assert listing.returncode == 0, listing.stderr
+  assert listing.stdout.splitlines()[0] == "0\tnew\tlearning_rate=1,warmup_steps=5"
+
+
+def test_sweep_end_to_end(tmp_path):
+  """2 learning rates x 2 warmups of the tiny config, 3 steps each, through scripts/train.py."""
+  from transformer_jax.data import get_data
+  import tiny_config  # noqa: F401  (tests/ is on sys.path through conftest's directory)
+  data_dir = tmp_path / "tfds"
+  c = tiny_config.get_config()
+  c.data.data_dir = str(data_dir)
+  get_data(c.data, str(tmp_path / "prebuild"))  # the dataset once, before four processes use it
+  sweep_dir = tmp_path / "lr_warmup"
+  cmd = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), "--config", TINY,
+         "--workdir", str(sweep_dir), f"--config.data.data_dir={data_dir}",
+         "--config.num_train_steps=3", "--config.bleu_num_sentences=4",
+         f"--config.data.vocab_path={tmp_path / 'prebuild' / 'spm.model'}"]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+  assert out.returncode == 0, out.stderr[-5000:]
+  names = [sweeps.point_name(p) for p in sweeps.points_from_config(TINY)]
+  for name in names:
+    assert os.path.exists(sweep_dir / name / sweeps.DONE), name
+    assert sweeps.final_step(str(sweep_dir / name)) == 3
+  # The learning rate reached the run: at step 3 the rate is lr * d^-0.5 * 3 * warmup^-1.5.
+  lrs = {}
+  for name in names:
+    records = [json.loads(l) for l in open(sweep_dir / name / "metrics.jsonl")]
+    lrs[name] = [r["learning_rate"] for r in records if "learning_rate" in r][-1]
+  expected = lambda lr, w: lr * 32**-0.5 * 3 * w**-1.5  # noqa: E731  (count 2 -> step 3)
+  assert lrs["learning_rate=2,warmup_steps=5"] == pytest.approx(expected(2.0, 5), rel=1e-5)
+  assert lrs["learning_rate=1,warmup_steps=10"] == pytest.approx(expected(1.0, 10), rel=1e-5)
+
+  # Re-running skips every point; the report sorts by final BLEU and plots it.
+  again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+  assert again.returncode == 0 and again.stderr.count("already done, skipped") == 4
+  rep = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "sweep.py"), "--workdir",
+                        str(sweep_dir), "--report", "--metric", "bleu"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+  assert rep.returncode == 0, rep.stderr
+  assert rep.stdout.count("| done |") == 4
+  with open(sweep_dir / "report.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert sorted(float(r["learning_rate"]) for r in rows) == [1.0, 1.0, 2.0, 2.0]
+  assert all(float(r["step"]) == 3 and "bleu" in r for r in rows)
+  assert {"report.csv", "report.md", "report_bleu.png"} <= set(os.listdir(sweep_dir))
