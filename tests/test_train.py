@@ -268,6 +268,7 @@ def test_sigterm_saves_a_loadable_checkpoint(tmp_path, data_dir):
     if proc.poll() is None:
       proc.kill()
   assert proc.returncode == 0, out[-3000:]
-  assert "SIGTERM: saved step" in out
+  assert "SIGTERM: saved step" in out, out[-3000:]
+  assert os.listdir(workdir / "checkpoints"), out[-3000:]
   step, params = checkpointing.load_params(str(workdir))
   assert step >= 4 and jax.tree.leaves(params)

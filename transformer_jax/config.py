@@ -64,6 +64,7 @@ class TransformerConfig:
   param_dtype: str = "float32"
   attention_impl: str = "xla"          # "xla": our einsum reference; "cudnn": jax.nn.dot_product_attention
   remat: str = "none"                  # "layer": recompute each layer's activations in the backward pass
+  fused_qkv: bool = False              # one [embed, 3, heads, kv] matmul for Q, K, V (K, V for cross)
   pad_id: int = 0
   bos_id: int = 2                      # decoder start token inserted by the right shift
   eos_id: int = 3

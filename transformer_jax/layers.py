@@ -16,16 +16,18 @@ from transformer_jax.attention import scaled_dot_product_attention
 from transformer_jax.config import TransformerConfig
 
 
-def kernel_init(cfg: TransformerConfig, in_axis=-2, out_axis=-1):
+def kernel_init(cfg: TransformerConfig, in_axis=-2, out_axis=-1, batch_axis=()):
   """Xavier/Glorot uniform (the paper's tensor2tensor code) or N(0, 0.02) (BERT/GPT practice).
 
   For multi-axis kernels such as `[embed, heads, kv]` the fans are taken over the axes that form
   the equivalent 2-D matrix (`[d_model, heads * kv]`), so the variance is that of a plain Dense.
+  `batch_axis` holds stacked kernels (the 3 of a fused `[embed, 3, heads, kv]` Q/K/V kernel):
+  each gets the variance it would have on its own.
   """
   if cfg.kernel_init == "normal":
     return nn.initializers.normal(stddev=0.02)
   return nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=in_axis,
-                                          out_axis=out_axis)
+                                          out_axis=out_axis, batch_axis=batch_axis)
 
 
 def constrain(x, names):
@@ -70,15 +72,18 @@ class Projection(nn.Module):
   config: TransformerConfig
   kernel_shape: tuple[int, ...]
   num_in: int                      # leading kernel axes contracted with x's trailing axes
-  names: tuple[str, ...]
+  names: tuple[str | None, ...]
+  stacked: tuple[int, ...] = ()    # output axes that stack separate kernels (for the init only)
 
   @nn.compact
   def __call__(self, x):
     cfg = self.config
     n = len(self.kernel_shape)
-    in_axes, out_axes = tuple(range(self.num_in)), tuple(range(self.num_in, n))
+    in_axes = tuple(range(self.num_in))
+    out_axes = tuple(a for a in range(self.num_in, n) if a not in self.stacked)
     kernel = self.param(
-        "kernel", nn.with_logical_partitioning(kernel_init(cfg, in_axes, out_axes), self.names),
+        "kernel", nn.with_logical_partitioning(
+            kernel_init(cfg, in_axes, out_axes, self.stacked), self.names),
         self.kernel_shape, cfg.params_dtype)
     x = x.astype(cfg.compute_dtype)
     y = jnp.tensordot(x, jnp.asarray(kernel, cfg.compute_dtype),
@@ -110,7 +115,20 @@ class MultiHeadAttention(nn.Module):
       return Projection(cfg, (cfg.d_model,) + features, 1, names, name=name)
     return Projection(cfg, (cfg.num_heads, cfg.head_dim, features), 2, names, name=name)
 
+  def _fused(self, x, num: int, name: str):
+    """`num` stacked projections in one matmul: `[batch, length, num, heads, kv]` -> num arrays.
+
+    One `[d_model, num * d_model]` matmul instead of `num` of `[d_model, d_model]`: larger
+    matrices keep the matmul units busier and read `x` once.
+    """
+    cfg = self.config
+    y = Projection(cfg, (cfg.d_model, num, cfg.num_heads, cfg.head_dim), 1,
+                   ("embed", None, "heads", "kv"), stacked=(1,), name=name)(x)
+    return tuple(constrain(y[:, :, i], ("batch", "length", "heads", "kv")) for i in range(num))
+
   def _project_kv(self, inputs_kv):
+    if self.config.fused_qkv:
+      return self._fused(inputs_kv, 2, "kv")
     heads = (self.config.num_heads, self.config.head_dim)
     k = self._dense(("embed", "heads", "kv"), -1, heads, "key")(inputs_kv)
     v = self._dense(("embed", "heads", "kv"), -1, heads, "value")(inputs_kv)
@@ -139,10 +157,18 @@ class MultiHeadAttention(nn.Module):
         raise ValueError("prime_valid is only for cross-attention in decode mode")
       self._store_cross(inputs_kv, prime_valid)
       return None
+    # Self-attention with fused_qkv: Q, K and V from one matmul ("qkv"); cross-attention fuses
+    # K and V only ("kv"), since its queries come from the decoder and its keys from the encoder.
+    fused_self = cfg.fused_qkv and self.cache != "cross"
+    if fused_self and inputs_kv is not None and inputs_kv is not inputs_q:
+      raise ValueError("fused_qkv: a self-attention module takes inputs_kv=None")
     inputs_kv = inputs_q if inputs_kv is None else inputs_kv
     heads = (cfg.num_heads, cfg.head_dim)
-    q = self._dense(("embed", "heads", "kv"), -1, heads, "query")(inputs_q)
-    q = constrain(q, ("batch", "length", "heads", "kv"))
+    if fused_self:
+      q, k_new, v_new = self._fused(inputs_q, 3, "qkv")
+    else:
+      q = self._dense(("embed", "heads", "kv"), -1, heads, "query")(inputs_q)
+      q = constrain(q, ("batch", "length", "heads", "kv"))
     if cfg.decode and self.cache == "cross":
       if not self.has_variable("cache", "cross_key"):
         # Model initialisation in decode mode: create the cache from the encoder output's shape.
@@ -151,7 +177,7 @@ class MultiHeadAttention(nn.Module):
       v = self.get_variable("cache", "cross_value")
       mask = self.get_variable("cache", "cross_valid")[:, None, None, :]
     elif cfg.decode and self.cache == "self":
-      k, v = self._project_kv(inputs_kv)
+      k, v = (k_new, v_new) if fused_self else self._project_kv(inputs_kv)
       initialised = self.has_variable("cache", "cached_key")
       cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
       cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
@@ -168,7 +194,7 @@ class MultiHeadAttention(nn.Module):
         # The new query sees every cached position up to and including its own.
         mask = (jnp.arange(k.shape[1]) <= i)[None, None, None, :]
     else:
-      k, v = self._project_kv(inputs_kv)
+      k, v = (k_new, v_new) if fused_self else self._project_kv(inputs_kv)
 
     dropout_rng = None
     if not cfg.deterministic and cfg.attention_dropout_rate > 0.0:

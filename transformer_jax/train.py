@@ -100,6 +100,14 @@ class _StopFlag:
   def _handle(self, signum, frame):
     self.signal = signal.Signals(signum).name
 
+  def agreed(self) -> str | None:
+    """The signal if any process got one: all processes must save and stop at the same step,
+    or the others would wait forever in the next step's collectives."""
+    if jax.process_count() == 1:
+      return self.signal
+    flags = multihost_utils.process_allgather(np.array(self.signal is not None, np.int32))
+    return (self.signal or "a signal to another process") if np.any(flags) else None
+
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
@@ -315,13 +323,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     window_start = time.perf_counter()
     return record
 
+  def fetch():
+    """The next batch, already on its devices, and its per-sentence lengths (for the FLOPs)."""
+    batch = next(train_iter)
+    return trainer.put(batch), flops.batch_lengths(batch, tok.pad_id)
+
+  upcoming = fetch() if step < c.num_train_steps else None
   with _StopFlag() as stop:
     while step < c.num_train_steps:
-      batch = next(train_iter)
-      src_lens, tgt_lens = flops.batch_lengths(batch, tok.pad_id)
+      device_batch, (src_lens, tgt_lens) = upcoming
       with trainer._context():
-        state, step_metrics = trainer.train_step(state, trainer.put(batch))
+        state, step_metrics = trainer.train_step(state, device_batch)
       step += 1
+      # The iterator's position after this step's batch: what a checkpoint of this step saves.
+      data_state = train_iter.get_state()
+      # The step runs asynchronously: read batch N+1 and copy it to the devices meanwhile.
+      upcoming = fetch() if step < c.num_train_steps else None
       pending.append(step_metrics)
       if window_start is None:  # the compiling first step: logged, but not timed
         record = flush(step, timed=False)
@@ -331,7 +348,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         # This process's sentences; other processes read equally sized shards.
         window_flops += flops.train_flops(trainer.model_cfg, src_lens, tgt_lens) * jax.process_count()
       final = step == c.num_train_steps
-      save = final or step % c.checkpoint_every_steps == 0 or stop.signal is not None
+      # Read the flag once: a signal landing between "save?" and "stop?" must not stop unsaved.
+      stopping = stop.agreed()
+      save = final or step % c.checkpoint_every_steps == 0 or stopping is not None
       evaluate = final or step % c.eval_every_steps == 0
       if final or save or evaluate or step % c.log_every_steps == 0:
         record = flush(step)
@@ -349,13 +368,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
         window_start = time.perf_counter()  # evaluation time is not training throughput
       if save:
-        trainer.checkpointer.save(step, state, gather_data_states(train_iter.get_state()),
+        trainer.checkpointer.save(step, state, gather_data_states(data_state),
                                   {"step": step, "origin": origin}, force=True)
       progress.update(step)
-      if stop.signal is not None:
-        progress.write(f"{stop.signal}: saved step {step} in {trainer.checkpointer.directory}; "
+      if stopping is not None:
+        progress.write(f"{stopping}: saved step {step} in {trainer.checkpointer.directory}; "
                        "run the same command again to resume")
-        last["stopped_by"] = stop.signal
+        last["stopped_by"] = stopping
         break
   trainer.checkpointer.close()
   writer.close()

@@ -17,7 +17,9 @@ import os
 
 import numpy as np
 
-from transformer_jax.data import datasets, pipeline, tokenizer as tokenizer_lib
+# datasets (tensorflow-datasets) and pipeline (grain) are imported where they are used, so that
+# importing `transformer_jax.data.config` (experiment.base_config does) does not load them.
+from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data.config import default_data_config, validate
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
@@ -47,6 +49,7 @@ class Data:
             raise ValueError(f"{self.global_rows} rows per global batch (data.batch_size or "
                              f"data.batch_tokens) do not split over {process_count} processes")
         self.rows_per_process = self.global_rows // process_count
+        from transformer_jax.data import datasets
         self.sources = datasets.load_sources(data_config)
         self._raw: dict[str, list[tuple[str, str]]] = {}
         path = data_config.vocab_path or os.path.join(workdir, "spm.model")
@@ -58,6 +61,7 @@ class Data:
 
     def _vocab_texts(self) -> list[str]:
         """A seeded sample of training sources and targets within the character budget."""
+        from transformer_jax.data import datasets
         c, source = self.config, self.sources["train"]
         order = np.random.default_rng(c.shuffle_seed).permutation(len(source))
         texts, chars = [], 0
@@ -72,6 +76,7 @@ class Data:
 
     def train_dataset(self):
         """The endless, resumable grain IterDataset of this process's training batches."""
+        from transformer_jax.data import pipeline
         return pipeline.train_dataset(self.sources["train"], self.tokenizer, self.config,
                                       rows=self.rows_per_process,
                                       process_index=self.process_index,
@@ -79,6 +84,7 @@ class Data:
 
     def raw_examples(self, split: str) -> list[tuple[str, str]]:
         """All (source, target) strings of a split, in the stored order."""
+        from transformer_jax.data import datasets
         if split not in self._raw:
             source, c = self.sources[split], self.config
             examples = datasets.get_items(source, list(range(len(source))))
@@ -91,6 +97,7 @@ class Data:
         processes (global batches of data.eval_batch_size rows; shard them in the loop)."""
         if split not in ("validation", "test"):
             raise ValueError(f"eval_batches({split!r}): expected 'validation' or 'test'")
+        from transformer_jax.data import pipeline
         return pipeline.eval_batches(self.raw_examples(split), self.tokenizer,
                                      batch_size=self.config.eval_batch_size,
                                      min_len=self.config.eval_max_len)

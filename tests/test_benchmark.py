@@ -1,0 +1,217 @@
+"""The train step compiles once (alone and in the training loop); the benchmark's modes run and
+report what they say; `--what train` needs neither tensorflow-datasets nor grain."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import transformer_jax as tj
+from transformer_jax import steps, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(REPO, "tests", "tiny_config.py")
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import benchmark  # noqa: E402
+import tiny_config  # noqa: E402
+
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+
+
+class CompileCounter:
+  """Counts XLA compilations (of anything) while active, through jax.monitoring."""
+
+  def __init__(self):
+    self.count = 0
+
+  def _listener(self, event, duration, **kwargs):
+    if event == BACKEND_COMPILE:
+      self.count += 1
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self._listener)
+    return self
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
+def test_train_step_compiles_once_for_batches_of_one_shape():
+  cfg = tj.model_config("tiny", vocab_size=40, num_encoder_layers=1, num_decoder_layers=1)
+  model = tj.Transformer(cfg)
+  tx = optax.adam(1e-3)
+  state = steps.unbox(steps.init_train_state(model, tx, jax.random.key(0), (1, 8)))
+  step = jax.jit(steps.make_train_step(model, tx, lambda s: 1e-3, 0.1), donate_argnums=0)
+  rng = np.random.default_rng(0)
+
+  def batch(pad_from):
+    inputs = rng.integers(4, 40, (4, 10)).astype(np.int32)
+    targets = rng.integers(4, 40, (4, 7)).astype(np.int32)
+    targets[:, pad_from:] = 0  # different padding, same shape
+    return {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(targets)}
+
+  state, _ = step(state, batch(7))   # warm-up: the one compilation
+  with CompileCounter() as counter:
+    for pad_from in (3, 5, 7, 2):
+      state, metrics = step(state, batch(pad_from))
+    jax.block_until_ready(metrics)
+  assert counter.count == 0
+  assert step._cache_size() == 1
+  assert int(state.step) == 5
+
+
+def test_training_loop_compiles_the_train_step_once(tmp_path, monkeypatch):
+  trainers = []
+
+  class RecordingTrainer(train.Trainer):
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      trainers.append(self)
+
+  monkeypatch.setattr(train, "Trainer", RecordingTrainer)
+  c = tiny_config.get_config()
+  c.data.data_dir = str(tmp_path / "tfds")
+  c.num_train_steps = 4
+  result = train.train_and_evaluate(c, str(tmp_path / "run"))
+  assert result["step"] == 4
+  (trainer,) = trainers
+  assert trainer.train_step._cache_size() == 1
+  assert trainer.eval_step._cache_size() == 1
+
+
+def last_json_line(text: str) -> dict:
+  return json.loads(text.strip().splitlines()[-1])
+
+
+def test_benchmark_train_smoke(capsys):
+  result = benchmark.main(["--what", "train", "--config", TINY, "--steps", "2", "--warmup", "1",
+                           "--matmul_n", "128", "--matmul_seconds", "0",
+                           "--config.model.fused_qkv=True"])
+  printed = last_json_line(capsys.readouterr().out)
+  assert printed == json.loads(json.dumps(result))
+  assert printed["what"] == "train" and printed["batches"] == "synthetic"
+  assert printed["shapes"] == {"inputs": [8, 32], "targets": [8, 32]}
+  assert printed["model"]["fused_qkv"] is True and printed["model"]["d_model"] == 32
+  assert printed["config"]["data"]["batch_size"] == 8
+  for key in ("device_kind", "platform", "jax_version", "dtype", "load_average_start"):
+    assert printed[key] not in (None, ""), key
+  f = printed["figures"]
+  assert f["steps_timed"] == 2 and f["compilations"] == 1
+  assert f["target_tokens_per_step"] == 8 * 32 and f["source_tokens_per_step"] == 8 * 32
+  assert f["target_tokens_per_s"] == pytest.approx(256 / f["step_time_s"], rel=1e-2)
+  assert f["tflops_per_s"] > 0 and 0 < f["mfu"] < 10 and np.isfinite(f["final_loss"])
+  assert f["peak_source"].startswith("measured") and f["peak_memory_bytes"] > 0
+
+
+def test_benchmark_decode_smoke(capsys):
+  benchmark.main(["--what", "decode", "--config", TINY, "--steps", "1", "--beams", "1,2",
+                  "--decode_rows", "2", "--decode_len", "5"])
+  printed = last_json_line(capsys.readouterr().out)
+  assert printed["what"] == "decode" and "random parameters" in printed["parameters"]
+  for name in ("greedy", "beam 2"):
+    f = printed["figures"][name]
+    # EOS is disabled with random parameters: every sentence runs to its 5-token limit.
+    assert f["target_tokens_per_batch"] == 2 * 5, name
+    assert f["sentences_per_s"] > 0 and f["target_tokens_per_s"] > 0
+
+
+def test_benchmark_rejects_unknown_flags():
+  with pytest.raises(SystemExit):
+    benchmark.main(["--what", "data", "--config.model.d_model=8"])
+
+
+BLOCKER = r"""
+import importlib.abc, importlib.util, sys
+
+class Block(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] in ("tensorflow_datasets", "grain"):
+      raise ImportError(f"{name} is blocked in this test")
+    return None
+
+sys.meta_path.insert(0, Block())
+sys.path[:0] = [REPO, REPO + "/scripts", REPO + "/tests"]
+"""
+
+
+def test_train_benchmark_needs_neither_tfds_nor_grain(tmp_path):
+  # `transformer_jax/data/__init__.py` imports tfds and grain, and `base_config()` reaches the
+  # data package through `transformer_jax.data.config`: until that package imports them lazily,
+  # the data config module is loaded on its own here, which is what a lazy package would do.
+  code = f"REPO = {REPO!r}\n" + BLOCKER + r"""
+import types
+import transformer_jax
+package = types.ModuleType("transformer_jax.data")
+package.__path__ = [transformer_jax.__path__[0] + "/data"]
+sys.modules["transformer_jax.data"] = package
+spec = importlib.util.spec_from_file_location(
+    "transformer_jax.data.config", package.__path__[0] + "/config.py")
+module = importlib.util.module_from_spec(spec)
+sys.modules["transformer_jax.data.config"] = module
+spec.loader.exec_module(module)
+
+import benchmark
+from transformer_jax import decode, flops, model, steps
+result = benchmark.main(["--what", "train", "--config", {tiny!r}, "--steps", "1",
+                         "--warmup", "1", "--matmul_n", "64", "--matmul_seconds", "0"])
+assert result["figures"]["compilations"] == 1
+assert not any(m.split(".")[0] in ("tensorflow_datasets", "grain") for m in sys.modules)
+print("OK")
+""".replace("{tiny!r}", repr(TINY))
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip().endswith("OK")
+
+
+def _fuse_params(params):
+  """Unfused attention parameters -> the fused layout: query/key/value stacked on axis 1."""
+  def walk(tree, cross):
+    out = {}
+    for name, sub in tree.items():
+      if not isinstance(sub, dict):
+        out[name] = sub
+      elif {"query", "key", "value"} <= set(sub):
+        parts = ("key", "value") if cross or name == "cross_attention" else ("query", "key", "value")
+        fused = {p: jnp.stack([sub[n][p] for n in parts], axis=1 if p == "kernel" else 0)
+                 for p in ("kernel", "bias")}
+        rest = {n: v for n, v in sub.items() if n not in parts}
+        out[name] = {**rest, ("kv" if len(parts) == 2 else "qkv"): fused}
+      else:
+        out[name] = walk(sub, cross)
+    return out
+  return walk(params, False)
+
+
+def test_fused_qkv_computes_the_same_function():
+  from transformer_jax.decode import greedy_search
+
+  cfg = tj.model_config("tiny", vocab_size=40, norm_position="pre")
+  fused_cfg = cfg.replace(fused_qkv=True)
+  src = jax.random.randint(jax.random.key(1), (2, 9), 4, 40).at[1, 6:].set(0)
+  tgt = jax.random.randint(jax.random.key(2), (2, 7), 4, 40).at[1, 5:].set(0)
+  model = tj.Transformer(cfg.replace(deterministic=True))
+  fused_model = tj.Transformer(fused_cfg.replace(deterministic=True))
+  params = steps.unbox(model.init(jax.random.key(0), src, tgt)["params"])
+  fused_params = _fuse_params(params)
+  # The fused model's own parameters have this structure and these shapes.
+  own = steps.unbox(fused_model.init(jax.random.key(0), src, tgt)["params"])
+  assert jax.tree.map(jnp.shape, own) == jax.tree.map(jnp.shape, fused_params)
+  np.testing.assert_allclose(fused_model.apply({"params": fused_params}, src, tgt),
+                             model.apply({"params": params}, src, tgt), atol=1e-5)
+  # Decoding (self-attention cache, cross-attention keys/values) agrees too.
+  a = greedy_search(cfg, params, src, max_len_margin=5)
+  b = greedy_search(fused_cfg, fused_params, src, max_len_margin=5)
+  np.testing.assert_array_equal(a[0], b[0])
+  # The init gives each stacked kernel the variance of a separate one (Glorot over d x d).
+  kernel = own["encoder"]["layer_0"]["self_attention"]["qkv"]["kernel"]
+  separate = params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"]
+  assert float(jnp.std(kernel)) == pytest.approx(float(jnp.std(separate)), rel=0.15)
