@@ -58,7 +58,8 @@ class TransformerConfig:
   position_encoding: str = "sinusoidal"
   max_len: int = 256                   # longest position the model (and a learned table) covers
   activation: str = "relu"
-  use_bias: bool = True
+  use_bias: bool = True                # FFN biases b_1, b_2 (and an untied output layer's)
+  attention_bias: bool = False         # the paper's W^Q, W^K, W^V, W^O have none (tensor2tensor too)
   kernel_init: str = "xavier_uniform"  # the paper's implementation; "normal" is N(0, 0.02)
   dtype: str = "float32"               # compute dtype
   param_dtype: str = "float32"

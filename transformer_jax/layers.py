@@ -63,7 +63,9 @@ class Embed(nn.Module):
 
 
 class Projection(nn.Module):
-  """`x @ W + b` for a kernel with several input or output axes, e.g. `[embed, heads, kv]`.
+  """`x @ W (+ b)` for a kernel with several input or output axes, e.g. `[embed, heads, kv]`.
+
+  Used by attention only, so the bias follows `attention_bias` (off, as the paper's equations).
 
   Written out instead of `nn.DenseGeneral`, which initialises its kernel flattened to 2-D and so
   cannot carry one logical name per axis through Flax's metadata checks under a mesh.
@@ -88,7 +90,7 @@ class Projection(nn.Module):
     x = x.astype(cfg.compute_dtype)
     y = jnp.tensordot(x, jnp.asarray(kernel, cfg.compute_dtype),
                       axes=(tuple(range(x.ndim - self.num_in, x.ndim)), in_axes))
-    if cfg.use_bias:
+    if cfg.attention_bias:
       bias = self.param(
           "bias", nn.with_logical_partitioning(nn.initializers.zeros, self.names[self.num_in:]),
           self.kernel_shape[self.num_in:], cfg.params_dtype)
