@@ -2,13 +2,15 @@
 
     python scripts/train.py --config configs/wmt14_ende.py:base --workdir runs/wmt14_base
     python scripts/train.py --config configs/wmt14_ende.py:big --workdir runs/wmt14_big
-    python scripts/evaluate.py --workdir runs/wmt14_base --split test
+    python scripts/average_checkpoints.py --workdir runs/wmt14_base    # the last 5 (big: 20)
+    python scripts/evaluate.py --workdir runs/wmt14_base --split test --averaged
 
-Transformer base (65M in the paper; 63.1M here with a 37,000-piece vocabulary, see docs/model.md)
+Transformer base (65M in the paper; 63.0M here with a 37,000-piece vocabulary, see docs/model.md)
 or big; Adam(0.9, 0.98, 1e-9); lr = d_model^-0.5 * min(step^-0.5, step * 4000^-1.5); label
 smoothing 0.1; about 25,000 source and 25,000 target tokens per step (96 packed rows of 256);
-100k (base) / 300k (big) steps; beam 4, alpha 0.6, output limit source length + 50; evaluation
-averages the last 5 (base) / 20 (big) checkpoints. On fewer devices than the paper's 8 GPUs, keep
+100k (base) / 300k (big) steps; beam 4, alpha 0.6, output limit source length + 50; the paper
+evaluates the average of the last 5 (base) / 20 (big) checkpoints (`average_last_checkpoints`,
+used by `scripts/average_checkpoints.py`). On fewer devices than the paper's 8 GPUs, keep
 the tokens per step with `--config.grad_accum_steps` rather than shrinking the batch.
 """
 from transformer_jax.experiment import base_config

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,12 +112,23 @@ def test_gradient_accumulation_equals_big_batch():
     ("num_train_steps", 0, r"config.num_train_steps=0: must be >= 1"),
     ("label_smoothing", 1.5, r"config.label_smoothing=1.5: must be in \[0, 1\)"),
     ("model_size", "huge", r"config.model_size='huge'"),
-    ("grad_accum_steps", 3, r"config.grad_accum_steps=3: must divide data.batch_size=8"),
+    ("grad_accum_steps", 3, r"config.grad_accum_steps=3: must divide the 8 rows"),
     ("data.batching", "foo", r"data.batching='foo'"),
 ])
 def test_bad_config_values_name_the_field(tmp_path, field, value, match):
   c = tiny_config(tmp_path, **{field: value})
   with pytest.raises(ValueError, match=match):
+    experiment.validate(c)
+
+
+def test_grad_accum_checked_against_the_real_rows(tmp_path):
+  # 250 tokens per batch // 32-token rows = 7 rows: 2 microbatches cannot split them.
+  c = tiny_config(tmp_path, **{"data.batch_tokens": 250, "grad_accum_steps": 2})
+  with pytest.raises(ValueError, match="must divide the 7 rows"):
+    experiment.validate(c)
+  c = tiny_config(tmp_path, **{"data.batching": "bucket", "grad_accum_steps": 2,
+                               "data.bucket_rows_multiple": 3})
+  with pytest.raises(ValueError, match="bucket_rows_multiple=3"):
     experiment.validate(c)
 
 
@@ -168,9 +180,10 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir):
   assert full_losses[2] != pytest.approx(full_losses[6])
 
   # init_from takes another run's parameters when the workdir is empty.
-  c = tiny_config(data_dir, num_train_steps=7, init_from=str(full))
-  c.data.vocab_path = str(full / "spm.model")
+  # (its vocabulary comes along: the new workdir trains no tokenizer of its own).
+  c = tiny_config(data_dir, num_train_steps=7, init_from=str(full / "checkpoints" / "6"))
   trainer = train.Trainer(c, str(tmp_path / "from"))
+  assert trainer.data.tokenizer.path == str(full / "spm.model")
   state, data_state, origin = trainer.initial_state()
   assert "parameters from" in origin and data_state is None and int(state.step) == 0
   _, saved = checkpointing.load_params(str(full))
@@ -239,6 +252,13 @@ def test_damaged_checkpoint_falls_back_with_warning(tmp_path, caplog):
   step, restored, _, _ = ckpt.restore_latest(target)
   assert step == 1
   assert "does not restore" in caplog.text
+  # The damaged step is set aside, so the resumed run can save step 2 again.
+  assert ckpt.all_steps() == [1] and os.path.isdir(os.path.join(ckpt.directory, "2.damaged"))
+  ckpt.save(2, restored, {}, {}, force=True)
+  ckpt.wait()
+  assert ckpt.all_steps() == [1, 2]
+  shutil.rmtree(os.path.join(ckpt.directory, "2"))
+  ckpt.manager.reload()
   # When nothing restores, it is an error, not a silent fresh start.
   for root, _, files in os.walk(os.path.join(ckpt.directory, "1", "state")):
     for name in files:

@@ -80,6 +80,7 @@ class Checkpointer:
         if errors:
           log.warning("restored step %d after skipping damaged checkpoint(s): %s", step,
                       "; ".join(errors))
+          self._set_aside([t for t in steps if t > step])
         return step, state, data, meta
       except Exception as e:  # noqa: BLE001 - any failure to read means "damaged"
         msg = f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
@@ -90,6 +91,23 @@ class Checkpointer:
         f"none of the checkpoints {steps} in {self.directory} could be restored:\n  "
         + "\n  ".join(errors) + "\nMove the directory aside to start from scratch, or point "
         "--workdir at another run.")
+
+  def _set_aside(self, damaged: list[int]):
+    """Rename damaged steps to `<step>.damaged` (kept for inspection, no longer listed), so the
+    resumed run can save those step numbers again and keep-N counts only good checkpoints."""
+    if jax.process_index() == 0:
+      for step in damaged:
+        path = os.path.join(self.directory, str(step))
+        target = f"{path}.damaged"
+        suffix = 1
+        while os.path.exists(target):
+          target, suffix = f"{path}.damaged{suffix}", suffix + 1
+        os.rename(path, target)
+        log.warning("moved damaged checkpoint %s to %s", path, target)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices("transformer_jax: damaged checkpoints set aside")
+    self.manager.reload()
 
   def wait(self):
     self.manager.wait_until_finished()

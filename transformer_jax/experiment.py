@@ -121,11 +121,18 @@ def validate(c: ml_collections.ConfigDict) -> None:
     bad("mesh", dict(c.mesh), f"unknown axes {unknown_axes}; expected among {MESH_AXES}")
   if c.distributed not in ("auto", "on", "off"):
     bad("distributed", c.distributed, "expected 'auto', 'on' or 'off'")
-  if c.data.batch_size % c.grad_accum_steps:
-    bad("grad_accum_steps", c.grad_accum_steps,
-        f"must divide data.batch_size={c.data.batch_size}")
+  from transformer_jax.data import global_rows  # the data package loads tfds/grain lazily
   from transformer_jax.data.config import validate as validate_data
   validate_data(c.data)
+  rows = global_rows(c.data)
+  if rows % c.grad_accum_steps:
+    bad("grad_accum_steps", c.grad_accum_steps,
+        f"must divide the {rows} rows of a global batch (data.batch_size, or data.batch_tokens "
+        "// the longest row)")
+  if c.data.batching == "bucket" and c.data.bucket_rows_multiple % c.grad_accum_steps:
+    bad("grad_accum_steps", c.grad_accum_steps,
+        f"must divide data.bucket_rows_multiple={c.data.bucket_rows_multiple}, the multiple "
+        "every bucket's row count is rounded to")
 
 
 def transformer_config(c: ml_collections.ConfigDict, vocab_size: int, pad_id: int = 0,

@@ -24,7 +24,9 @@ def make_schedule(config, d_model: int):
   if name == "rsqrt":
     return paper_schedule(d_model, config.warmup_steps, config.learning_rate)
   if name == "constant":
-    return optax.linear_schedule(0.0, config.learning_rate, max(config.warmup_steps, 1))
+    if config.warmup_steps <= 0:
+      return optax.constant_schedule(config.learning_rate)
+    return optax.linear_schedule(0.0, config.learning_rate, config.warmup_steps)
   if name == "cosine":
     return optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps,
                                               config.num_train_steps)

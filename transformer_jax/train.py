@@ -82,6 +82,16 @@ def own_data_state(saved: dict) -> dict | None:
   return saved["processes"][str(jax.process_index())]
 
 
+def init_from_vocabulary(path: str) -> str | None:
+  """The `spm.model` of the run that `init_from` points into (its workdir, its checkpoints
+  directory or one step of it), if there is one."""
+  path = os.path.abspath(path)
+  for candidate in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+    if os.path.exists(os.path.join(candidate, "spm.model")):
+      return os.path.join(candidate, "spm.model")
+  return None
+
+
 class _StopFlag:
   """Turns SIGTERM/SIGINT into "save and stop after this step" (preemption loses nothing)."""
 
@@ -143,7 +153,14 @@ class Trainer:
     self.config, self.workdir = config, workdir
     self.is_main = jax.process_index() == 0
     os.makedirs(workdir, exist_ok=True)
-    self.data = get_data(config.data, workdir, process_index=jax.process_index(),
+    data_config = config.data
+    if config.init_from and not data_config.vocab_path:
+      # Parameters from another run only mean something with that run's vocabulary.
+      vocab = init_from_vocabulary(config.init_from)
+      if vocab and not os.path.exists(os.path.join(workdir, "spm.model")):
+        data_config = ml_collections.ConfigDict(data_config.to_dict())
+        data_config.vocab_path = vocab
+    self.data = get_data(data_config, workdir, process_index=jax.process_index(),
                          process_count=jax.process_count())
     tok = self.data.tokenizer
     self.model_cfg = experiment.transformer_config(config, tok.vocab_size, tok.pad_id,
@@ -299,9 +316,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     host = jax.device_get(pending)
     total = None
     for m in host:
-      if not np.isfinite(m["loss"]):
+      # The loss is computed before the update, the norms after it: an update that makes the
+      # parameters inf/NaN shows in param_norm before any loss does.
+      if not all(np.isfinite(m[k]) for k in ("loss", "grad_norm", "update_norm", "param_norm")):
         raise NonFiniteLossError(
-            f"non-finite training loss at step {now_step}: stopping without saving; the last "
+            f"non-finite training loss or parameters at step {now_step}: stopping without saving; the last "
             f"good checkpoint in {trainer.checkpointer.directory} is untouched. Lower "
             "config.learning_rate, raise config.warmup_steps or set config.grad_clip_norm.")
       total = metrics_lib.accumulate(total, {k: m[k] for k in ("loss", "nll", "correct", "tokens",
@@ -329,56 +348,62 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return trainer.put(batch), flops.batch_lengths(batch, tok.pad_id)
 
   upcoming = fetch() if step < c.num_train_steps else None
-  with _StopFlag() as stop:
-    while step < c.num_train_steps:
-      device_batch, (src_lens, tgt_lens) = upcoming
-      with trainer._context():
-        state, step_metrics = trainer.train_step(state, device_batch)
-      step += 1
-      # The iterator's position after this step's batch: what a checkpoint of this step saves.
-      data_state = train_iter.get_state()
-      # The step runs asynchronously: read batch N+1 and copy it to the devices meanwhile.
-      upcoming = fetch() if step < c.num_train_steps else None
-      pending.append(step_metrics)
-      if window_start is None:  # the compiling first step: logged, but not timed
-        record = flush(step, timed=False)
-        last = record
-        writer.write(step, record)
-      else:
-        # This process's sentences; other processes read equally sized shards.
-        window_flops += flops.train_flops(trainer.model_cfg, src_lens, tgt_lens) * jax.process_count()
-      final = step == c.num_train_steps
-      # Read the flag once: a signal landing between "save?" and "stop?" must not stop unsaved.
-      stopping = stop.agreed()
-      save = final or step % c.checkpoint_every_steps == 0 or stopping is not None
-      evaluate = final or step % c.eval_every_steps == 0
-      if final or save or evaluate or step % c.log_every_steps == 0:
-        record = flush(step)
-        if record:
+  try:
+    with _StopFlag() as stop:
+      while step < c.num_train_steps:
+        device_batch, (src_lens, tgt_lens) = upcoming
+        with trainer._context():
+          state, step_metrics = trainer.train_step(state, device_batch)
+        step += 1
+        # The iterator's position after this step's batch: what a checkpoint of this step saves.
+        data_state = train_iter.get_state()
+        # The step runs asynchronously: read batch N+1 and copy it to the devices meanwhile.
+        upcoming = fetch() if step < c.num_train_steps else None
+        pending.append(step_metrics)
+        if window_start is None:  # the compiling first step: logged, but not timed
+          record = flush(step, timed=False)
           last = record
           writer.write(step, record)
-          progress.update(step, record if record.get("tokens_per_sec") else None)
-      if evaluate:
-        record = trainer.evaluate(state.params)
-        if final or step % c.bleu_every_steps == 0:
-          record.update(trainer.bleu(state.params, c.bleu_num_sentences))
-        writer.write(step, record)
-        last.update(record)
-        progress.write(f"step {step}: " + ", ".join(
-            f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
-        window_start = time.perf_counter()  # evaluation time is not training throughput
-      if save:
-        trainer.checkpointer.save(step, state, gather_data_states(data_state),
-                                  {"step": step, "origin": origin}, force=True)
-      progress.update(step)
-      if stopping is not None:
-        progress.write(f"{stopping}: saved step {step} in {trainer.checkpointer.directory}; "
-                       "run the same command again to resume")
-        last["stopped_by"] = stopping
-        break
-  trainer.checkpointer.close()
-  writer.close()
-  progress.close()
+        else:
+          # This process's sentences; other processes read equally sized shards.
+          window_flops += flops.train_flops(trainer.model_cfg, src_lens, tgt_lens) * jax.process_count()
+        final = step == c.num_train_steps
+        log_step = step % c.log_every_steps == 0
+        # Read the flag once: a signal landing between "save?" and "stop?" must not stop unsaved.
+        # With several processes agreeing costs a host round trip, so they agree at log steps.
+        stopping = stop.agreed() if (jax.process_count() == 1 or log_step or final) else None
+        save = final or step % c.checkpoint_every_steps == 0 or stopping is not None
+        evaluate = final or step % c.eval_every_steps == 0
+        bleu = final or step % c.bleu_every_steps == 0
+        if final or save or evaluate or bleu or log_step:
+          record = flush(step)
+          if record:
+            last = record
+            writer.write(step, record)
+            progress.update(step, record if record.get("tokens_per_sec") else None)
+        if evaluate or bleu:
+          record = trainer.evaluate(state.params) if evaluate else {}
+          if bleu:
+            record.update(trainer.bleu(state.params, c.bleu_num_sentences))
+          writer.write(step, record)
+          last.update(record)
+          progress.write(f"step {step}: " + ", ".join(
+              f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
+        if save:
+          trainer.checkpointer.save(step, state, gather_data_states(data_state),
+                                    {"step": step, "origin": origin}, force=True)
+        if evaluate or bleu or save:
+          window_start = time.perf_counter()  # evaluation and saving are not training throughput
+        progress.update(step)
+        if stopping is not None:
+          progress.write(f"{stopping}: saved step {step} in {trainer.checkpointer.directory}; "
+                         "run the same command again to resume")
+          last["stopped_by"] = stopping
+          break
+  finally:  # an error (a non-finite loss, say) still finishes saves and closes files
+    trainer.checkpointer.close()
+    writer.close()
+    progress.close()
   last["step"] = step
   return last
 
