@@ -117,17 +117,25 @@ class Checkpointer:
     self.manager.close()
 
 
+def manager_directory(path: str) -> tuple[str, int | None]:
+  """(Orbax manager directory, step or None) for a workdir, its checkpoints (or averaged)
+  directory, or one `<step>` directory of either."""
+  path = os.path.abspath(path)
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    path = os.path.join(path, "checkpoints")
+  if os.path.isdir(os.path.join(path, "state")) and os.path.basename(path).isdigit():
+    return os.path.dirname(path), int(os.path.basename(path))
+  return path, None
+
+
 def load_params(path: str, step: int | None = None):
   """Parameters (host numpy) from a workdir, its checkpoints dir, or one step's directory.
 
   Used by `init_from` and the translation tools; restores without a target so it does not need
   to know the optimizer the checkpoint was trained with.
   """
-  path = os.path.abspath(path)
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    path = os.path.join(path, "checkpoints")
-  if os.path.isdir(os.path.join(path, "state")) and os.path.basename(path).isdigit():
-    step, path = int(os.path.basename(path)), os.path.dirname(path)
+  path, step_dir = manager_directory(path)
+  step = step_dir if step_dir is not None else step
   if not os.path.isdir(path):
     raise CheckpointError(f"no checkpoint directory at {path}: pass a workdir of a training run "
                           "or its checkpoints/<step> directory")

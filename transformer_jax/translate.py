@@ -82,13 +82,11 @@ def resolve_checkpoint(workdir: str, checkpoint: str | None = None, step: int | 
     if not os.path.isdir(checkpoint):
       raise RunError(f"no averaged checkpoint in {checkpoint}: run scripts/average_checkpoints.py "
                      f"--workdir {workdir} --last N first")
-  path = os.path.abspath(checkpoint or workdir)
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    path = os.path.join(path, "checkpoints")
-  if os.path.isdir(os.path.join(path, "state")) and os.path.basename(path).isdigit():
-    if step is not None and step != int(os.path.basename(path)):
-      raise RunError(f"--step {step} contradicts the step directory {path}")
-    return os.path.dirname(path), int(os.path.basename(path))
+  path, step_dir = checkpointing.manager_directory(checkpoint or workdir)
+  if step_dir is not None:
+    if step is not None and step != step_dir:
+      raise RunError(f"--step {step} contradicts the step directory {path}/{step_dir}")
+    return path, step_dir
   steps = checkpoint_steps(path)
   if not steps:
     where = path if checkpoint else os.path.join(os.path.abspath(workdir), "checkpoints")
