@@ -1,6 +1,5 @@
 """Training: the schedule, the loss, accumulation, config errors, checkpoints, resume and signals."""
 import json
-import math
 import os
 import shutil
 import signal
@@ -13,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 import transformer_jax as tj
 from transformer_jax import checkpointing, experiment, losses, metrics, optim, sharding, steps, train

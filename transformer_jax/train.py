@@ -15,7 +15,6 @@ import time
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
