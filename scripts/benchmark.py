@@ -17,7 +17,10 @@ by one, each waiting for its result; the table gives the median step time and fr
 target tokens/s, source+target tokens/s, model TFLOP/s (`transformer_jax.flops`), MFU against
 the device's peak (a table for accelerators, a matmul measured in this run on CPU) and the peak
 memory (the device's allocator where it reports one, else the process's peak RSS, labelled).
-It also checks that the step compiled exactly once.
+Then the same number of steps run back to back with one wait at the end, as the training loop
+runs them: on accelerators this hides the host's per-step dispatch latency that the one-by-one
+median pays. `--profile_dir` adds a device-time breakdown per kernel of 3 traced steps. It also
+checks that the step compiled exactly once.
 
 `decode`: greedy and beam search (`transformer_jax.decode.decode_batch`) on random source rows
 of `data.max_source_len` tokens, `--decode_rows` at a time, compiled once then timed `--steps`
@@ -174,6 +177,59 @@ def _config_json(config) -> dict:
     return json.loads(config.to_json_best_effort())
 
 
+# ---------------------------------------------------------------------------- profile
+
+# Device-time categories of a profile, by kernel / op name (cuBLAS and CUTLASS GEMMs show as
+# nvjet_*, sm90_xmma_*, cutlass_*; XLA:CPU's matmuls as ynn_fusion / dot).
+_CATEGORIES = (("attention (cuDNN)", r"fmha|flash|cudnn"),
+               ("matmul", r"gemm|cublas|nvjet|xmma|cutlass|matmul|\bdot|ynn"),
+               ("random bits (dropout)", r"threefry|rng|random"),
+               ("copy / transpose", r"copy|transpose|memcpy|memset"),
+               ("reduction / elementwise fusion", r"fusion|reduce|loop|input"))
+
+
+def _profile_summary(trace_dir: str, steps: int, top: int = 25) -> dict:
+    """Device time per kernel (accelerators) or per op (CPU) from the Perfetto trace that
+    `jax.profiler.trace` wrote under `trace_dir`, summed over the traced steps, with shares."""
+    import collections
+    import glob
+    import gzip
+    import re
+
+    paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True),
+                   key=os.path.getmtime)
+    if not paths:
+        return {"error": f"no *.trace.json.gz under {trace_dir}"}
+    with gzip.open(paths[-1]) as f:
+        events = json.load(f)["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    device_pids = {pid for pid, n in names.items() if "/device:" in n and "CPU" not in n}
+    if device_pids:
+        chosen = [e for e in events if e.get("ph") == "X" and e["pid"] in device_pids]
+        where = "device streams: " + ", ".join(sorted(names[p] for p in device_pids))
+    else:  # CPU: XLA's ops run on the host's threads; leave out Python-side spans.
+        chosen = [e for e in events if e.get("ph") == "X" and "$" not in e.get("name", "")
+                  and not e.get("name", "").startswith(("Pjit", "jit_", "ThunkExecutor", "SlinkyThreadPool"))]
+        where = "host threads (CPU backend)"
+    per_name = collections.Counter()
+    for e in chosen:
+        per_name[e["name"]] += float(e.get("dur", 0))
+    total = sum(per_name.values()) or 1.0
+    categories = collections.Counter()
+    for name, us in per_name.items():
+        label = next((c for c, pattern in _CATEGORIES if re.search(pattern, name, re.I)), "other")
+        categories[label] += us
+    print(f"\nprofile ({where}), {steps} steps: {total / steps / 1e3:.1f} ms of kernel time/step")
+    for label, us in categories.most_common():
+        print(f"  {label:<32} {100 * us / total:5.1f} %")
+    for name, us in per_name.most_common(top):
+        print(f"  {100 * us / total:5.1f} %  {us / steps / 1e3:8.3f} ms  {name[:110]}")
+    return {"trace": paths[-1], "where": where, "kernel_ms_per_step": round(total / steps / 1e3, 3),
+            "categories": {k: round(v / total, 4) for k, v in categories.most_common()},
+            "top": [[n[:200], round(us / steps / 1e3, 4)] for n, us in per_name.most_common(top)]}
+
+
 # ---------------------------------------------------------------------------- train
 
 
@@ -259,6 +315,23 @@ def bench_train(args, config) -> dict:
             jax.block_until_ready((state, metrics))
             times.append(time.perf_counter() - start)
             used.append(b)
+        # Back to back, as the training loop runs them (it fetches metrics only at log steps):
+        # the host dispatches the next step while the device works on this one, so per-step
+        # launch latency is hidden where the step-by-step median above pays it every step.
+        start = time.perf_counter()
+        for i in range(args.steps):
+            state, metrics = step(state, batches[i % len(batches)])
+        jax.block_until_ready((state, metrics))
+        back_to_back = (time.perf_counter() - start) / args.steps
+        profile = None
+        if args.profile_dir:
+            # After timing, so the trace's overhead stays out of the figures.
+            jax.block_until_ready(state)
+            with jax.profiler.trace(args.profile_dir, create_perfetto_trace=True):
+                for i in range(3):
+                    state, metrics = step(state, batches[i % len(batches)])
+                jax.block_until_ready((state, metrics))
+            profile = _profile_summary(args.profile_dir, steps=3)
     loss = float(metrics["loss"] / metrics["tokens"])
     if not np.isfinite(loss):
         raise FloatingPointError(f"non-finite training loss {loss} in the benchmark")
@@ -286,6 +359,9 @@ def bench_train(args, config) -> dict:
         "peak_flops_per_s": peak_total,
         "peak_source": peak_source,
         "mfu": round(work / median / peak_total, 4),
+        "back_to_back_step_time_s": round(back_to_back, 4),
+        "back_to_back_target_tokens_per_s": round(tgt / back_to_back, 1),
+        "back_to_back_mfu": round(work / back_to_back / peak_total, 4),
         "peak_memory_bytes": memory,
         "peak_memory_source": memory_source,
         "compilations": compilations,
@@ -305,12 +381,17 @@ def bench_train(args, config) -> dict:
             ("model TFLOP/s", f"{work / median / 1e12:.4f}  ({work / 1e9:.1f} GFLOP per step)"),
             ("peak FLOP/s", f"{peak_total / 1e12:.4f} TFLOP/s  ({peak_source})"),
             ("MFU", f"{100 * work / median / peak_total:.1f} %"),
+            ("back to back (no wait)", f"{back_to_back * 1e3:.1f} ms/step, "
+                                       f"{tgt / back_to_back:,.0f} target tokens/s, MFU "
+                                       f"{100 * work / back_to_back / peak_total:.1f} %"),
             ("peak memory", f"{memory / 2**20:,.0f} MiB  ({memory_source})"),
             ("compilations of the step", str(compilations)),
             ("load average (start)", str(load_start)),
         ])
     if compilations != 1:
         print(f"WARNING: the train step compiled {compilations} times", file=sys.stderr)
+    if profile is not None:
+        figures["profile"] = profile
     return {"what": "train", "batches": args.batches, "shapes": shapes,
             "model": model_cfg.to_dict(), "config": _config_json(config),
             **_environment(model_cfg), "load_average_start": load_start,
@@ -433,6 +514,9 @@ def _parse(argv):
     parser.add_argument("--matmul_n", type=int, default=2048, help="CPU peak: matmul size")
     parser.add_argument("--matmul_seconds", type=float, default=2.0,
                         help="CPU peak: at least this long measuring the matmul")
+    parser.add_argument("--profile_dir", default="",
+                        help="train: after timing, trace 3 steps with jax.profiler into this "
+                             "directory and print device time per kernel and category")
     parser.add_argument("--beams", default="1,4", help="decode: comma-separated beam sizes")
     parser.add_argument("--decode_rows", type=int, default=0,
                         help="decode: sentences per batch (0: data.batch_size)")

@@ -66,6 +66,28 @@ def test_attention_dropout_is_seeded_and_rescaled(qkv):
   np.testing.assert_allclose(np.mean(outs, 0), ref, atol=0.15)
 
 
+@pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])
+def test_dropout_mask_rate_and_scale(rate):
+  from transformer_jax.attention import dropout, keep_mask
+  # An odd last axis: 16-bit numbers come two per word and the extra half is cut off.
+  shape = (64, 33, 257)
+  keep, keep_prob = keep_mask(jax.random.key(3), rate, shape)
+  assert keep.shape == shape and keep.dtype == jnp.bool_
+  assert keep_prob == pytest.approx(1 - rate, abs=1 / 65536)
+  n = keep.size
+  # Within 5 standard deviations of the binomial count.
+  assert abs(float(keep.mean()) - keep_prob) < 5 * math.sqrt(keep_prob * (1 - keep_prob) / n)
+  # Columns are independent of their neighbours (the two halves of one word are not copies).
+  k = np.asarray(keep)
+  both = (k[..., 0:256:2] & k[..., 1:257:2]).mean()
+  assert abs(both - keep_prob**2) < 0.01
+  x = jnp.full(shape, 2.0)
+  y = np.asarray(dropout(jax.random.key(3), rate, x))
+  np.testing.assert_array_equal(y == 0, ~k)
+  np.testing.assert_allclose(y[k], 2.0 / keep_prob, rtol=1e-6)
+  assert not np.array_equal(np.asarray(keep_mask(jax.random.key(4), rate, shape)[0]), k)
+
+
 def test_masks():
   np.testing.assert_array_equal(tj.causal_mask(3)[0, 0],
                                 [[1, 0, 0], [1, 1, 0], [1, 1, 1]])

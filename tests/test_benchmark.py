@@ -107,6 +107,28 @@ def test_benchmark_train_smoke(capsys):
   assert f["target_tokens_per_s"] == pytest.approx(256 / f["step_time_s"], rel=1e-2)
   assert f["tflops_per_s"] > 0 and 0 < f["mfu"] < 10 and np.isfinite(f["final_loss"])
   assert f["peak_source"].startswith("measured") and f["peak_memory_bytes"] > 0
+  assert f["back_to_back_step_time_s"] > 0 and 0 < f["back_to_back_mfu"] < 10
+
+
+def test_benchmark_profile_summary(tmp_path, capsys):
+  result = benchmark.main(["--what", "train", "--config", TINY, "--steps", "1", "--warmup", "1",
+                           "--matmul_n", "64", "--matmul_seconds", "0",
+                           "--profile_dir", str(tmp_path)])
+  profile = result["figures"]["profile"]
+  assert profile["kernel_ms_per_step"] > 0 and profile["top"], profile
+  assert sum(profile["categories"].values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_check_accelerator_runs_and_passes_on_cpu(tmp_path):
+  import check_accelerator
+  out = tmp_path / "check.json"
+  code = check_accelerator.main(["--size", "tiny", "--length", "16", "--batch", "2",
+                                 "--model_rows", "2", "--vocab", "64", "--json", str(out)])
+  result = json.loads(out.read_text())
+  assert code == 0 and result["passed"], result
+  assert len(result["results"]) == 10
+  # On CPU there is no cuDNN: the fused path is XLA's and must still match the reference.
+  assert all(r["output_err" if "output_err" in r else "logits_err"] < 0.05 for r in result["results"])
 
 
 def test_benchmark_decode_smoke(capsys):

@@ -196,6 +196,32 @@ def test_fused_attention_path_matches_reference(setup):
   np.testing.assert_allclose(out[0, :4], ref[0, :4], atol=1e-5)
 
 
+def test_fused_attention_never_gives_the_kernel_an_empty_row(monkeypatch):
+  # cuDNN's backward gave NaN gradients for packed cross-attention with query rows that may
+  # attend nowhere (measured on an H100, docs/benchmarks.md); such rows get a full row instead
+  # and their output is zeroed afterwards. Checked here on the mask the kernel receives.
+  from transformer_jax import layers
+  seen = []
+  real = jax.nn.dot_product_attention
+
+  def spy(q, k, v, mask=None, **kw):
+    seen.append(np.asarray(mask))
+    return real(q, k, v, mask=mask, **kw)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+  cfg = tj.model_config("tiny", attention_impl="cudnn", attention_dropout_rate=0.0)
+  q = jax.random.normal(jax.random.key(0), (2, 5, cfg.num_heads, cfg.head_dim))
+  k = jax.random.normal(jax.random.key(1), (2, 7, cfg.num_heads, cfg.head_dim))
+  seg_q = jnp.array([[1, 1, 2, 0, 0], [1, 2, 2, 2, 0]])
+  seg_k = jnp.array([[1, 2, 2, 0, 0, 0, 0], [1, 1, 1, 2, 2, 2, 0]])
+  mask = tj.segment_mask(seg_q, seg_k)
+  out, vjp = jax.vjp(lambda q, k: layers._fused_attention(cfg, q, k, k, mask), q, k)
+  assert seen and all(m.any(axis=-1).all() for m in seen)
+  np.testing.assert_array_equal(np.asarray(out)[np.asarray(seg_q) == 0], 0.0)
+  grads = vjp(jnp.ones_like(out))
+  assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+
+
 def test_bfloat16_compute_stays_close_to_float32(setup):
   cfg, _, params, apply = setup
   model = tj.Transformer(cfg.replace(deterministic=True, dtype="bfloat16"))

@@ -42,10 +42,40 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_rate: flo
   weights = weights.astype(dtype)
   attend = weights
   if dropout_rate > 0.0 and dropout_rng is not None:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-    attend = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(dtype)
+    attend = dropout(dropout_rng, dropout_rate, weights)
   output = jnp.einsum("...qk,...kd->...qd", attend, value)
   return output, weights
+
+
+def keep_mask(rng, rate: float, shape) -> tuple[jax.Array, float]:
+  """(boolean mask of `shape`, True with probability 1 - `rate`; that probability, exactly).
+
+  The mask compares 16-bit random numbers with a threshold, two from each 32-bit word that
+  `jax.random.bits` returns: JAX's threefry (partitionable, so the bits do not depend on the
+  sharding) hashes once per word it returns, so this is half the hashing of
+  `jax.random.bernoulli`, which draws one float32 per element. The rate is rounded to a multiple
+  of 1/65536 (0.1 -> 0.10001), and the returned probability is the rounded one, to scale by.
+  Measured on the 2-core CPU: dropout of 4.5M elements took 16 ms against 37 ms for
+  `bernoulli` (docs/benchmarks.md).
+  """
+  shape = tuple(shape)
+  if not shape:
+    raise ValueError("keep_mask: shape must have at least one axis")
+  threshold = min(65536, round(rate * 65536))  # drop where the 16-bit number < threshold
+  last = shape[-1]
+  words = jax.random.bits(rng, (*shape[:-1], (last + 1) // 2), jnp.uint32)
+  # [..., words] uint32 -> [..., words, 2] uint16 -> [..., 2 * words], packing along the last
+  # axis only, so a sharding of the leading axes carries over.
+  halves = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*shape[:-1], -1)[..., :last]
+  return halves >= threshold, 1.0 - threshold / 65536
+
+
+def dropout(rng, rate: float, x):
+  """Inverted dropout: zero elements with probability `rate`, scale the rest by 1 / keep."""
+  keep, keep_prob = keep_mask(rng, rate, x.shape)
+  if keep_prob == 0.0:
+    return jnp.zeros_like(x)
+  return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros((), x.dtype))
 
 
 def causal_mask(length: int, dtype=jnp.bool_):

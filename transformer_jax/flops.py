@@ -126,13 +126,22 @@ def peak_flops_for_kind(device_kind: str, dtype: str = "bfloat16") -> tuple[floa
 
 def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 9,
                         min_seconds: float = 0.0) -> float:
-  """FLOP/s of a jitted n x n matmul on the default device: the CPU's reference peak.
+  """FLOP/s of a jitted n x n matmul (one on each local fake CPU device at once): the CPU's peak.
 
   The median over `repeats` timed calls (at least `min_seconds` in all), after one untimed call
   that compiles. On a shared machine this moves with the load, as the step times do: measure it
   in the same run as what it is compared with.
   """
   a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
+  copies = 1
+  devices = jax.local_devices()
+  if len(devices) > 1 and devices[0].platform == "cpu":
+    # Fake CPU devices (--xla_force_host_platform_device_count) split the host's cores: one
+    # matmul per device at once measures the whole host, as the sharded step uses it.
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    copies = len(devices)
+    mesh = Mesh(np.array(devices), ("d",))
+    a = jax.device_put(jnp.stack([a] * copies), NamedSharding(mesh, PartitionSpec("d")))
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
   times: list[float] = []
@@ -141,7 +150,7 @@ def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 9,
     t0 = time.perf_counter()
     f(a).block_until_ready()
     times.append(time.perf_counter() - t0)
-  return 2 * n**3 / float(np.median(times))
+  return copies * 2 * n**3 / float(np.median(times))
 
 
 def peak_flops(dtype: str = "float32", device=None, **measure_kwargs) -> tuple[float, str]:

@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.attention import scaled_dot_product_attention
+from transformer_jax.attention import dropout, scaled_dot_product_attention
 from transformer_jax.config import TransformerConfig
 
 
@@ -220,13 +220,30 @@ def _fused_attention(cfg: TransformerConfig, q, k, v, mask):
   implementation = None
   if jax.default_backend() == "gpu" and cfg.compute_dtype in (jnp.bfloat16, jnp.float16):
     implementation = "cudnn"
-  if mask is not None:
-    mask = jnp.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
-  x = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
-  if mask is not None:
-    # Match the reference: a query that may attend nowhere (padding) outputs zeros.
-    x = jnp.where(jnp.any(mask, axis=-1)[:, 0, :, None, None], x, 0)
-  return x
+  if mask is None:
+    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+  mask = jnp.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
+  live = jnp.any(mask, axis=-1, keepdims=True)
+  # A query that may attend nowhere (padding) gets an all-allowed row, so no softmax row is
+  # empty inside the kernel, and its output is set to zeros afterwards, as the reference does
+  # (its gradient is then zero too).
+  x = jax.nn.dot_product_attention(q, k, v, mask=mask | ~live, implementation=implementation)
+  return jnp.where(live[:, 0, :, :, None], x, 0)
+
+
+class Dropout(nn.Module):
+  """`nn.Dropout` with the cheaper mask of `attention.keep_mask` (16-bit random numbers).
+
+  Same interface and the same "dropout" RNG stream; the masks differ from `nn.Dropout`'s.
+  """
+
+  rate: float
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    if deterministic or self.rate == 0.0:
+      return x
+    return dropout(self.make_rng("dropout"), self.rate, x)
 
 
 class FeedForward(nn.Module):
@@ -244,7 +261,7 @@ class FeedForward(nn.Module):
     h = dense(cfg.d_ff, ("embed", "mlp"), "wi")(x)
     h = nn.relu(h) if cfg.activation == "relu" else nn.gelu(h)
     h = constrain(h, ("batch", "length", "mlp"))
-    h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=cfg.deterministic)
+    h = Dropout(cfg.relu_dropout_rate)(h, deterministic=cfg.deterministic)
     return constrain(dense(cfg.d_model, ("mlp", "embed"), "wo")(h), ("batch", "length", "embed"))
 
 
@@ -271,7 +288,7 @@ class Residual(nn.Module):
 
   def setup(self):
     self.norm = LayerNorm(self.config)
-    self.dropout = nn.Dropout(self.config.dropout_rate)
+    self.dropout = Dropout(self.config.dropout_rate)
 
   def __call__(self, x, sublayer):
     cfg = self.config

@@ -18,8 +18,8 @@ import numpy as np
 from transformer_jax.attention import (causal_mask, combine_masks, padding_mask, segment_mask,
                                        sinusoidal_position_encoding)
 from transformer_jax.config import TransformerConfig
-from transformer_jax.layers import (Embed, FeedForward, LayerNorm, MultiHeadAttention, Residual,
-                                    constrain, kernel_init)
+from transformer_jax.layers import (Dropout, Embed, FeedForward, LayerNorm, MultiHeadAttention,
+                                    Residual, constrain, kernel_init)
 
 
 def shift_right(targets, bos_id: int, segment_ids=None):
@@ -116,7 +116,7 @@ class _Stack(nn.Module):
   def _setup_stack(self, layer_cls, num_layers: int):
     cfg = self.config
     self.position = PositionEncoding(cfg)
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
     layer = _layer_class(layer_cls, cfg)
     self.layers = [layer(cfg, name=f"layer_{i}") for i in range(num_layers)]
     if cfg.norm_position == "pre":
