@@ -185,7 +185,7 @@ _CATEGORIES = (("attention (cuDNN)", r"fmha|flash|cudnn"),
                ("matmul", r"gemm|cublas|nvjet|xmma|cutlass|matmul|\bdot|ynn"),
                ("random bits (dropout)", r"threefry|rng|random"),
                ("copy / transpose", r"copy|transpose|memcpy|memset"),
-               ("reduction / elementwise fusion", r"fusion|reduce|loop|input"))
+               ("reduction / elementwise fusion", r"fusion|reduce|^loop|^input"))
 
 
 def _profile_summary(trace_dir: str, steps: int, top: int = 25) -> dict:
@@ -208,9 +208,12 @@ def _profile_summary(trace_dir: str, steps: int, top: int = 25) -> dict:
     if device_pids:
         chosen = [e for e in events if e.get("ph") == "X" and e["pid"] in device_pids]
         where = "device streams: " + ", ".join(sorted(names[p] for p in device_pids))
-    else:  # CPU: XLA's ops run on the host's threads; leave out Python-side spans.
+    else:  # CPU: XLA's ops run on the host's threads; leave out the runtime's own spans
+        # (C++ methods such as PjRt's ExecuteHelper, thread-pool waits, end markers).
+        runtime = ("Pjit", "jit_", "ThunkExecutor", "SlinkyThreadPool", "end: ", "Handle",
+                   "Wait", "Parse", "Allocate")
         chosen = [e for e in events if e.get("ph") == "X" and "$" not in e.get("name", "")
-                  and not e.get("name", "").startswith(("Pjit", "jit_", "ThunkExecutor", "SlinkyThreadPool"))]
+                  and "::" not in e.get("name", "") and not e.get("name", "").startswith(runtime)]
         where = "host threads (CPU backend)"
     per_name = collections.Counter()
     for e in chosen:

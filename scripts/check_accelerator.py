@@ -7,12 +7,13 @@ Two groups of checks, each on fresh random inputs:
 
 1. The attention kernel (`layers._fused_attention`, `attention_impl="cudnn"`) in bfloat16 against
    `attention.scaled_dot_product_attention` computed in float32 on the same (upcast) inputs, at
-   `--precision highest`: the output and the gradients with respect to Q, K and V, for five masks:
-   none, padding, causal + padding, packed self-attention (causal + segments + padding) and packed
-   cross-attention (segments, query and key lengths differ). The XLA path in bfloat16 is measured
+   `highest` matmul precision: the output and the gradients with respect to Q, K and V, for eight
+   masks: none, padding, causal + padding, packed self-attention (causal + segments + padding),
+   packed cross-attention (segments, query and key lengths differ), cross-attention with no mask
+   and with padding (lengths differ), and packed cross-attention with equal lengths. The XLA path in bfloat16 is measured
    alongside, so the cuDNN error can be read against what bfloat16 itself costs.
-2. The whole model on a packed batch: logits, loss and the parameter gradient of the bfloat16
-   model (XLA attention, then cuDNN) against the float32 model.
+2. The whole model on a packed batch, dropout off: logits, loss and the parameter gradient of
+   the bfloat16 model (XLA attention, then cuDNN) against the float32 model.
 
 Errors are relative, ||out - ref|| / ||ref||. A check passes below `--tolerance` (bfloat16 operands
 land between 1e-3 and 1e-2) and when nothing is NaN. On a GPU the compiled attention must contain

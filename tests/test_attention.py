@@ -88,6 +88,19 @@ def test_dropout_mask_rate_and_scale(rate):
   assert not np.array_equal(np.asarray(keep_mask(jax.random.key(4), rate, shape)[0]), k)
 
 
+def test_dropout_mask_edges():
+  from transformer_jax.attention import dropout, keep_mask
+  key = jax.random.key(0)
+  none, p = keep_mask(key, 1.0, (4, 9))
+  assert p == 0.0 and not bool(none.any())   # 65536 does not wrap around in 16 bits
+  assert bool(keep_mask(key, 0.0, (4, 9))[0].all())
+  assert keep_mask(key, 0.1, (0, 9))[0].shape == (0, 9)
+  np.testing.assert_array_equal(dropout(key, 1.0, jnp.ones((2, 3))), 0.0)
+  for bad in (-0.1, 1.5):
+    with pytest.raises(ValueError, match="dropout rate"):
+      keep_mask(key, bad, (2, 3))
+
+
 def test_masks():
   np.testing.assert_array_equal(tj.causal_mask(3)[0, 0],
                                 [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
