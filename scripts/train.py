@@ -9,7 +9,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_jax.train import train_and_evaluate
+from transformer_jax.train import shutdown_distributed, train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (path[:arg]).",
                                           lock_config=True)
@@ -26,6 +26,7 @@ def main(argv):
   summary = {k: v for k, v in result.items() if isinstance(v, (int, float, str))}
   print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()},
         file=sys.stderr)
+  shutdown_distributed()  # multi-process runs: the coordinator's service stops last
 
 
 if __name__ == "__main__":

@@ -50,6 +50,32 @@ def maybe_initialize_distributed(config) -> None:
     jax.distributed.initialize()
 
 
+def shutdown_distributed(linger_s: float = 1.0) -> None:
+  """Leave a multi-process run with the coordinator's service stopping last.
+
+  `jax.distributed.shutdown` (which JAX also runs at exit) passes a barrier of all clients and
+  then stops the coordinator's gRPC service at once. Another process's client may still be
+  tearing down and leave a request queued in the service, and gRPC then aborts the coordinator:
+  seen once in tests/test_multihost.py ("Check failed: queue.Pop() == nullptr", exit -6 after a
+  finished run). Here the coordinator waits `linger_s` between its client's shutdown and its
+  service's. The service is not public API; if JAX moves it, this falls back to the plain call.
+  """
+  if not jax.distributed.is_initialized():
+    return
+  try:
+    from jax._src import distributed as jax_distributed
+    state = jax_distributed.global_state
+    service = state.service
+  except (ImportError, AttributeError):
+    jax.distributed.shutdown()
+    return
+  state.service = None          # so the call below shuts down the client only
+  jax.distributed.shutdown()
+  if service is not None:
+    time.sleep(linger_s)
+    service.shutdown()
+
+
 def gather_data_states(state: dict) -> dict:
   """Every process's data iterator state, so each resumes at its own position in its shard.
 
