@@ -236,52 +236,12 @@ def _profile_summary(trace_dir: str, steps: int, top: int = 25) -> dict:
 # ---------------------------------------------------------------------------- train
 
 
-def make_train_setup(config, model_cfg):
-    """(jitted step with donated state, initial state, batch sharding, mesh context), built as
-    `transformer_jax.train.Trainer` builds them, without the data stack or checkpoints."""
-    import functools
-
-    import flax.linen as nn
-    import jax
-
-    from transformer_jax import sharding
-    from transformer_jax.model import Transformer
-    from transformer_jax.optim import make_optimizer
-    from transformer_jax.steps import init_train_state, make_train_step, unbox
-
-    mesh = sharding.make_mesh(dict(config.mesh))
-    rules = sharding.rules_from_config(config.logical_axis_rules)
-    model = Transformer(model_cfg)
-    tx, schedule = make_optimizer(config, model_cfg.d_model)
-    init = functools.partial(init_train_state, model, tx, batch_shape=(1, 8))
-    boxed = jax.eval_shape(init, jax.random.key(config.seed))
-    state_shardings = sharding.logical_shardings(boxed, mesh, rules)
-    state = jax.jit(lambda rng: unbox(init(rng)), out_shardings=state_shardings)(
-        jax.random.key(config.seed))
-    batch_sharding = sharding.batch_sharding(mesh, rules)
-    step = jax.jit(
-        make_train_step(model, tx, schedule, config.label_smoothing, config.grad_accum_steps),
-        in_shardings=(state_shardings, batch_sharding),
-        out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
-
-    class Context:
-        def __enter__(self):
-            self._managers = [jax.set_mesh(mesh), nn.logical_axis_rules(rules)]
-            for m in self._managers:
-                m.__enter__()
-
-        def __exit__(self, *exc):
-            for m in reversed(self._managers):
-                m.__exit__(*exc)
-
-    return step, state, batch_sharding, Context
-
-
 def bench_train(args, config) -> dict:
     import jax
     import numpy as np
 
     from transformer_jax import flops, sharding
+    from transformer_jax.steps import TrainSetup
 
     load_start = _load_average()
     if args.batches == "real":
@@ -291,7 +251,11 @@ def bench_train(args, config) -> dict:
     else:
         model_cfg = _model_config(config, config.data.vocab_size)
         host_batches = _synthetic_batches(config, model_cfg.vocab_size, args.num_batches)
-    step, state, batch_sharding, context = make_train_setup(config, model_cfg)
+    # The Trainer's own mesh, state shardings and jitted step (donated state), without the data
+    # stack or checkpoints.
+    setup = TrainSetup(config, model_cfg)
+    step, batch_sharding, context = setup.train_step, setup.batch_sharding, setup.context
+    state = setup.init_state(jax.random.key(config.seed))
     pad = model_cfg.pad_id
     lengths = [flops.batch_lengths(b, pad) for b in host_batches]
     step_flops = [flops.train_flops(model_cfg, s, t) for s, t in lengths]

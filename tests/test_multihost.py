@@ -107,9 +107,9 @@ def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_
   # Step 1's loss is that of one process holding both shards (with the same initial state).
   single = _config(data_dir)
   trainer = train.Trainer(single, str(workdir))
-  state = trainer._init(jax.random.key(single.seed))
+  state = trainer.init_state(jax.random.key(single.seed))
   batch = {k: np.concatenate([s[k] for s in shards]) for k in train.ARRAY_KEYS if k in shards[0]}
-  with trainer._context():
+  with trainer.context():
     _, m = trainer.train_step(state, trainer.put(batch))
   assert float(m["loss"] / m["tokens"]) == pytest.approx(logged[1]["train_loss"], rel=1e-5)
 

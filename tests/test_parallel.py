@@ -218,7 +218,7 @@ def test_checkpoint_moves_from_data_to_tensor_mesh(tmp_path):
 def _steps(trainer, state, it, n):
   losses = []
   for _ in range(n):
-    with trainer._context():
+    with trainer.context():
       state, m = trainer.train_step(state, trainer.put(next(it)))
     losses.append(float(m["loss"] / m["tokens"]))
   return state, losses

@@ -1,10 +1,12 @@
-"""The train state and the pure train/eval steps. No I/O, no data loading: jit them and feed batches.
+"""The train state, the pure train/eval steps, and `TrainSetup`, which jits the train step on a
+mesh. No I/O, no data loading: feed batches.
 
 A batch is a dict of `[rows, length]` int32 arrays: `inputs`, `targets` and, for packed rows,
 `inputs_segmentation`, `targets_segmentation`, `inputs_position`, `targets_position`.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import flax
@@ -13,8 +15,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from transformer_jax import sharding
+from transformer_jax.config import TransformerConfig
 from transformer_jax.losses import loss_sums
 from transformer_jax.model import Transformer, token_validity
+from transformer_jax.optim import make_optimizer
 
 
 @flax.struct.dataclass
@@ -121,3 +126,48 @@ def make_eval_step(model: Transformer, label_smoothing: float):
 
 def unbox(tree):
   return nn.meta.unbox(tree)
+
+
+class TrainSetup:
+  """The mesh, model, optimizer, state shardings, initialiser and jitted train step of a config.
+
+  What `train.Trainer` runs and `scripts/benchmark.py --what train` times, built in one place so
+  the two cannot drift apart. Trace and call the step inside `context()`.
+  """
+
+  def __init__(self, config, model_cfg: TransformerConfig):
+    self.mesh = sharding.make_mesh(dict(config.mesh))
+    self.rules = sharding.rules_from_config(config.logical_axis_rules)
+    self.model = Transformer(model_cfg)
+    self.tx, self.schedule = make_optimizer(config, model_cfg.d_model)
+    # Initialised outside the mesh context: `nn.DenseGeneral` unboxes its kernel while still
+    # flattened to 2-D, where a 3-axis logical constraint would not apply. The out_shardings
+    # place every parameter where the rules say.
+    init = functools.partial(init_train_state, self.model, self.tx, batch_shape=(1, 8))
+    boxed = jax.eval_shape(init, jax.random.key(config.seed))
+    self.state_shapes = unbox(boxed)
+    self.state_shardings = sharding.logical_shardings(boxed, self.mesh, self.rules)
+    self.init_state = jax.jit(lambda rng: unbox(init(rng)), out_shardings=self.state_shardings)
+    self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+    self.train_step = jax.jit(
+        make_train_step(self.model, self.tx, self.schedule, config.label_smoothing,
+                        config.grad_accum_steps),
+        in_shardings=(self.state_shardings, self.batch_sharding),
+        out_shardings=(self.state_shardings, sharding.replicated(self.mesh)), donate_argnums=0)
+
+  def context(self):
+    """Mesh and logical rules for tracing: `nn.with_logical_constraint` needs both."""
+    return _Contexts(jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules))
+
+
+class _Contexts:
+  def __init__(self, *managers):
+    self.managers = managers
+
+  def __enter__(self):
+    for m in self.managers:
+      m.__enter__()
+
+  def __exit__(self, *exc):
+    for m in reversed(self.managers):
+      m.__exit__(*exc)

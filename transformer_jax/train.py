@@ -6,14 +6,12 @@ the current step, save, and return. A non-finite loss stops the run before anyth
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import signal
 import time
 
-import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
@@ -22,8 +20,7 @@ import numpy as np
 from transformer_jax import bleu as bleu_lib
 from transformer_jax import checkpointing, experiment, flops, metrics as metrics_lib, sharding
 from transformer_jax.model import Transformer
-from transformer_jax.optim import make_optimizer
-from transformer_jax.steps import init_train_state, make_eval_step, make_train_step, unbox
+from transformer_jax.steps import TrainSetup, make_eval_step
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +164,8 @@ ARRAY_KEYS = ("inputs", "targets", "inputs_segmentation", "targets_segmentation"
               "inputs_position", "targets_position")
 
 
-class Trainer:
-  """Holds the compiled steps, the mesh and the data of one run (see `train_and_evaluate`)."""
+class Trainer(TrainSetup):
+  """The data, the compiled steps and the checkpointer of one run (see `train_and_evaluate`)."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     from transformer_jax.data import get_data  # the data stack is only needed by the loop
@@ -197,38 +194,15 @@ class Trainer:
       with open(os.path.join(workdir, "config.json"), "w") as f:
         json.dump(_config_json(config, self.model_cfg), f, indent=2)
 
-    self.mesh = sharding.make_mesh(dict(config.mesh))
-    self.rules = sharding.rules_from_config(config.logical_axis_rules)
-    self.model = Transformer(self.model_cfg)
+    super().__init__(config, self.model_cfg)
     self.eval_model = Transformer(self.model_cfg.replace(deterministic=True))
-    self.tx, self.schedule = make_optimizer(config, self.model_cfg.d_model)
-
-    # Initialised outside the mesh context: `nn.DenseGeneral` unboxes its kernel while still
-    # flattened to 2-D, where a 3-axis logical constraint would not apply. The out_shardings
-    # place every parameter where the rules say.
-    init = functools.partial(init_train_state, self.model, self.tx, batch_shape=(1, 8))
-    boxed = jax.eval_shape(init, jax.random.key(config.seed))
-    self.state_shardings = sharding.logical_shardings(boxed, self.mesh, self.rules)
-    self._init = jax.jit(lambda rng: unbox(init(rng)), out_shardings=self.state_shardings)
-    self.abstract_state = checkpointing.abstract_like(unbox(boxed), self.state_shardings)
-    self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
-    out = sharding.replicated(self.mesh)
-    self.train_step = jax.jit(
-        make_train_step(self.model, self.tx, self.schedule, config.label_smoothing,
-                        config.grad_accum_steps),
-        in_shardings=(self.state_shardings, self.batch_sharding),
-        out_shardings=(self.state_shardings, out), donate_argnums=0)
+    self.abstract_state = checkpointing.abstract_like(self.state_shapes, self.state_shardings)
     self.eval_step = jax.jit(make_eval_step(self.eval_model, config.label_smoothing),
                              in_shardings=(self.state_shardings.params, self.batch_sharding),
-                             out_shardings=out)
+                             out_shardings=sharding.replicated(self.mesh))
     self.checkpointer = checkpointing.Checkpointer(
         workdir, max_to_keep=config.keep_checkpoints, keep_period=config.keep_every_steps or None,
         async_save=config.async_checkpointing)
-
-  def _context(self):
-    """Mesh and logical rules for tracing: `nn.with_logical_constraint` needs both."""
-    stack = _Contexts(jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules))
-    return stack
 
   def initial_state(self):
     """(state, data iterator state or None, how it started): resume > init_from > scratch."""
@@ -236,7 +210,7 @@ class Trainer:
     if restored is not None:
       step, state, data_state, _ = restored
       return state, data_state, f"resumed from step {step}"
-    state = self._init(jax.random.key(self.config.seed))
+    state = self.init_state(jax.random.key(self.config.seed))
     if self.config.init_from:
       step, params = checkpointing.load_params(self.config.init_from)
       expected = jax.tree.structure(state.params)
@@ -262,7 +236,7 @@ class Trainer:
       rows = arrays["inputs"].shape[0] // jax.process_count()
       lo = jax.process_index() * rows
       local = {k: v[lo:lo + rows] for k, v in arrays.items()}
-      with self._context():
+      with self.context():
         sums = self.eval_step(params, self.put(local))
       total = metrics_lib.accumulate(total, jax.device_get(sums))
     return metrics_lib.summarize(total, "eval")
@@ -288,19 +262,6 @@ class Trainer:
     score, signature = bleu_lib.corpus_bleu(hyps, refs)
     return {"bleu": score, "bleu_signature": signature, "bleu_sentences": len(refs),
             "bleu_example": hyps[0] if hyps else ""}
-
-
-class _Contexts:
-  def __init__(self, *managers):
-    self.managers = managers
-
-  def __enter__(self):
-    for m in self.managers:
-      m.__enter__()
-
-  def __exit__(self, *exc):
-    for m in reversed(self.managers):
-      m.__exit__(*exc)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -377,7 +338,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     with _StopFlag() as stop:
       while step < c.num_train_steps:
         device_batch, (src_lens, tgt_lens) = upcoming
-        with trainer._context():
+        with trainer.context():
           state, step_metrics = trainer.train_step(state, device_batch)
         step += 1
         # The iterator's position after this step's batch: what a checkpoint of this step saves.
