@@ -222,3 +222,14 @@ def test_sweep_end_to_end(tmp_path):
   assert sorted(float(r["learning_rate"]) for r in rows) == [1.0, 1.0, 2.0, 2.0]
   assert all(float(r["step"]) == 3 and "bleu" in r for r in rows)
   assert {"report.csv", "report.md", "report_bleu.png"} <= set(os.listdir(sweep_dir))
+
+
+def test_a_metrics_line_cut_by_a_crash_is_skipped(tmp_path):
+  from transformer_jax import metrics
+  with open(tmp_path / "metrics.jsonl", "w") as f:
+    f.write(json.dumps({"step": 1, "train_loss": 2.0}) + "\n")
+    f.write(json.dumps({"step": 2, "bleu": 7.5}) + "\n")
+    f.write('{"step": 3, "train_lo')  # the process died mid-write
+  assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [1, 2]
+  assert sweeps.final_step(str(tmp_path)) == 2
+  assert sweeps.last_values(str(tmp_path))["bleu"] == 7.5

@@ -65,11 +65,20 @@ def _plain(v):
 
 
 def read_metrics(workdir: str) -> list[dict]:
+  """The records of `<workdir>/metrics.jsonl`; a line cut short by a crash is skipped."""
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return []
+  records = []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for line in f:
+      try:
+        record = json.loads(line)
+      except ValueError:
+        continue
+      if isinstance(record, dict):
+        records.append(record)
+  return records
 
 
 class Progress:

@@ -179,16 +179,8 @@ def point_dir(sweep_dir: str, point: Point) -> str:
 
 def final_step(workdir: str) -> int:
   """The last step logged in `metrics.jsonl` (0 when none)."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  last = 0
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        try:
-          last = max(last, int(json.loads(line).get("step", 0)))
-        except (ValueError, AttributeError):
-          pass  # a line cut by a crash
-  return last
+  from transformer_jax.metrics import read_metrics  # no JAX import there
+  return max((int(r.get("step", 0)) for r in read_metrics(workdir)), default=0)
 
 
 def status(workdir: str, num_train_steps: int | None = None) -> str:
