@@ -69,8 +69,8 @@ def test_padding_is_not_counted_and_packed_rows_are_the_sum_of_their_sentences()
             "targets_segmentation": np.array([[1, 1, 2, 2, 2], [0, 0, 0, 0, 0]])}
   assert [x.tolist() for x in flops.batch_lengths(packed)] == [[3, 1], [2, 3]]
   separate = sum(flops.forward_flops(cfg, [s], [t]) for s, t in [(3, 2), (1, 3)])
-  assert flops.batch_train_flops(cfg, packed) == pytest.approx(3 * separate)
-  assert flops.batch_train_flops(cfg, padded) == pytest.approx(3 * separate)
+  assert flops.train_flops(cfg, *flops.batch_lengths(packed)) == pytest.approx(3 * separate)
+  assert flops.train_flops(cfg, *flops.batch_lengths(padded)) == pytest.approx(3 * separate)
   # Counting the packed row as one long sentence would count cross-segment pairs: more.
   assert flops.forward_flops(cfg, [4], [5]) > separate
 

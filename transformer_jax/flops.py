@@ -112,10 +112,6 @@ def train_flops(cfg, source_lengths, target_lengths) -> float:
   return 3.0 * forward_flops(cfg, source_lengths, target_lengths)
 
 
-def batch_train_flops(cfg, batch, pad_id: int = 0) -> float:
-  return train_flops(cfg, *batch_lengths(batch, pad_id))
-
-
 def peak_flops_for_kind(device_kind: str, dtype: str = "bfloat16") -> tuple[float, str] | None:
   """(dense peak FLOP/s, table key) for a device kind string, or None when the table lacks it."""
   for key, rates in PEAK_FLOPS:
