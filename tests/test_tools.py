@@ -167,6 +167,30 @@ def test_evaluate_writes_hypotheses_and_reports_json(workdir, capsys):
   assert step == 6
 
 
+def test_load_params_reads_only_the_parameters(workdir, monkeypatch):
+  """The tools never read the optimizer state: only `state/params` arrays are deserialized."""
+  from orbax.checkpoint import type_handlers
+  deserialize = type_handlers.ArrayHandler.deserialize
+  read = []
+
+  async def counting(self, infos, args=None):
+    read.extend(info.name for info in infos)
+    return await deserialize(self, infos, args)
+
+  monkeypatch.setattr(type_handlers.ArrayHandler, "deserialize", counting)
+  step, params = checkpointing.load_params(workdir, 3)
+  assert step == 3 and read and len(read) == len(jax.tree.leaves(params))
+  saved = os.listdir(os.path.join(workdir, "checkpoints", "3", "state"))
+  assert any("ocdbt" in name or name == "_METADATA" for name in saved)
+  # The full state has the Adam moments as well: three times as many arrays at least.
+  import orbax.checkpoint as ocp
+  with ocp.CheckpointManager(os.path.join(workdir, "checkpoints"),
+                             options=ocp.CheckpointManagerOptions(read_only=True),
+                             item_handlers={"state": ocp.PyTreeCheckpointHandler()}) as mgr:
+    tree = mgr.item_metadata(3)["state"].tree
+  assert len(jax.tree.leaves(tree)) >= 3 * len(read)
+
+
 # ---------------------------------------------------------------- averaging
 
 

@@ -131,15 +131,19 @@ def manager_directory(path: str) -> tuple[str, int | None]:
 def load_params(path: str, step: int | None = None):
   """Parameters (host numpy) from a workdir, its checkpoints dir, or one step's directory.
 
-  Used by `init_from` and the translation tools; restores without a target so it does not need
-  to know the optimizer the checkpoint was trained with.
+  Used by `init_from` and the translation tools. Reads only `state/params`, with the shapes
+  and dtypes the checkpoint's metadata records, so it needs to know neither the optimizer the
+  run was trained with nor its mesh, and never holds the optimizer state (twice the parameters'
+  size with Adam) in memory.
   """
   path, step_dir = manager_directory(path)
   step = step_dir if step_dir is not None else step
   if not os.path.isdir(path):
     raise CheckpointError(f"no checkpoint directory at {path}: pass a workdir of a training run "
                           "or its checkpoints/<step> directory")
-  with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(read_only=True)) as mgr:
+  options = ocp.CheckpointManagerOptions(read_only=True)
+  with ocp.CheckpointManager(path, options=options,
+                             item_handlers={"state": ocp.PyTreeCheckpointHandler()}) as mgr:
     steps = sorted(mgr.all_steps())
     if not steps:
       raise CheckpointError(f"{path} holds no finished checkpoint")
@@ -147,8 +151,18 @@ def load_params(path: str, step: int | None = None):
       step = steps[-1]
     elif step not in steps:
       raise CheckpointError(f"step {step} is not in {path}: available steps {steps}")
-    # Saved on devices this process lacks (more hosts or devices): read onto one local device.
-    restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(
-        fallback_sharding=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))))
+    metadata = mgr.item_metadata(step)["state"]
+    tree = getattr(metadata, "tree", metadata)
+    if not isinstance(tree, dict) or "params" not in tree:
+      raise CheckpointError(f"{path}/{step}/state holds no `params` (keys: "
+                            f"{sorted(tree) if isinstance(tree, dict) else type(tree).__name__}); "
+                            "it is not a checkpoint of this codebase")
+    # Saved on devices this process may lack (more hosts or devices): read onto one local device.
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = {"params": jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree["params"])}
+    restore_args = jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), target)
+    restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=target, restore_args=restore_args, partial_restore=True)))
   params = restored["state"]["params"]
   return step, jax.tree.map(np.asarray, params)
