@@ -139,6 +139,42 @@ def test_resume_reproduces_the_continuation(base, mode):
             np.testing.assert_array_equal(x[key], y[key])
 
 
+def test_resume_with_another_process_count_keeps_the_epoch_position(base):
+    """2 processes -> 1 and 3: each new process starts at the old run's fraction of the epoch."""
+    tmp, data = base
+    c = data.config
+    work = str(tmp / "work")
+    n = len(data.sources["train"])  # 3000 pairs: 2 chunks per epoch per process for 2 processes
+    old = [get_data(c, work, process_index=i, process_count=2) for i in range(2)]
+    per_epoch = [pipeline.ReadChunk(d.sources["train"], d.tokenizer, c, i, 2).chunks_per_epoch
+                 for i, d in enumerate(old)]
+    assert per_epoch == [2, 2]
+    iters = [iter(d.train_dataset()) for d in old]
+    for it in iters:  # into the second chunk of epoch 1 (window_chunks = 1: a window a chunk)
+        while it.get_state()["parent"]["next_index"] < 3:
+            next(it)
+    states = json.loads(json.dumps([it.get_state() for it in iters]))
+    assert [s["parent"]["next_index"] for s in states] == [3, 3]  # 1.5 epochs
+    one = get_data(c, work)
+    state = one.resharded_state(states)
+    # One process has 3 chunks an epoch: 1.5 epochs is chunk 4, in a window no process used.
+    assert state == {"parent": {"next_index": 4}, "window": max(s["window"] for s in states) + 1,
+                     "next": 0}
+    resumed = iter(one.train_dataset())
+    resumed.set_state(state)
+    read = pipeline.ReadChunk(one.sources["train"], one.tokenizer, c, 0, 1)
+    expected = {str(p[1]) for p in read(4)}
+    batch = next(resumed)
+    got = [segments(batch, r, "targets") for r in range(batch["targets"].shape[0])]
+    assert got and all(str(ids) in expected for row in got for ids in row.values())
+    # Three processes of 1000 pairs (1 chunk an epoch each): the slowest old process decides.
+    states[1]["parent"]["next_index"] = 2  # epoch 1.0
+    three = [pipeline.resharded_state(states, n, i, 3) for i in range(3)]
+    assert [s["parent"]["next_index"] for s in three] == [1, 1, 1]
+    with pytest.raises(ValueError, match="process 0"):
+        pipeline.resharded_state([{"parent": {}}], n, 0, 1)
+
+
 def test_epochs_are_reshuffled(base):
     _, data = base
     c = data.config

@@ -118,9 +118,13 @@ def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_
   assert step == STEPS
   state, data_state, origin = trainer.initial_state()
   assert origin == f"resumed from step {STEPS}" and data_state
-  # Each process's own data position was saved; a 1-process resume cannot use them.
+  # Each process's own data position was saved. A 1-process resume continues at the same point
+  # of the epoch (here: both are still in their first window, at chunk 0).
   assert data_state["process_count"] == 2 and sorted(data_state["processes"]) == ["0", "1"]
-  assert train.own_data_state(data_state) is None
+  saved = [data_state["processes"][i] for i in ("0", "1")]
+  assert [(s["parent"]["next_index"], s["window"]) for s in saved] == [(0, 0), (0, 0)]
+  assert train.own_data_state(data_state, trainer.data) == {
+      "parent": {"next_index": 0}, "window": 1, "next": 0}
   kernel = state.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"]
   assert len(kernel.sharding.device_set) == 8
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):

@@ -320,3 +320,11 @@ def test_sigterm_saves_a_loadable_checkpoint(tmp_path, data_dir):
   assert os.listdir(workdir / "checkpoints"), out[-3000:]
   step, params = checkpointing.load_params(str(workdir))
   assert step >= 4 and jax.tree.leaves(params)
+
+
+def test_a_data_record_this_code_did_not_write_is_refused():
+  assert train.own_data_state({}, None) is None
+  with pytest.raises(checkpointing.CheckpointError, match="not one this codebase wrote"):
+    train.own_data_state({"process_count": 2, "processes": {"0": {}}}, None)
+  with pytest.raises(checkpointing.CheckpointError, match="move this one aside"):
+    train.own_data_state({"parent": {"next_index": 3}}, None)

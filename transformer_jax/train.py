@@ -92,16 +92,30 @@ def gather_data_states(state: dict) -> dict:
       for i in range(count)}}
 
 
-def own_data_state(saved: dict) -> dict | None:
-  """This process's iterator state from `gather_data_states`' record (None: start the data anew)."""
+def own_data_state(saved: dict, data) -> dict | None:
+  """This process's iterator state from `gather_data_states`' record (None: nothing saved).
+
+  When the run had another number of processes, the shards differ: `data.resharded_state`
+  continues at the same point of the same epoch instead (see `pipeline.resharded_state`).
+  """
   if not saved:
     return None
-  if saved.get("process_count") != jax.process_count():
-    log.warning("the checkpoint's data positions are for %s process(es), this run has %d: the "
-                "data shards differ, so each process starts its shard from the beginning",
-                saved.get("process_count"), jax.process_count())
-    return None
-  return saved["processes"][str(jax.process_index())]
+  count = saved.get("process_count")
+  processes = saved.get("processes", {})
+  if not isinstance(count, int) or sorted(processes) != sorted(map(str, range(count))):
+    raise checkpointing.CheckpointError(
+        f"the checkpoint's data iterator record is not one this codebase wrote: {saved!r:.300}. "
+        "Resume from another step (move this one aside) or start a new --workdir.")
+  if count == jax.process_count():
+    return processes[str(jax.process_index())]
+  states = [processes[str(i)] for i in range(count)]
+  state = data.resharded_state(states)
+  log.warning("the checkpoint's data positions are for %d process(es), this run has %d: the "
+              "shards differ, so each process continues at the same point of the epoch in its "
+              "new shard (chunk %d); the pairs of this epoch come from new permutations, so "
+              "some are seen twice and some not until the next epoch", count,
+              jax.process_count(), state["parent"]["next_index"])
+  return state
 
 
 def init_from_vocabulary(path: str) -> str | None:
@@ -271,7 +285,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   state, data_state, origin = trainer.initial_state()
   step = int(jax.device_get(state.step))
   train_iter = iter(trainer.data.train_dataset())
-  data_state = own_data_state(data_state)
+  data_state = own_data_state(data_state, trainer.data)
   if data_state:
     train_iter.set_state(data_state)
   writer = metrics_lib.MetricsWriter(workdir, enabled=trainer.is_main)

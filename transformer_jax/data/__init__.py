@@ -82,6 +82,13 @@ class Data:
                                       process_index=self.process_index,
                                       process_count=self.process_count)
 
+    def resharded_state(self, states: list[dict]) -> dict:
+        """This process's train iterator state from those saved by a run with another number
+        of processes (`states[i]` is old process i's): see `pipeline.resharded_state`."""
+        from transformer_jax.data import pipeline
+        return pipeline.resharded_state(states, len(self.sources["train"]), self.process_index,
+                                        self.process_count)
+
     def raw_examples(self, split: str) -> list[tuple[str, str]]:
         """All (source, target) strings of a split, in the stored order."""
         from transformer_jax.data import datasets

@@ -278,6 +278,42 @@ def train_dataset(source, tokenizer: Tokenizer, c, *, rows: int, process_index: 
     return it
 
 
+def _chunks_per_epoch(num_examples: int, process_index: int, process_count: int) -> int:
+    """`ReadChunk.chunks_per_epoch` of that process, without reading anything."""
+    return -(-len(range(process_index, num_examples, process_count)) // CHUNK)
+
+
+def resharded_state(states: Sequence[dict], num_examples: int, process_index: int,
+                    process_count: int) -> dict:
+    """This process's iterator state from the states of a run with another number of processes.
+
+    The shards (`ReadChunk`) depend on the process count, so no position in the new shard holds
+    exactly the batches the old ones would have given. What carries over is how far the run got:
+    the slowest old process's position as a fraction of an epoch (the start of its current
+    window, so at most one window is seen twice). Each new process starts at that fraction of
+    its own shard's epoch. The rest of that epoch comes from the new shards' permutations, so
+    some of its pairs are seen twice and others not until the next epoch; every later epoch is
+    whole, and the run neither replays nor skips epochs.
+    """
+    from fractions import Fraction
+    progress = []
+    for index, state in enumerate(states):
+        try:
+            chunk, window = int(state["parent"]["next_index"]), int(state["window"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"saved data iterator state of process {index} is not one this "
+                             f"pipeline wrote ({e!r}: {state!r})") from e
+        progress.append((Fraction(chunk, _chunks_per_epoch(num_examples, index, len(states))),
+                         window))
+    epochs = min(fraction for fraction, _ in progress)
+    per_epoch = _chunks_per_epoch(num_examples, process_index, process_count)
+    whole = epochs.numerator // epochs.denominator
+    chunk = whole * per_epoch + int((epochs - whole) * per_epoch)
+    # A window number no old process used: it seeds the window's row shuffle.
+    window = max(w for _, w in progress) + 1
+    return {"parent": {"next_index": chunk}, "window": window, "next": 0}
+
+
 # ----------------------------------------------------------------------------------------------
 # Evaluation.
 
