@@ -20,37 +20,37 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def parse_overrides(items):
-    out = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        try:
-            out[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[key] = value
-    return out
+  out = {}
+  for item in items:
+    key, _, value = item.partition("=")
+    try:
+      out[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      out[key] = value
+  return out
 
 
 def main(argv=None):
-    from transformer_jax.data import default_data_config, get_data
+  from transformer_jax.data import default_data_config, get_data
 
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", required=True, help="the run's directory (spm.model goes here)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
-                        help="data config overrides, e.g. dataset=locale target_lang=fr")
-    args = parser.parse_args(argv)
-    c = default_data_config()
-    for key, value in parse_overrides(args.set).items():
-        if key not in c:
-            parser.error(f"unknown data field {key!r}; fields: {', '.join(sorted(c))}")
-        c[key] = value
-    data = get_data(c, args.workdir)
-    print(json.dumps({
-        "dataset": c.dataset, "direction": f"{c.source_lang}->{c.target_lang}",
-        "sizes": {s: len(data.sources[s]) for s in ("train", "validation", "test")},
-        "tokenizer": data.tokenizer.path, "vocab_size": data.tokenizer.vocab_size,
-    }, indent=2))
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True, help="the run's directory (spm.model goes here)")
+  parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                      help="data config overrides, e.g. dataset=locale target_lang=fr")
+  args = parser.parse_args(argv)
+  c = default_data_config()
+  for key, value in parse_overrides(args.set).items():
+    if key not in c:
+      parser.error(f"unknown data field {key!r}; fields: {', '.join(sorted(c))}")
+    c[key] = value
+  data = get_data(c, args.workdir)
+  print(json.dumps({
+      "dataset": c.dataset, "direction": f"{c.source_lang}->{c.target_lang}",
+      "sizes": {s: len(data.sources[s]) for s in ("train", "validation", "test")},
+      "tokenizer": data.tokenizer.path, "vocab_size": data.tokenizer.vocab_size,
+  }, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+  main()

@@ -11,242 +11,242 @@ KEYS = pipeline.KEYS
 
 
 def small_config(tmp, **overrides):
-    c = default_data_config()
-    c.data_dir = str(tmp / "tfds")
-    c.numbers_train_size, c.numbers_eval_size = 3000, 150
-    c.vocab_size = 500
-    c.max_source_len = c.max_target_len = 32
-    c.batch_size = 16
-    c.window_chunks = 1  # Small windows so a few batches cross windows and epochs.
-    c.prefetch = 2
-    for key, value in overrides.items():
-        c[key] = value
-    return c
+  c = default_data_config()
+  c.data_dir = str(tmp / "tfds")
+  c.numbers_train_size, c.numbers_eval_size = 3000, 150
+  c.vocab_size = 500
+  c.max_source_len = c.max_target_len = 32
+  c.batch_size = 16
+  c.window_chunks = 1  # Small windows so a few batches cross windows and epochs.
+  c.prefetch = 2
+  for key, value in overrides.items():
+    c[key] = value
+  return c
 
 
 @pytest.fixture(scope="session")
 def base(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pipeline")
-    data = get_data(small_config(tmp), str(tmp / "work"))
-    return tmp, data
+  tmp = tmp_path_factory.mktemp("pipeline")
+  data = get_data(small_config(tmp), str(tmp / "work"))
+  return tmp, data
 
 
 def data_with(base, **overrides):
-    tmp, data = base
-    # Same dataset and tokenizer files: only the batching settings change.
-    return get_data(small_config(tmp, **overrides), str(tmp / "work"))
+  tmp, data = base
+  # Same dataset and tokenizer files: only the batching settings change.
+  return get_data(small_config(tmp, **overrides), str(tmp / "work"))
 
 
 def take(it, n):
-    return [next(it) for _ in range(n)]
+  return [next(it) for _ in range(n)]
 
 
 def segments(batch, row, side):
-    """{segment id: token ids} of one row."""
-    ids, seg = batch[side][row], batch[f"{side}_segmentation"][row]
-    return {int(s): ids[seg == s].tolist() for s in np.unique(seg) if s}
+  """{segment id: token ids} of one row."""
+  ids, seg = batch[side][row], batch[f"{side}_segmentation"][row]
+  return {int(s): ids[seg == s].tolist() for s in np.unique(seg) if s}
 
 
 def test_shapes_and_dtypes(base):
-    _, data = base
-    for mode in ("pack", "pad"):
-        batches = take(iter(data_with(base, batching=mode).train_dataset()), 12)
-        for batch in batches:
-            assert set(batch) == set(KEYS)
-            for key in KEYS:
-                assert batch[key].shape == (16, 32) and batch[key].dtype == np.int32, key
+  _, data = base
+  for mode in ("pack", "pad"):
+    batches = take(iter(data_with(base, batching=mode).train_dataset()), 12)
+    for batch in batches:
+      assert set(batch) == set(KEYS)
+      for key in KEYS:
+        assert batch[key].shape == (16, 32) and batch[key].dtype == np.int32, key
 
 
 def test_packing_keeps_segments_apart(base):
-    _, data = base
-    batches = take(iter(data.train_dataset()), 10)
-    multi = 0
-    for batch in batches:
-        for row in range(batch["inputs"].shape[0]):
-            for side in ("inputs", "targets"):
-                seg = batch[f"{side}_segmentation"][row]
-                pos = batch[f"{side}_position"][row]
-                ids = batch[side][row]
-                real = seg > 0
-                assert (ids[~real] == 0).all() and (pos[~real] == 0).all()
-                assert (ids[real] != 0).all()
-                # Segment ids are 1..k, contiguous, in order; positions restart at 0.
-                k = seg.max()
-                assert sorted(set(seg[real].tolist())) == list(range(1, k + 1))
-                for s in range(1, k + 1):
-                    where = np.flatnonzero(seg == s)
-                    assert (np.diff(where) == 1).all()
-                    assert pos[where].tolist() == list(range(len(where)))
-                    assert ids[where][-1] == data.tokenizer.eos_id  # Every segment ends in eos.
-            # The same pairs in inputs and targets: same segment ids on both sides.
-            src, tgt = segments(batch, row, "inputs"), segments(batch, row, "targets")
-            assert src.keys() == tgt.keys()
-            multi += len(src) > 1
-    assert multi > 50  # Packing really packs several pairs per row.
+  _, data = base
+  batches = take(iter(data.train_dataset()), 10)
+  multi = 0
+  for batch in batches:
+    for row in range(batch["inputs"].shape[0]):
+      for side in ("inputs", "targets"):
+        seg = batch[f"{side}_segmentation"][row]
+        pos = batch[f"{side}_position"][row]
+        ids = batch[side][row]
+        real = seg > 0
+        assert (ids[~real] == 0).all() and (pos[~real] == 0).all()
+        assert (ids[real] != 0).all()
+        # Segment ids are 1..k, contiguous, in order; positions restart at 0.
+        k = seg.max()
+        assert sorted(set(seg[real].tolist())) == list(range(1, k + 1))
+        for s in range(1, k + 1):
+          where = np.flatnonzero(seg == s)
+          assert (np.diff(where) == 1).all()
+          assert pos[where].tolist() == list(range(len(where)))
+          assert ids[where][-1] == data.tokenizer.eos_id  # Every segment ends in eos.
+      # The same pairs in inputs and targets: same segment ids on both sides.
+      src, tgt = segments(batch, row, "inputs"), segments(batch, row, "targets")
+      assert src.keys() == tgt.keys()
+      multi += len(src) > 1
+  assert multi > 50  # Packing really packs several pairs per row.
 
 
 def test_packed_pairs_are_real_pairs(base):
-    _, data = base
-    train = dict(data.raw_examples("train"))
-    batch = next(iter(data.train_dataset()))
-    tok = data.tokenizer
-    for row in range(4):
-        src, tgt = segments(batch, row, "inputs"), segments(batch, row, "targets")
-        for s in src:
-            assert train[tok.decode(src[s])] == tok.decode(tgt[s])
+  _, data = base
+  train = dict(data.raw_examples("train"))
+  batch = next(iter(data.train_dataset()))
+  tok = data.tokenizer
+  for row in range(4):
+    src, tgt = segments(batch, row, "inputs"), segments(batch, row, "targets")
+    for s in src:
+      assert train[tok.decode(src[s])] == tok.decode(tgt[s])
 
 
 def test_unpacked_modes_use_the_same_format(base):
-    for mode in ("pad", "bucket"):
-        batch = next(iter(data_with(base, batching=mode).train_dataset()))
-        seg = batch["targets_segmentation"]
-        assert set(np.unique(seg)) <= {0, 1}
-        lengths = seg.sum(1)
-        for row in range(seg.shape[0]):
-            assert batch["targets_position"][row, :lengths[row]].tolist() == list(
-                range(lengths[row]))
+  for mode in ("pad", "bucket"):
+    batch = next(iter(data_with(base, batching=mode).train_dataset()))
+    seg = batch["targets_segmentation"]
+    assert set(np.unique(seg)) <= {0, 1}
+    lengths = seg.sum(1)
+    for row in range(seg.shape[0]):
+      assert batch["targets_position"][row, :lengths[row]].tolist() == list(
+          range(lengths[row]))
 
 
 def test_bucket_shapes_follow_the_token_budget(base):
-    data = data_with(base, batching="bucket", batch_tokens=512, bucket_boundaries=(8, 16, 24))
-    shapes = {next(it)["inputs"].shape for it in [iter(data.train_dataset())] for _ in range(30)}
-    assert shapes <= {(64, 8), (32, 16), (16, 24), (16, 32)}, shapes
-    assert len(shapes) >= 2
+  data = data_with(base, batching="bucket", batch_tokens=512, bucket_boundaries=(8, 16, 24))
+  shapes = {next(it)["inputs"].shape for it in [iter(data.train_dataset())] for _ in range(30)}
+  assert shapes <= {(64, 8), (32, 16), (16, 24), (16, 32)}, shapes
+  assert len(shapes) >= 2
 
 
 def test_same_seed_same_batches_and_new_seed_differs(base):
-    a = take(iter(data_with(base).train_dataset()), 5)
-    b = take(iter(data_with(base).train_dataset()), 5)
-    c = take(iter(data_with(base, shuffle_seed=7).train_dataset()), 5)
-    for x, y in zip(a, b):
-        for key in KEYS:
-            np.testing.assert_array_equal(x[key], y[key])
-    assert any((x["inputs"] != y["inputs"]).any() for x, y in zip(a, c))
+  a = take(iter(data_with(base).train_dataset()), 5)
+  b = take(iter(data_with(base).train_dataset()), 5)
+  c = take(iter(data_with(base, shuffle_seed=7).train_dataset()), 5)
+  for x, y in zip(a, b):
+    for key in KEYS:
+      np.testing.assert_array_equal(x[key], y[key])
+  assert any((x["inputs"] != y["inputs"]).any() for x, y in zip(a, c))
 
 
 @pytest.mark.parametrize("mode", ["pack", "bucket", "pad"])
 def test_resume_reproduces_the_continuation(base, mode):
-    data = data_with(base, batching=mode)
-    # 3000 pairs are 3 chunks: 40 batches cross several windows and an epoch boundary.
-    it = iter(data.train_dataset())
-    take(it, 17)
-    state = json.loads(json.dumps(it.get_state()))  # Must survive a JSON checkpoint.
-    expected = take(it, 23)
-    resumed = iter(data_with(base, batching=mode).train_dataset())
-    resumed.set_state(state)
-    for x, y in zip(expected, take(resumed, 23)):
-        for key in KEYS:
-            np.testing.assert_array_equal(x[key], y[key])
+  data = data_with(base, batching=mode)
+  # 3000 pairs are 3 chunks: 40 batches cross several windows and an epoch boundary.
+  it = iter(data.train_dataset())
+  take(it, 17)
+  state = json.loads(json.dumps(it.get_state()))  # Must survive a JSON checkpoint.
+  expected = take(it, 23)
+  resumed = iter(data_with(base, batching=mode).train_dataset())
+  resumed.set_state(state)
+  for x, y in zip(expected, take(resumed, 23)):
+    for key in KEYS:
+      np.testing.assert_array_equal(x[key], y[key])
 
 
 def test_resume_with_another_process_count_keeps_the_epoch_position(base):
-    """2 processes -> 1 and 3: each new process starts at the old run's fraction of the epoch."""
-    tmp, data = base
-    c = data.config
-    work = str(tmp / "work")
-    n = len(data.sources["train"])  # 3000 pairs: 2 chunks per epoch per process for 2 processes
-    old = [get_data(c, work, process_index=i, process_count=2) for i in range(2)]
-    per_epoch = [pipeline.ReadChunk(d.sources["train"], d.tokenizer, c, i, 2).chunks_per_epoch
-                 for i, d in enumerate(old)]
-    assert per_epoch == [2, 2]
-    iters = [iter(d.train_dataset()) for d in old]
-    for it in iters:  # into the second chunk of epoch 1 (window_chunks = 1: a window a chunk)
-        while it.get_state()["parent"]["next_index"] < 3:
-            next(it)
-    states = json.loads(json.dumps([it.get_state() for it in iters]))
-    assert [s["parent"]["next_index"] for s in states] == [3, 3]  # 1.5 epochs
-    one = get_data(c, work)
-    state = one.resharded_state(states)
-    # One process has 3 chunks an epoch: 1.5 epochs is chunk 4, in a window no process used.
-    assert state == {"parent": {"next_index": 4}, "window": max(s["window"] for s in states) + 1,
-                     "next": 0}
-    resumed = iter(one.train_dataset())
-    resumed.set_state(state)
-    read = pipeline.ReadChunk(one.sources["train"], one.tokenizer, c, 0, 1)
-    expected = {str(p[1]) for p in read(4)}
-    batch = next(resumed)
-    got = [segments(batch, r, "targets") for r in range(batch["targets"].shape[0])]
-    assert got and all(str(ids) in expected for row in got for ids in row.values())
-    # Three processes of 1000 pairs (1 chunk an epoch each): the slowest old process decides.
-    states[1]["parent"]["next_index"] = 2  # epoch 1.0
-    three = [pipeline.resharded_state(states, n, i, 3) for i in range(3)]
-    assert [s["parent"]["next_index"] for s in three] == [1, 1, 1]
-    with pytest.raises(ValueError, match="process 0"):
-        pipeline.resharded_state([{"parent": {}}], n, 0, 1)
+  """2 processes -> 1 and 3: each new process starts at the old run's fraction of the epoch."""
+  tmp, data = base
+  c = data.config
+  work = str(tmp / "work")
+  n = len(data.sources["train"])  # 3000 pairs: 2 chunks per epoch per process for 2 processes
+  old = [get_data(c, work, process_index=i, process_count=2) for i in range(2)]
+  per_epoch = [pipeline.ReadChunk(d.sources["train"], d.tokenizer, c, i, 2).chunks_per_epoch
+               for i, d in enumerate(old)]
+  assert per_epoch == [2, 2]
+  iters = [iter(d.train_dataset()) for d in old]
+  for it in iters:  # into the second chunk of epoch 1 (window_chunks = 1: a window a chunk)
+    while it.get_state()["parent"]["next_index"] < 3:
+      next(it)
+  states = json.loads(json.dumps([it.get_state() for it in iters]))
+  assert [s["parent"]["next_index"] for s in states] == [3, 3]  # 1.5 epochs
+  one = get_data(c, work)
+  state = one.resharded_state(states)
+  # One process has 3 chunks an epoch: 1.5 epochs is chunk 4, in a window no process used.
+  assert state == {"parent": {"next_index": 4}, "window": max(s["window"] for s in states) + 1,
+                   "next": 0}
+  resumed = iter(one.train_dataset())
+  resumed.set_state(state)
+  read = pipeline.ReadChunk(one.sources["train"], one.tokenizer, c, 0, 1)
+  expected = {str(p[1]) for p in read(4)}
+  batch = next(resumed)
+  got = [segments(batch, r, "targets") for r in range(batch["targets"].shape[0])]
+  assert got and all(str(ids) in expected for row in got for ids in row.values())
+  # Three processes of 1000 pairs (1 chunk an epoch each): the slowest old process decides.
+  states[1]["parent"]["next_index"] = 2  # epoch 1.0
+  three = [pipeline.resharded_state(states, n, i, 3) for i in range(3)]
+  assert [s["parent"]["next_index"] for s in three] == [1, 1, 1]
+  with pytest.raises(ValueError, match="process 0"):
+    pipeline.resharded_state([{"parent": {}}], n, 0, 1)
 
 
 def test_epochs_are_reshuffled(base):
-    _, data = base
-    c = data.config
-    read = pipeline.ReadChunk(data.sources["train"], data.tokenizer, c, 0, 1)
-    epoch0 = [p for k in range(read.chunks_per_epoch) for p in read(k)]
-    epoch1 = [p for k in range(read.chunks_per_epoch, 2 * read.chunks_per_epoch) for p in read(k)]
-    assert sorted(map(str, epoch0)) == sorted(map(str, epoch1))
-    assert epoch0 != epoch1
+  _, data = base
+  c = data.config
+  read = pipeline.ReadChunk(data.sources["train"], data.tokenizer, c, 0, 1)
+  epoch0 = [p for k in range(read.chunks_per_epoch) for p in read(k)]
+  epoch1 = [p for k in range(read.chunks_per_epoch, 2 * read.chunks_per_epoch) for p in read(k)]
+  assert sorted(map(str, epoch0)) == sorted(map(str, epoch1))
+  assert epoch0 != epoch1
 
 
 def test_process_shards_are_disjoint_and_cover(base):
-    _, data = base
-    c = data.config
-    every = {str(p) for k in range(3) for p in pipeline.ReadChunk(
-        data.sources["train"], data.tokenizer, c, 0, 1)(k)}
-    shards = []
-    for p in range(3):
-        read = pipeline.ReadChunk(data.sources["train"], data.tokenizer, c, p, 3)
-        shards.append({str(x) for k in range(read.chunks_per_epoch) for x in read(k)})
-    assert not shards[0] & shards[1] and not shards[0] & shards[2] and not shards[1] & shards[2]
-    assert set().union(*shards) == every
-    # Through get_data: rows split over processes, different data per process.
-    tmp, _ = base
-    d0 = get_data(small_config(tmp), str(tmp / "work"), process_index=0, process_count=2)
-    d1 = get_data(small_config(tmp), str(tmp / "work"), process_index=1, process_count=2)
-    b0, b1 = next(iter(d0.train_dataset())), next(iter(d1.train_dataset()))
-    assert b0["inputs"].shape == (8, 32) and b1["inputs"].shape == (8, 32)
-    assert (b0["inputs"] != b1["inputs"]).any()
+  _, data = base
+  c = data.config
+  every = {str(p) for k in range(3) for p in pipeline.ReadChunk(
+      data.sources["train"], data.tokenizer, c, 0, 1)(k)}
+  shards = []
+  for p in range(3):
+    read = pipeline.ReadChunk(data.sources["train"], data.tokenizer, c, p, 3)
+    shards.append({str(x) for k in range(read.chunks_per_epoch) for x in read(k)})
+  assert not shards[0] & shards[1] and not shards[0] & shards[2] and not shards[1] & shards[2]
+  assert set().union(*shards) == every
+  # Through get_data: rows split over processes, different data per process.
+  tmp, _ = base
+  d0 = get_data(small_config(tmp), str(tmp / "work"), process_index=0, process_count=2)
+  d1 = get_data(small_config(tmp), str(tmp / "work"), process_index=1, process_count=2)
+  b0, b1 = next(iter(d0.train_dataset())), next(iter(d1.train_dataset()))
+  assert b0["inputs"].shape == (8, 32) and b1["inputs"].shape == (8, 32)
+  assert (b0["inputs"] != b1["inputs"]).any()
 
 
 def test_long_pairs_are_dropped_in_training_only(base):
-    data = data_with(base, max_source_len=12, max_target_len=12)
-    for batch in take(iter(data.train_dataset()), 5):
-        for side in ("inputs", "targets"):
-            assert batch[side].shape[1] == 12
-    pairs = data.raw_examples("validation")
-    batches = list(data.eval_batches("validation"))
-    assert sum(b["num_real"] for b in batches) == len(pairs) == 150
-    got = [t for b in batches for t in b["target_text"]]
-    assert got == [t for _, t in pairs]
-    tok = data.tokenizer
-    decoded = [tok.decode(row) for b in batches for row in b["targets"][:b["num_real"]]]
-    assert decoded == got  # Nothing truncated, even sentences longer than 12 pieces.
-    assert max(len(tok.encode(t)) for t in got) >= 12
+  data = data_with(base, max_source_len=12, max_target_len=12)
+  for batch in take(iter(data.train_dataset()), 5):
+    for side in ("inputs", "targets"):
+      assert batch[side].shape[1] == 12
+  pairs = data.raw_examples("validation")
+  batches = list(data.eval_batches("validation"))
+  assert sum(b["num_real"] for b in batches) == len(pairs) == 150
+  got = [t for b in batches for t in b["target_text"]]
+  assert got == [t for _, t in pairs]
+  tok = data.tokenizer
+  decoded = [tok.decode(row) for b in batches for row in b["targets"][:b["num_real"]]]
+  assert decoded == got  # Nothing truncated, even sentences longer than 12 pieces.
+  assert max(len(tok.encode(t)) for t in got) >= 12
 
 
 def test_eval_batches_shapes(base):
-    _, data = base
-    batches = list(data.eval_batches("test"))
-    assert len({b["inputs"].shape for b in batches}) == 1
-    assert all(b["inputs"].shape[0] == 64 for b in batches)
-    last = batches[-1]
-    assert last["num_real"] == 150 - 128
-    assert (last["inputs"][last["num_real"]:] == 0).all()
-    assert last["inputs"].shape[1] % 8 == 0
-    with pytest.raises(ValueError, match="validation"):
-        data.eval_batches("train")
+  _, data = base
+  batches = list(data.eval_batches("test"))
+  assert len({b["inputs"].shape for b in batches}) == 1
+  assert all(b["inputs"].shape[0] == 64 for b in batches)
+  last = batches[-1]
+  assert last["num_real"] == 150 - 128
+  assert (last["inputs"][last["num_real"]:] == 0).all()
+  assert last["inputs"].shape[1] % 8 == 0
+  with pytest.raises(ValueError, match="validation"):
+    data.eval_batches("train")
 
 
 def test_grain_first_fit_packer_matches_our_format():
-    # Kept as the record of why grain's packer would be valid too (we use our own for speed).
-    pairs = [(np.arange(1, n + 1, dtype=np.int32), np.arange(1, m + 1, dtype=np.int32))
-             for n, m in [(3, 5), (4, 2), (6, 6), (2, 7)]]
-    ds = grain.MapDataset.source([{"inputs": a, "targets": b} for a, b in pairs])
-    packed = list(grain.experimental.FirstFitPackIterDataset(
-        ds.to_iter_dataset(), length_struct={"inputs": 8, "targets": 8}, num_packing_bins=2,
-        shuffle_bins=False))
-    row = packed[0]
-    assert row["inputs_segment_ids"].tolist() == [1, 1, 1, 2, 2, 2, 2, 0]
-    assert row["targets_segment_ids"].tolist() == [1, 1, 1, 1, 1, 2, 2, 0]
-    assert row["inputs_positions"].tolist() == [0, 1, 2, 0, 1, 2, 3, 0]
-    ours, _ = pipeline.pack_rows([(list(a), list(b)) for a, b in pairs[:2]], 8, 8)
-    # Longest pair (by source + target) first: (3, 5) before (4, 2).
-    assert ours["inputs_segmentation"][0].tolist() == [1, 1, 1, 2, 2, 2, 2, 0]
-    assert ours["targets_position"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 0]
+  # Kept as the record of why grain's packer would be valid too (we use our own for speed).
+  pairs = [(np.arange(1, n + 1, dtype=np.int32), np.arange(1, m + 1, dtype=np.int32))
+           for n, m in [(3, 5), (4, 2), (6, 6), (2, 7)]]
+  ds = grain.MapDataset.source([{"inputs": a, "targets": b} for a, b in pairs])
+  packed = list(grain.experimental.FirstFitPackIterDataset(
+      ds.to_iter_dataset(), length_struct={"inputs": 8, "targets": 8}, num_packing_bins=2,
+      shuffle_bins=False))
+  row = packed[0]
+  assert row["inputs_segment_ids"].tolist() == [1, 1, 1, 2, 2, 2, 2, 0]
+  assert row["targets_segment_ids"].tolist() == [1, 1, 1, 1, 1, 2, 2, 0]
+  assert row["inputs_positions"].tolist() == [0, 1, 2, 0, 1, 2, 3, 0]
+  ours, _ = pipeline.pack_rows([(list(a), list(b)) for a, b in pairs[:2]], 8, 8)
+  # Longest pair (by source + target) first: (3, 5) before (4, 2).
+  assert ours["inputs_segmentation"][0].tolist() == [1, 1, 1, 2, 2, 2, 2, 0]
+  assert ours["targets_position"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 0]

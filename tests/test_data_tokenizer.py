@@ -17,45 +17,45 @@ TEXTS = [
 
 @pytest.fixture(scope="module", params=["unigram", "bpe"])
 def tokenizer(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("spm") / "spm.model"
-    return tok_lib.train_tokenizer(TEXTS, str(path), vocab_size=120,
-                                   model_type=request.param, max_chars=100_000)
+  path = tmp_path_factory.mktemp("spm") / "spm.model"
+  return tok_lib.train_tokenizer(TEXTS, str(path), vocab_size=120,
+                                 model_type=request.param, max_chars=100_000)
 
 
 def test_special_ids(tokenizer):
-    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2, 3)
-    assert tokenizer.pieces([0, 1, 2, 3]) == ["<pad>", "<unk>", "<s>", "</s>"]
-    # Unknown characters get <unk>, never padding (the Flax example maps them onto pad).
-    ids = tokenizer.encode("Zebra ☃")
-    assert tok_lib.UNK_ID in ids and tok_lib.PAD_ID not in ids
-    assert 4 <= min(tokenizer.encode(TEXTS[0]))
-    assert tokenizer.vocab_size <= 120
+  assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2, 3)
+  assert tokenizer.pieces([0, 1, 2, 3]) == ["<pad>", "<unk>", "<s>", "</s>"]
+  # Unknown characters get <unk>, never padding (the Flax example maps them onto pad).
+  ids = tokenizer.encode("Zebra ☃")
+  assert tok_lib.UNK_ID in ids and tok_lib.PAD_ID not in ids
+  assert 4 <= min(tokenizer.encode(TEXTS[0]))
+  assert tokenizer.vocab_size <= 120
 
 
 def test_round_trip(tokenizer):
-    for text in set(TEXTS) | {"Kühe 272 und 7, Äpfel.", "a b  c"}:
-        ids = tokenizer.encode(text)
-        assert tok_lib.EOS_ID not in ids and tok_lib.BOS_ID not in ids
-        expected = " ".join(text.split())  # SentencePiece collapses repeated spaces.
-        assert tokenizer.decode(ids) == expected
-    # decode stops at eos and skips pad and bos.
-    ids = tokenizer.encode(TEXTS[0])
-    assert tokenizer.decode([2] + ids + [3] + ids + [0, 0]) == TEXTS[0]
-    assert tokenizer.encode_batch(TEXTS[:2]) == [tokenizer.encode(t) for t in TEXTS[:2]]
+  for text in set(TEXTS) | {"Kühe 272 und 7, Äpfel.", "a b  c"}:
+    ids = tokenizer.encode(text)
+    assert tok_lib.EOS_ID not in ids and tok_lib.BOS_ID not in ids
+    expected = " ".join(text.split())  # SentencePiece collapses repeated spaces.
+    assert tokenizer.decode(ids) == expected
+  # decode stops at eos and skips pad and bos.
+  ids = tokenizer.encode(TEXTS[0])
+  assert tokenizer.decode([2] + ids + [3] + ids + [0, 0]) == TEXTS[0]
+  assert tokenizer.encode_batch(TEXTS[:2]) == [tokenizer.encode(t) for t in TEXTS[:2]]
 
 
 def test_digits_are_split(tokenizer):
-    assert tokenizer.pieces(tokenizer.encode("277"))[-3:] == ["2", "7", "7"]
+  assert tokenizer.pieces(tokenizer.encode("277"))[-3:] == ["2", "7", "7"]
 
 
 def test_reused_not_retrained_and_picklable(tokenizer, tmp_path):
-    calls = []
-    again = tok_lib.load_or_train(tokenizer.path, lambda: calls.append(1) or TEXTS,
-                                  vocab_size=120)
-    assert not calls and again.encode(TEXTS[1]) == tokenizer.encode(TEXTS[1])
-    clone = pickle.loads(pickle.dumps(tokenizer))
-    assert clone.encode(TEXTS[2]) == tokenizer.encode(TEXTS[2])
-    fresh = tmp_path / "new" / "spm.model"
-    made = tok_lib.load_or_train(str(fresh), lambda: calls.append(1) or TEXTS, vocab_size=100)
-    assert calls == [1] and os.path.exists(fresh) and made.vocab_size <= 100
-    assert [p for p in os.listdir(fresh.parent) if p.startswith("tmp")] == []  # No leftovers.
+  calls = []
+  again = tok_lib.load_or_train(tokenizer.path, lambda: calls.append(1) or TEXTS,
+                                vocab_size=120)
+  assert not calls and again.encode(TEXTS[1]) == tokenizer.encode(TEXTS[1])
+  clone = pickle.loads(pickle.dumps(tokenizer))
+  assert clone.encode(TEXTS[2]) == tokenizer.encode(TEXTS[2])
+  fresh = tmp_path / "new" / "spm.model"
+  made = tok_lib.load_or_train(str(fresh), lambda: calls.append(1) or TEXTS, vocab_size=100)
+  assert calls == [1] and os.path.exists(fresh) and made.vocab_size <= 100
+  assert [p for p in os.listdir(fresh.parent) if p.startswith("tmp")] == []  # No leftovers.

@@ -9,59 +9,59 @@ from transformer_jax.data import default_data_config, get_data, validate
 @pytest.mark.parametrize("dataset, source_lang, target_lang", [
     ("wmt14", "en", "de"), ("wmt14", "de", "en"), ("wmt17", "en", "de")])
 def test_wmt_through_mock_data(tmp_path, dataset, source_lang, target_lang):
-    c = default_data_config()
-    c.dataset, c.source_lang, c.target_lang = dataset, source_lang, target_lang
-    c.data_dir, c.vocab_size, c.batch_size = str(tmp_path / "tfds"), 100, 8
-    with tfds.testing.mock_data(num_examples=40):
-        data = get_data(c, str(tmp_path / "work"))
-        examples = data.raw_examples("train")
-        assert len(examples) == 40
-        record = data.sources["train"][0]
-        assert set(record) == {"de", "en"}
-        source, target = examples[0]
-        assert isinstance(source, str) and isinstance(target, str)
-        batch = next(iter(data.train_dataset()))
-        assert batch["inputs"].shape == (8, 64)
-        assert (batch["targets_segmentation"] > 0).any()
-        evals = list(data.eval_batches("test"))
-        assert sum(b["num_real"] for b in evals) == 40
-    # The direction is the config's: the source text is the source language's field.
-    assert {s for s, _ in examples} == {
-        r[source_lang] if isinstance(r[source_lang], str) else r[source_lang].decode()
-        for r in [data.sources["train"][i] for i in range(40)]}
+  c = default_data_config()
+  c.dataset, c.source_lang, c.target_lang = dataset, source_lang, target_lang
+  c.data_dir, c.vocab_size, c.batch_size = str(tmp_path / "tfds"), 100, 8
+  with tfds.testing.mock_data(num_examples=40):
+    data = get_data(c, str(tmp_path / "work"))
+    examples = data.raw_examples("train")
+    assert len(examples) == 40
+    record = data.sources["train"][0]
+    assert set(record) == {"de", "en"}
+    source, target = examples[0]
+    assert isinstance(source, str) and isinstance(target, str)
+    batch = next(iter(data.train_dataset()))
+    assert batch["inputs"].shape == (8, 64)
+    assert (batch["targets_segmentation"] > 0).any()
+    evals = list(data.eval_batches("test"))
+    assert sum(b["num_real"] for b in evals) == 40
+  # The direction is the config's: the source text is the source language's field.
+  assert {s for s, _ in examples} == {
+      r[source_lang] if isinstance(r[source_lang], str) else r[source_lang].decode()
+      for r in [data.sources["train"][i] for i in range(40)]}
 
 
 def test_tsv_and_aligned_files(tmp_path):
-    lines = [(f"source sentence {i}", f"Zielsatz {i}") for i in range(400)]
-    (tmp_path / "corpus.tsv").write_text(
-        "".join(f"{s}\t{t}\n" for s, t in lines) + "\n", encoding="utf-8")
-    (tmp_path / "src.txt").write_text("".join(s + "\n" for s, _ in lines), encoding="utf-8")
-    (tmp_path / "tgt.txt").write_text("".join(t + "\n" for _, t in lines), encoding="utf-8")
-    results = []
-    for paths in ({"tsv_path": str(tmp_path / "corpus.tsv")},
-                  {"source_path": str(tmp_path / "src.txt"),
-                   "target_path": str(tmp_path / "tgt.txt")}):
-        c = default_data_config()
-        c.dataset, c.data_dir, c.vocab_size = "text", str(tmp_path / "tfds"), 100
-        c.held_out_per_mille = 100
-        for key, value in paths.items():
-            c[key] = value
-        data = get_data(c, str(tmp_path / f"work{len(results)}"))
-        splits = {s: data.raw_examples(s) for s in ("train", "validation", "test")}
-        assert sorted(sum(splits.values(), [])) == sorted(lines)
-        assert not {s for s, _ in splits["train"]} & {s for s, _ in splits["test"]}
-        results.append(splits)
-    assert results[0] == results[1]  # Same pairs, same hash split, whichever input format.
+  lines = [(f"source sentence {i}", f"Zielsatz {i}") for i in range(400)]
+  (tmp_path / "corpus.tsv").write_text(
+      "".join(f"{s}\t{t}\n" for s, t in lines) + "\n", encoding="utf-8")
+  (tmp_path / "src.txt").write_text("".join(s + "\n" for s, _ in lines), encoding="utf-8")
+  (tmp_path / "tgt.txt").write_text("".join(t + "\n" for _, t in lines), encoding="utf-8")
+  results = []
+  for paths in ({"tsv_path": str(tmp_path / "corpus.tsv")},
+                {"source_path": str(tmp_path / "src.txt"),
+                 "target_path": str(tmp_path / "tgt.txt")}):
+    c = default_data_config()
+    c.dataset, c.data_dir, c.vocab_size = "text", str(tmp_path / "tfds"), 100
+    c.held_out_per_mille = 100
+    for key, value in paths.items():
+      c[key] = value
+    data = get_data(c, str(tmp_path / f"work{len(results)}"))
+    splits = {s: data.raw_examples(s) for s in ("train", "validation", "test")}
+    assert sorted(sum(splits.values(), [])) == sorted(lines)
+    assert not {s for s, _ in splits["train"]} & {s for s, _ in splits["test"]}
+    results.append(splits)
+  assert results[0] == results[1]  # Same pairs, same hash split, whichever input format.
 
 
 def test_aligned_files_must_align(tmp_path):
-    (tmp_path / "a").write_text("one\ntwo\n")
-    (tmp_path / "b").write_text("eins\n")
-    c = default_data_config()
-    c.dataset, c.data_dir = "text", str(tmp_path / "tfds")
-    c.source_path, c.target_path = str(tmp_path / "a"), str(tmp_path / "b")
-    with pytest.raises(ValueError, match="line-aligned"):
-        get_data(c, str(tmp_path / "work"))
+  (tmp_path / "a").write_text("one\ntwo\n")
+  (tmp_path / "b").write_text("eins\n")
+  c = default_data_config()
+  c.dataset, c.data_dir = "text", str(tmp_path / "tfds")
+  c.source_path, c.target_path = str(tmp_path / "a"), str(tmp_path / "b")
+  with pytest.raises(ValueError, match="line-aligned"):
+    get_data(c, str(tmp_path / "work"))
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -72,26 +72,26 @@ def test_aligned_files_must_align(tmp_path):
     ("target_lang", "en", "both 'en'"),
 ])
 def test_validation_names_the_field(field, value, message):
-    c = default_data_config()
-    c[field] = value
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        validate(c)
+  c = default_data_config()
+  c[field] = value
+  with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+    validate(c)
 
 
 def test_text_needs_paths():
-    c = default_data_config()
-    c.dataset = "text"
-    with pytest.raises(ValueError, match="data.tsv_path"):
-        validate(c)
+  c = default_data_config()
+  c.dataset = "text"
+  with pytest.raises(ValueError, match="data.tsv_path"):
+    validate(c)
 
 
 def test_batch_tokens_sets_rows(tmp_path):
-    c = default_data_config()
-    c.data_dir, c.numbers_train_size, c.numbers_eval_size = str(tmp_path), 1200, 50
-    c.vocab_size, c.batch_tokens = 300, 2048  # 2048 // 64 = 32 rows, 16 per process.
-    data = get_data(c, str(tmp_path / "work"), process_index=1, process_count=2)
-    assert (data.global_rows, data.rows_per_process) == (32, 16)
-    assert next(iter(data.train_dataset()))["inputs"].shape == (16, 64)
-    with pytest.raises(ValueError, match="do not split over 3 processes"):
-        get_data(c, str(tmp_path / "work"), process_index=0, process_count=3)
-    assert np.all(np.asarray(data.tokenizer.encode("2")) > 3)
+  c = default_data_config()
+  c.data_dir, c.numbers_train_size, c.numbers_eval_size = str(tmp_path), 1200, 50
+  c.vocab_size, c.batch_tokens = 300, 2048  # 2048 // 64 = 32 rows, 16 per process.
+  data = get_data(c, str(tmp_path / "work"), process_index=1, process_count=2)
+  assert (data.global_rows, data.rows_per_process) == (32, 16)
+  assert next(iter(data.train_dataset()))["inputs"].shape == (16, 64)
+  with pytest.raises(ValueError, match="do not split over 3 processes"):
+    get_data(c, str(tmp_path / "work"), process_index=0, process_count=3)
+  assert np.all(np.asarray(data.tokenizer.encode("2")) > 3)

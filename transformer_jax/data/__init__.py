@@ -28,88 +28,88 @@ __all__ = ["Data", "get_data", "default_data_config", "validate", "Tokenizer", "
 
 
 def global_rows(c) -> int:
-    """Rows per global batch: batch_tokens // longest row length when batch_tokens > 0."""
-    if c.batch_tokens > 0:
-        return max(1, c.batch_tokens // max(c.max_source_len, c.max_target_len))
-    return c.batch_size
+  """Rows per global batch: batch_tokens // longest row length when batch_tokens > 0."""
+  if c.batch_tokens > 0:
+    return max(1, c.batch_tokens // max(c.max_source_len, c.max_target_len))
+  return c.batch_size
 
 
 class Data:
-    """The datasets, tokenizer and batch streams of one run (see `get_data`)."""
+  """The datasets, tokenizer and batch streams of one run (see `get_data`)."""
 
-    def __init__(self, data_config, workdir: str, *, process_index: int = 0,
-                 process_count: int = 1):
-        validate(data_config)
-        if not 0 <= process_index < process_count:
-            raise ValueError(f"process_index={process_index} not in [0, {process_count})")
-        self.config = data_config
-        self.process_index, self.process_count = process_index, process_count
-        self.global_rows = global_rows(data_config)
-        if self.global_rows % process_count:
-            raise ValueError(f"{self.global_rows} rows per global batch (data.batch_size or "
-                             f"data.batch_tokens) do not split over {process_count} processes")
-        self.rows_per_process = self.global_rows // process_count
-        from transformer_jax.data import datasets
-        self.sources = datasets.load_sources(data_config)
-        self._raw: dict[str, list[tuple[str, str]]] = {}
-        path = data_config.vocab_path or os.path.join(workdir, "spm.model")
-        self.tokenizer = tokenizer_lib.load_or_train(
-            path, self._vocab_texts, vocab_size=data_config.vocab_size,
-            model_type=data_config.vocab_model_type, max_chars=data_config.vocab_max_chars,
-            split_digits=data_config.vocab_split_digits,
-            byte_fallback=data_config.vocab_byte_fallback, seed=data_config.shuffle_seed)
+  def __init__(self, data_config, workdir: str, *, process_index: int = 0,
+               process_count: int = 1):
+    validate(data_config)
+    if not 0 <= process_index < process_count:
+      raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+    self.config = data_config
+    self.process_index, self.process_count = process_index, process_count
+    self.global_rows = global_rows(data_config)
+    if self.global_rows % process_count:
+      raise ValueError(f"{self.global_rows} rows per global batch (data.batch_size or "
+                       f"data.batch_tokens) do not split over {process_count} processes")
+    self.rows_per_process = self.global_rows // process_count
+    from transformer_jax.data import datasets
+    self.sources = datasets.load_sources(data_config)
+    self._raw: dict[str, list[tuple[str, str]]] = {}
+    path = data_config.vocab_path or os.path.join(workdir, "spm.model")
+    self.tokenizer = tokenizer_lib.load_or_train(
+        path, self._vocab_texts, vocab_size=data_config.vocab_size,
+        model_type=data_config.vocab_model_type, max_chars=data_config.vocab_max_chars,
+        split_digits=data_config.vocab_split_digits,
+        byte_fallback=data_config.vocab_byte_fallback, seed=data_config.shuffle_seed)
 
-    def _vocab_texts(self) -> list[str]:
-        """A seeded sample of training sources and targets within the character budget."""
-        from transformer_jax.data import datasets
-        c, source = self.config, self.sources["train"]
-        order = np.random.default_rng(c.shuffle_seed).permutation(len(source))
-        texts, chars = [], 0
-        for start in range(0, len(order), 1024):
-            for example in datasets.get_items(source, order[start:start + 1024].tolist()):
-                for lang in (c.source_lang, c.target_lang):
-                    texts.append(datasets.as_text(example[lang]))
-                    chars += len(texts[-1])
-            if chars >= c.vocab_max_chars:
-                break
-        return texts
+  def _vocab_texts(self) -> list[str]:
+    """A seeded sample of training sources and targets within the character budget."""
+    from transformer_jax.data import datasets
+    c, source = self.config, self.sources["train"]
+    order = np.random.default_rng(c.shuffle_seed).permutation(len(source))
+    texts, chars = [], 0
+    for start in range(0, len(order), 1024):
+      for example in datasets.get_items(source, order[start:start + 1024].tolist()):
+        for lang in (c.source_lang, c.target_lang):
+          texts.append(datasets.as_text(example[lang]))
+          chars += len(texts[-1])
+      if chars >= c.vocab_max_chars:
+        break
+    return texts
 
-    def train_dataset(self):
-        """The endless, resumable grain IterDataset of this process's training batches."""
-        from transformer_jax.data import pipeline
-        return pipeline.train_dataset(self.sources["train"], self.tokenizer, self.config,
-                                      rows=self.rows_per_process,
-                                      process_index=self.process_index,
-                                      process_count=self.process_count)
+  def train_dataset(self):
+    """The endless, resumable grain IterDataset of this process's training batches."""
+    from transformer_jax.data import pipeline
+    return pipeline.train_dataset(self.sources["train"], self.tokenizer, self.config,
+                                  rows=self.rows_per_process,
+                                  process_index=self.process_index,
+                                  process_count=self.process_count)
 
-    def resharded_state(self, states: list[dict]) -> dict:
-        """This process's train iterator state from those saved by a run with another number
-        of processes (`states[i]` is old process i's): see `pipeline.resharded_state`."""
-        from transformer_jax.data import pipeline
-        return pipeline.resharded_state(states, len(self.sources["train"]), self.process_index,
-                                        self.process_count)
+  def resharded_state(self, states: list[dict]) -> dict:
+    """This process's train iterator state from those saved by a run with another number
+    of processes (`states[i]` is old process i's): see `pipeline.resharded_state`."""
+    from transformer_jax.data import pipeline
+    return pipeline.resharded_state(states, len(self.sources["train"]), self.process_index,
+                                    self.process_count)
 
-    def raw_examples(self, split: str) -> list[tuple[str, str]]:
-        """All (source, target) strings of a split, in the stored order."""
-        from transformer_jax.data import datasets
-        if split not in self._raw:
-            source, c = self.sources[split], self.config
-            examples = datasets.get_items(source, list(range(len(source))))
-            self._raw[split] = [(datasets.as_text(e[c.source_lang]),
-                                 datasets.as_text(e[c.target_lang])) for e in examples]
-        return self._raw[split]
+  def raw_examples(self, split: str) -> list[tuple[str, str]]:
+    """All (source, target) strings of a split, in the stored order."""
+    from transformer_jax.data import datasets
+    if split not in self._raw:
+      source, c = self.sources[split], self.config
+      examples = datasets.get_items(source, list(range(len(source))))
+      self._raw[split] = [(datasets.as_text(e[c.source_lang]),
+                           datasets.as_text(e[c.target_lang])) for e in examples]
+    return self._raw[split]
 
-    def eval_batches(self, split: str):
-        """Every pair of `split` ("validation" or "test") in padded batches; identical on all
-        processes (global batches of data.eval_batch_size rows; shard them in the loop)."""
-        if split not in ("validation", "test"):
-            raise ValueError(f"eval_batches({split!r}): expected 'validation' or 'test'")
-        from transformer_jax.data import pipeline
-        return pipeline.eval_batches(self.raw_examples(split), self.tokenizer,
-                                     batch_size=self.config.eval_batch_size,
-                                     min_len=self.config.eval_max_len)
+  def eval_batches(self, split: str):
+    """Every pair of `split` ("validation" or "test") in padded batches; identical on all
+    processes (global batches of data.eval_batch_size rows; shard them in the loop)."""
+    if split not in ("validation", "test"):
+      raise ValueError(f"eval_batches({split!r}): expected 'validation' or 'test'")
+    from transformer_jax.data import pipeline
+    return pipeline.eval_batches(self.raw_examples(split), self.tokenizer,
+                                 batch_size=self.config.eval_batch_size,
+                                 min_len=self.config.eval_max_len)
 
 
 def get_data(data_config, workdir: str, *, process_index: int = 0, process_count: int = 1) -> Data:
-    """Builds (once) the dataset, loads or trains the tokenizer in `workdir`, returns `Data`."""
-    return Data(data_config, workdir, process_index=process_index, process_count=process_count)
+  """Builds (once) the dataset, loads or trains the tokenizer in `workdir`, returns `Data`."""
+  return Data(data_config, workdir, process_index=process_index, process_count=process_count)

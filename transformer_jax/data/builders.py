@@ -27,174 +27,174 @@ SPLITS = ("train", "validation", "test")
 
 
 def split_of(source: str, held_out_per_mille: int) -> str:
-    """validation / test / train by a hash of the source: a source never changes split."""
-    return numbers.split_of(source, held_out_per_mille)
+  """validation / test / train by a hash of the source: a source never changes split."""
+  return numbers.split_of(source, held_out_per_mille)
 
 
 def split_pairs(pairs, held_out_per_mille: int) -> dict[str, list[tuple[str, str]]]:
-    out = {split: [] for split in SPLITS}
-    for source, target in pairs:
-        out[split_of(source, held_out_per_mille)].append((source, target))
-    return out
+  out = {split: [] for split in SPLITS}
+  for source, target in pairs:
+    out[split_of(source, held_out_per_mille)].append((source, target))
+  return out
 
 
 def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
+  return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def _file_signature(path: str) -> list:
-    stat = os.stat(path)
-    return [os.path.abspath(path), stat.st_size, stat.st_mtime_ns]
+  stat = os.stat(path)
+  return [os.path.abspath(path), stat.st_size, stat.st_mtime_ns]
 
 
 @dataclasses.dataclass
 class PairsConfig(tfds.core.BuilderConfig):
-    """The parameters of one corpus; `name` must be unique per parameter set (see `make`)."""
-    source_lang: str = "en"
-    target_lang: str = "de"
-    params: dict = dataclasses.field(default_factory=dict)
+  """The parameters of one corpus; `name` must be unique per parameter set (see `make`)."""
+  source_lang: str = "en"
+  target_lang: str = "de"
+  params: dict = dataclasses.field(default_factory=dict)
 
 
 class _PairsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """A builder whose subclass returns {split: [(source, target)]} from `_pairs`."""
+  """A builder whose subclass returns {split: [(source, target)]} from `_pairs`."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    DESCRIPTION = ""
+  VERSION = tfds.core.Version("1.0.0")
+  DESCRIPTION = ""
 
-    def _pairs(self) -> dict[str, list[tuple[str, str]]]:
-        raise NotImplementedError
+  def _pairs(self) -> dict[str, list[tuple[str, str]]]:
+    raise NotImplementedError
 
-    def _info(self):
-        config = self.builder_config
-        return tfds.core.DatasetInfo(
-            builder=self, description=self.DESCRIPTION,
-            features=tfds.features.Translation(languages=(config.source_lang, config.target_lang)),
-            supervised_keys=(config.source_lang, config.target_lang),
-            metadata=tfds.core.MetadataDict(params=config.params))
+  def _info(self):
+    config = self.builder_config
+    return tfds.core.DatasetInfo(
+        builder=self, description=self.DESCRIPTION,
+        features=tfds.features.Translation(languages=(config.source_lang, config.target_lang)),
+        supervised_keys=(config.source_lang, config.target_lang),
+        metadata=tfds.core.MetadataDict(params=config.params))
 
-    def _split_generators(self, dl_manager):
-        del dl_manager  # Everything is on the machine already.
-        pairs = self._pairs()
-        return {split: self._generate_examples(pairs[split]) for split in SPLITS}
+  def _split_generators(self, dl_manager):
+    del dl_manager  # Everything is on the machine already.
+    pairs = self._pairs()
+    return {split: self._generate_examples(pairs[split]) for split in SPLITS}
 
-    def _generate_examples(self, pairs):
-        config = self.builder_config
-        for i, (source, target) in enumerate(pairs):
-            yield i, {config.source_lang: source, config.target_lang: target}
+  def _generate_examples(self, pairs):
+    config = self.builder_config
+    for i, (source, target) in enumerate(pairs):
+      yield i, {config.source_lang: source, config.target_lang: target}
 
 
 class NumbersTranslate(_PairsBuilder):
-    """The built-in English-German task of `numbers.py`."""
-    name = "numbers_translate"
-    DESCRIPTION = "Synthetic English-German sentences with numbers, dates and times."
+  """The built-in English-German task of `numbers.py`."""
+  name = "numbers_translate"
+  DESCRIPTION = "Synthetic English-German sentences with numbers, dates and times."
 
-    def _pairs(self):
-        p = self.builder_config.params
-        pairs = numbers.generate_pairs(p["num_train"], p["num_validation"], p["num_test"],
-                                       p["seed"], reverse=self.builder_config.source_lang == "de")
-        return pairs
+  def _pairs(self):
+    p = self.builder_config.params
+    pairs = numbers.generate_pairs(p["num_train"], p["num_validation"], p["num_test"],
+                                   p["seed"], reverse=self.builder_config.source_lang == "de")
+    return pairs
 
 
 class LocaleTranslate(_PairsBuilder):
-    """Software messages from gettext catalogs (see `locale.py` for the cleaning rules)."""
-    name = "locale_translate"
-    DESCRIPTION = "English-X pairs from /usr/share/locale/<lang>/LC_MESSAGES/*.mo."
+  """Software messages from gettext catalogs (see `locale.py` for the cleaning rules)."""
+  name = "locale_translate"
+  DESCRIPTION = "English-X pairs from /usr/share/locale/<lang>/LC_MESSAGES/*.mo."
 
-    def _pairs(self):
-        config = self.builder_config
-        p = config.params
-        pairs, _ = locale.locale_pairs(p["locale_dir"], p["lang"], reverse=p["reverse"],
-                                       include_ding=p["include_ding"], ding_path=p["ding_path"])
-        return split_pairs(pairs, p["held_out_per_mille"])
+  def _pairs(self):
+    config = self.builder_config
+    p = config.params
+    pairs, _ = locale.locale_pairs(p["locale_dir"], p["lang"], reverse=p["reverse"],
+                                   include_ding=p["include_ding"], ding_path=p["ding_path"])
+    return split_pairs(pairs, p["held_out_per_mille"])
 
 
 class TextTranslate(_PairsBuilder):
-    """A user corpus: one TSV file (source<TAB>target) or two line-aligned files."""
-    name = "text_translate"
-    DESCRIPTION = "Parallel text from user files."
+  """A user corpus: one TSV file (source<TAB>target) or two line-aligned files."""
+  name = "text_translate"
+  DESCRIPTION = "Parallel text from user files."
 
-    def _pairs(self):
-        p = self.builder_config.params
-        return split_pairs(read_parallel_text(p["tsv_path"], p["source_path"], p["target_path"]),
-                           p["held_out_per_mille"])
+  def _pairs(self):
+    p = self.builder_config.params
+    return split_pairs(read_parallel_text(p["tsv_path"], p["source_path"], p["target_path"]),
+                       p["held_out_per_mille"])
 
 
 def read_parallel_text(tsv_path: str | None, source_path: str | None,
                        target_path: str | None) -> list[tuple[str, str]]:
-    """Pairs from a TSV or two aligned files; blank pairs dropped, the first pair per source kept."""
-    if tsv_path:
-        with open(tsv_path, encoding="utf-8") as f:
-            rows = [line.rstrip("\n").split("\t") for line in f]
-        bad = [i + 1 for i, row in enumerate(rows) if len(row) != 2 and any(c.strip() for c in row)]
-        if bad:
-            raise ValueError(f"{tsv_path}: lines {bad[:5]} do not have exactly 2 tab-separated "
-                             f"fields (source<TAB>target)")
-        raw = [(row[0], row[1]) for row in rows if len(row) == 2]
-    else:
-        with open(source_path, encoding="utf-8") as f:
-            sources = f.read().splitlines()
-        with open(target_path, encoding="utf-8") as f:
-            targets = f.read().splitlines()
-        if len(sources) != len(targets):
-            raise ValueError(f"{source_path} has {len(sources)} lines but {target_path} has "
-                             f"{len(targets)}: the files must be line-aligned")
-        raw = list(zip(sources, targets))
-    seen, pairs = set(), []
-    for source, target in raw:
-        source, target = " ".join(source.split()), " ".join(target.split())
-        if source and target and source not in seen:
-            seen.add(source)
-            pairs.append((source, target))
-    return pairs
+  """Pairs from a TSV or two aligned files; blank pairs dropped, the first pair per source kept."""
+  if tsv_path:
+    with open(tsv_path, encoding="utf-8") as f:
+      rows = [line.rstrip("\n").split("\t") for line in f]
+    bad = [i + 1 for i, row in enumerate(rows) if len(row) != 2 and any(c.strip() for c in row)]
+    if bad:
+      raise ValueError(f"{tsv_path}: lines {bad[:5]} do not have exactly 2 tab-separated "
+                       f"fields (source<TAB>target)")
+    raw = [(row[0], row[1]) for row in rows if len(row) == 2]
+  else:
+    with open(source_path, encoding="utf-8") as f:
+      sources = f.read().splitlines()
+    with open(target_path, encoding="utf-8") as f:
+      targets = f.read().splitlines()
+    if len(sources) != len(targets):
+      raise ValueError(f"{source_path} has {len(sources)} lines but {target_path} has "
+                       f"{len(targets)}: the files must be line-aligned")
+    raw = list(zip(sources, targets))
+  seen, pairs = set(), []
+  for source, target in raw:
+    source, target = " ".join(source.split()), " ".join(target.split())
+    if source and target and source not in seen:
+      seen.add(source)
+      pairs.append((source, target))
+  return pairs
 
 
 def make_builder(data_config, data_dir: str) -> _PairsBuilder:
-    """The builder for `data_config.dataset` in {'numbers', 'locale', 'text'}."""
-    c = data_config
-    src, tgt = c.source_lang, c.target_lang
-    if c.dataset == "numbers":
-        cls = NumbersTranslate
-        params = {"num_train": c.numbers_train_size, "num_validation": c.numbers_eval_size,
-                  "num_test": c.numbers_eval_size, "seed": c.numbers_seed}
-        if {src, tgt} != {"en", "de"}:
-            raise ValueError(f"data.dataset='numbers' is English-German: got "
-                             f"data.source_lang={src!r}, data.target_lang={tgt!r}")
-    elif c.dataset == "locale":
-        cls = LocaleTranslate
-        if src == "en":
-            lang, reverse = tgt, False
-        elif tgt == "en":
-            lang, reverse = src, True
-        else:
-            raise ValueError(f"data.dataset='locale' pairs English with one language: got "
-                             f"data.source_lang={src!r}, data.target_lang={tgt!r}")
-        locale_dir = c.locale_dir or locale.DEFAULT_LOCALE_DIR
-        catalogs = locale.catalog_paths(locale_dir, lang)
-        if not catalogs:
-            raise FileNotFoundError(locale.missing_catalogs_message(locale_dir, lang))
-        ding_path = c.locale_ding_path or locale.DEFAULT_DING_PATH
-        inputs = [_file_signature(p) for p in catalogs]
-        if c.locale_include_ding and os.path.exists(ding_path):
-            inputs.append(_file_signature(ding_path))
-        params = {"locale_dir": locale_dir, "lang": lang, "reverse": reverse,
-                  "include_ding": c.locale_include_ding, "ding_path": ding_path,
-                  "held_out_per_mille": c.held_out_per_mille, "inputs": _digest(inputs)}
-    elif c.dataset == "text":
-        cls = TextTranslate
-        paths = [c.tsv_path] if c.tsv_path else [c.source_path, c.target_path]
-        params = {"tsv_path": c.tsv_path, "source_path": c.source_path,
-                  "target_path": c.target_path, "held_out_per_mille": c.held_out_per_mille,
-                  "inputs": _digest([_file_signature(p) for p in paths])}
+  """The builder for `data_config.dataset` in {'numbers', 'locale', 'text'}."""
+  c = data_config
+  src, tgt = c.source_lang, c.target_lang
+  if c.dataset == "numbers":
+    cls = NumbersTranslate
+    params = {"num_train": c.numbers_train_size, "num_validation": c.numbers_eval_size,
+              "num_test": c.numbers_eval_size, "seed": c.numbers_seed}
+    if {src, tgt} != {"en", "de"}:
+      raise ValueError(f"data.dataset='numbers' is English-German: got "
+                       f"data.source_lang={src!r}, data.target_lang={tgt!r}")
+  elif c.dataset == "locale":
+    cls = LocaleTranslate
+    if src == "en":
+      lang, reverse = tgt, False
+    elif tgt == "en":
+      lang, reverse = src, True
     else:
-        raise ValueError(f"data.dataset={c.dataset!r} has no local builder")
-    name = f"{src}-{tgt}-{_digest(params)}"
-    config = PairsConfig(name=name, description=json.dumps(params), source_lang=src,
-                         target_lang=tgt, params=params)
-    return cls(data_dir=data_dir, config=config, file_format="array_record")
+      raise ValueError(f"data.dataset='locale' pairs English with one language: got "
+                       f"data.source_lang={src!r}, data.target_lang={tgt!r}")
+    locale_dir = c.locale_dir or locale.DEFAULT_LOCALE_DIR
+    catalogs = locale.catalog_paths(locale_dir, lang)
+    if not catalogs:
+      raise FileNotFoundError(locale.missing_catalogs_message(locale_dir, lang))
+    ding_path = c.locale_ding_path or locale.DEFAULT_DING_PATH
+    inputs = [_file_signature(p) for p in catalogs]
+    if c.locale_include_ding and os.path.exists(ding_path):
+      inputs.append(_file_signature(ding_path))
+    params = {"locale_dir": locale_dir, "lang": lang, "reverse": reverse,
+              "include_ding": c.locale_include_ding, "ding_path": ding_path,
+              "held_out_per_mille": c.held_out_per_mille, "inputs": _digest(inputs)}
+  elif c.dataset == "text":
+    cls = TextTranslate
+    paths = [c.tsv_path] if c.tsv_path else [c.source_path, c.target_path]
+    params = {"tsv_path": c.tsv_path, "source_path": c.source_path,
+              "target_path": c.target_path, "held_out_per_mille": c.held_out_per_mille,
+              "inputs": _digest([_file_signature(p) for p in paths])}
+  else:
+    raise ValueError(f"data.dataset={c.dataset!r} has no local builder")
+  name = f"{src}-{tgt}-{_digest(params)}"
+  config = PairsConfig(name=name, description=json.dumps(params), source_lang=src,
+                       target_lang=tgt, params=params)
+  return cls(data_dir=data_dir, config=config, file_format="array_record")
 
 
 def prepare(builder) -> None:
-    """Builds the dataset once; concurrent callers wait for the first one and reuse its files."""
-    lock = os.path.join(builder.data_dir_root, f".{builder.name}-{builder.builder_config.name}.lock")
-    with file_lock(lock):
-        builder.download_and_prepare(file_format="array_record")
+  """Builds the dataset once; concurrent callers wait for the first one and reuse its files."""
+  lock = os.path.join(builder.data_dir_root, f".{builder.name}-{builder.builder_config.name}.lock")
+  with file_lock(lock):
+    builder.download_and_prepare(file_format="array_record")

@@ -15,112 +15,112 @@ VOCAB_MODEL_TYPES = ("unigram", "bpe")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    # Which corpus: "numbers" (built in, synthetic), "locale" (gettext catalogs of this machine),
-    # "text" (your TSV or aligned files), "wmt14" / "wmt17" (TFDS WMT de-en, needs internet once).
-    c.dataset = "numbers"
-    # Translation direction as language codes; swap them for German to English.
-    c.source_lang = "en"
-    c.target_lang = "de"
-    # Where TFDS builds and finds datasets; None: $TFDS_DATA_DIR or ~/tensorflow_datasets.
-    c.data_dir = ml_collections.config_dict.placeholder(str)
-    # Percent-mille of sources hashed into validation and into test each ("locale", "text").
-    c.held_out_per_mille = 30
+  c = ml_collections.ConfigDict()
+  # Which corpus: "numbers" (built in, synthetic), "locale" (gettext catalogs of this machine),
+  # "text" (your TSV or aligned files), "wmt14" / "wmt17" (TFDS WMT de-en, needs internet once).
+  c.dataset = "numbers"
+  # Translation direction as language codes; swap them for German to English.
+  c.source_lang = "en"
+  c.target_lang = "de"
+  # Where TFDS builds and finds datasets; None: $TFDS_DATA_DIR or ~/tensorflow_datasets.
+  c.data_dir = ml_collections.config_dict.placeholder(str)
+  # Percent-mille of sources hashed into validation and into test each ("locale", "text").
+  c.held_out_per_mille = 30
 
-    # "numbers": sentences per split and the generator's seed (the data is a function of these).
-    c.numbers_train_size = 50_000
-    c.numbers_eval_size = 1_000  # Validation and test each.
-    c.numbers_seed = 0
+  # "numbers": sentences per split and the generator's seed (the data is a function of these).
+  c.numbers_train_size = 50_000
+  c.numbers_eval_size = 1_000  # Validation and test each.
+  c.numbers_seed = 0
 
-    # "locale": root holding <lang>/LC_MESSAGES/*.mo; None: /usr/share/locale.
-    c.locale_dir = ml_collections.config_dict.placeholder(str)
-    # Add the Ding dictionary's phrase pairs (Debian package trans-de-en; German only).
-    c.locale_include_ding = False
-    # The Ding file; None: /usr/share/trans/de-en.
-    c.locale_ding_path = ml_collections.config_dict.placeholder(str)
+  # "locale": root holding <lang>/LC_MESSAGES/*.mo; None: /usr/share/locale.
+  c.locale_dir = ml_collections.config_dict.placeholder(str)
+  # Add the Ding dictionary's phrase pairs (Debian package trans-de-en; German only).
+  c.locale_include_ding = False
+  # The Ding file; None: /usr/share/trans/de-en.
+  c.locale_ding_path = ml_collections.config_dict.placeholder(str)
 
-    # "text": one TSV file (source<TAB>target per line) or two line-aligned files.
-    c.tsv_path = ml_collections.config_dict.placeholder(str)
-    c.source_path = ml_collections.config_dict.placeholder(str)
-    c.target_path = ml_collections.config_dict.placeholder(str)
+  # "text": one TSV file (source<TAB>target per line) or two line-aligned files.
+  c.tsv_path = ml_collections.config_dict.placeholder(str)
+  c.source_path = ml_collections.config_dict.placeholder(str)
+  c.target_path = ml_collections.config_dict.placeholder(str)
 
-    # SentencePiece vocabulary, joint for source and target, trained on the training split.
-    c.vocab_size = 2_000  # An upper bound: a small corpus gets what it supports.
-    c.vocab_model_type = "bpe"  # "bpe" (as the paper for EN-DE) or "unigram".
-    c.vocab_max_chars = 10_000_000  # Character budget of the training sample (bounds its time).
-    c.vocab_split_digits = True  # One piece per digit: numbers are read compositionally.
-    c.vocab_byte_fallback = False  # Bytes for unseen characters (adds 256 pieces).
-    # Model file; None: <workdir>/spm.model, trained on first use and reused on resume.
-    c.vocab_path = ml_collections.config_dict.placeholder(str)
+  # SentencePiece vocabulary, joint for source and target, trained on the training split.
+  c.vocab_size = 2_000  # An upper bound: a small corpus gets what it supports.
+  c.vocab_model_type = "bpe"  # "bpe" (as the paper for EN-DE) or "unigram".
+  c.vocab_max_chars = 10_000_000  # Character budget of the training sample (bounds its time).
+  c.vocab_split_digits = True  # One piece per digit: numbers are read compositionally.
+  c.vocab_byte_fallback = False  # Bytes for unseen characters (adds 256 pieces).
+  # Model file; None: <workdir>/spm.model, trained on first use and reused on resume.
+  c.vocab_path = ml_collections.config_dict.placeholder(str)
 
-    # Training pairs longer than these (in pieces, with eos) are dropped; they are also the
-    # length of the packed/padded rows. Evaluation never drops or truncates a sentence.
-    c.max_source_len = 64
-    c.max_target_len = 64
-    # "pack": several pairs per row with segment ids (the default, least padding);
-    # "bucket": one pair per row, rows grouped by length, one shape per bucket;
-    # "pad": one pair per row padded to the maximum length (one shape, most padding).
-    c.batching = "pack"
-    # Rows per global batch (all processes together).
-    c.batch_size = 64
-    # Tokens per global batch and side; when > 0 it wins: rows = batch_tokens // max length
-    # ("bucket": per bucket). The paper used about 25,000 source and 25,000 target tokens.
-    c.batch_tokens = 0
-    # "bucket": upper lengths of the buckets (the last is raised to the maximum length), and
-    # the multiple the rows of every bucket's batch are rounded down to (device count).
-    c.bucket_boundaries = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-    c.bucket_rows_multiple = 8
-    # Chunks of 1,024 pairs read, tokenized and packed/bucketed together. Larger windows pack
-    # better and waste less (each window's last batch may be partly empty) but use memory.
-    c.window_chunks = 16
-    # Shuffling: a full random permutation of the training split per epoch, from this seed.
-    c.shuffle_seed = 0
-    # Threads that read and tokenize examples, and batches prepared ahead in a background thread.
-    c.num_threads = 2
-    c.prefetch = 4
+  # Training pairs longer than these (in pieces, with eos) are dropped; they are also the
+  # length of the packed/padded rows. Evaluation never drops or truncates a sentence.
+  c.max_source_len = 64
+  c.max_target_len = 64
+  # "pack": several pairs per row with segment ids (the default, least padding);
+  # "bucket": one pair per row, rows grouped by length, one shape per bucket;
+  # "pad": one pair per row padded to the maximum length (one shape, most padding).
+  c.batching = "pack"
+  # Rows per global batch (all processes together).
+  c.batch_size = 64
+  # Tokens per global batch and side; when > 0 it wins: rows = batch_tokens // max length
+  # ("bucket": per bucket). The paper used about 25,000 source and 25,000 target tokens.
+  c.batch_tokens = 0
+  # "bucket": upper lengths of the buckets (the last is raised to the maximum length), and
+  # the multiple the rows of every bucket's batch are rounded down to (device count).
+  c.bucket_boundaries = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+  c.bucket_rows_multiple = 8
+  # Chunks of 1,024 pairs read, tokenized and packed/bucketed together. Larger windows pack
+  # better and waste less (each window's last batch may be partly empty) but use memory.
+  c.window_chunks = 16
+  # Shuffling: a full random permutation of the training split per epoch, from this seed.
+  c.shuffle_seed = 0
+  # Threads that read and tokenize examples, and batches prepared ahead in a background thread.
+  c.num_threads = 2
+  c.prefetch = 4
 
-    # Evaluation batches: rows per batch and the padded length (0: the longest in the split,
-    # rounded up to a multiple of 8, so one split has one shape).
-    c.eval_batch_size = 64
-    c.eval_max_len = 0
-    return c
+  # Evaluation batches: rows per batch and the padded length (0: the longest in the split,
+  # rounded up to a multiple of 8, so one split has one shape).
+  c.eval_batch_size = 64
+  c.eval_max_len = 0
+  return c
 
 
 def _check_choice(c, field, allowed):
-    value = c[field]
-    if value not in allowed:
-        raise ValueError(f"data.{field}={value!r}: expected one of {', '.join(map(repr, allowed))}")
+  value = c[field]
+  if value not in allowed:
+    raise ValueError(f"data.{field}={value!r}: expected one of {', '.join(map(repr, allowed))}")
 
 
 def _check_positive(c, field, allow_zero=False):
-    value = c[field]
-    if not isinstance(value, int) or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"data.{field}={value!r}: expected an integer {bound}")
+  value = c[field]
+  if not isinstance(value, int) or value < 0 or (value == 0 and not allow_zero):
+    bound = ">= 0" if allow_zero else "> 0"
+    raise ValueError(f"data.{field}={value!r}: expected an integer {bound}")
 
 
 def validate(c) -> None:
-    """Raises ValueError naming the first bad field and what it accepts."""
-    _check_choice(c, "dataset", DATASETS)
-    _check_choice(c, "batching", BATCHING)
-    _check_choice(c, "vocab_model_type", VOCAB_MODEL_TYPES)
-    for field in ("vocab_size", "vocab_max_chars", "max_source_len", "max_target_len",
-                  "batch_size", "eval_batch_size", "num_threads", "bucket_rows_multiple",
-                  "window_chunks", "numbers_train_size", "numbers_eval_size"):
-        _check_positive(c, field)
-    for field in ("batch_tokens", "prefetch", "eval_max_len", "shuffle_seed", "numbers_seed"):
-        _check_positive(c, field, allow_zero=True)
-    if c.source_lang == c.target_lang:
-        raise ValueError(f"data.source_lang and data.target_lang are both {c.source_lang!r}")
-    if c.dataset in ("wmt14", "wmt17") and {c.source_lang, c.target_lang} != {"en", "de"}:
-        raise ValueError(f"data.dataset={c.dataset!r} is de-en: data.source_lang/target_lang "
-                         f"must be 'en' and 'de' in either order")
-    if c.dataset == "text":
-        if bool(c.tsv_path) == bool(c.source_path or c.target_path):
-            raise ValueError("data.dataset='text': set data.tsv_path, or data.source_path and "
-                             "data.target_path (not both)")
-        if not c.tsv_path and not (c.source_path and c.target_path):
-            raise ValueError("data.dataset='text': data.source_path and data.target_path "
-                             "must both be set")
-    if not 0 < c.held_out_per_mille < 500:
-        raise ValueError(f"data.held_out_per_mille={c.held_out_per_mille!r}: expected 1..499")
+  """Raises ValueError naming the first bad field and what it accepts."""
+  _check_choice(c, "dataset", DATASETS)
+  _check_choice(c, "batching", BATCHING)
+  _check_choice(c, "vocab_model_type", VOCAB_MODEL_TYPES)
+  for field in ("vocab_size", "vocab_max_chars", "max_source_len", "max_target_len",
+                "batch_size", "eval_batch_size", "num_threads", "bucket_rows_multiple",
+                "window_chunks", "numbers_train_size", "numbers_eval_size"):
+    _check_positive(c, field)
+  for field in ("batch_tokens", "prefetch", "eval_max_len", "shuffle_seed", "numbers_seed"):
+    _check_positive(c, field, allow_zero=True)
+  if c.source_lang == c.target_lang:
+    raise ValueError(f"data.source_lang and data.target_lang are both {c.source_lang!r}")
+  if c.dataset in ("wmt14", "wmt17") and {c.source_lang, c.target_lang} != {"en", "de"}:
+    raise ValueError(f"data.dataset={c.dataset!r} is de-en: data.source_lang/target_lang "
+                     f"must be 'en' and 'de' in either order")
+  if c.dataset == "text":
+    if bool(c.tsv_path) == bool(c.source_path or c.target_path):
+      raise ValueError("data.dataset='text': set data.tsv_path, or data.source_path and "
+                       "data.target_path (not both)")
+    if not c.tsv_path and not (c.source_path and c.target_path):
+      raise ValueError("data.dataset='text': data.source_path and data.target_path "
+                       "must both be set")
+  if not 0 < c.held_out_per_mille < 500:
+    raise ValueError(f"data.held_out_per_mille={c.held_out_per_mille!r}: expected 1..499")

@@ -18,45 +18,45 @@ WMT_NAMES = {"wmt14": "wmt14_translate/de-en", "wmt17": "wmt17_translate/de-en"}
 
 
 def default_data_dir(data_config) -> str:
-    return os.path.expanduser(data_config.data_dir or os.environ.get("TFDS_DATA_DIR")
-                              or "~/tensorflow_datasets")
+  return os.path.expanduser(data_config.data_dir or os.environ.get("TFDS_DATA_DIR")
+                            or "~/tensorflow_datasets")
 
 
 def make_builder(data_config):
-    data_dir = default_data_dir(data_config)
-    if data_config.dataset in WMT_NAMES:
-        # Importing the module registers the builder with TFDS.
-        if data_config.dataset == "wmt14":
-            import tensorflow_datasets.translate.wmt14  # noqa: F401
-        else:
-            import tensorflow_datasets.translate.wmt17  # noqa: F401
-        return tfds.builder(WMT_NAMES[data_config.dataset], data_dir=data_dir,
-                            file_format="array_record")
-    return builders.make_builder(data_config, data_dir)
+  data_dir = default_data_dir(data_config)
+  if data_config.dataset in WMT_NAMES:
+    # Importing the module registers the builder with TFDS.
+    if data_config.dataset == "wmt14":
+      import tensorflow_datasets.translate.wmt14  # noqa: F401
+    else:
+      import tensorflow_datasets.translate.wmt17  # noqa: F401
+    return tfds.builder(WMT_NAMES[data_config.dataset], data_dir=data_dir,
+                        file_format="array_record")
+  return builders.make_builder(data_config, data_dir)
 
 
 def load_sources(data_config) -> dict:
-    """{split: data source} for train/validation/test, building the dataset first if needed.
+  """{split: data source} for train/validation/test, building the dataset first if needed.
 
-    Each source supports `len()`, `source[i]` and `source.__getitems__(indices)` and returns
-    `{lang: text}` with text as bytes (or str under `mock_data`).
-    """
-    builder = make_builder(data_config)
-    builders.prepare(builder)
-    return {split: builder.as_data_source(split=split) for split in SPLITS}
+  Each source supports `len()`, `source[i]` and `source.__getitems__(indices)` and returns
+  `{lang: text}` with text as bytes (or str under `mock_data`).
+  """
+  builder = make_builder(data_config)
+  builders.prepare(builder)
+  return {split: builder.as_data_source(split=split) for split in SPLITS}
 
 
 def as_text(value) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def get_items(source, keys: list[int]) -> list:
-    """Records at `keys` in one batched read where the source supports it.
+  """Records at `keys` in one batched read where the source supports it.
 
-    `tfds.testing.mock_data`'s patched sources break on `__getitems__` (a TypeError inside
-    TFDS): fall back to reading one record at a time there.
-    """
-    try:
-        return list(source.__getitems__(keys))
-    except TypeError:
-        return [source[k] for k in keys]
+  `tfds.testing.mock_data`'s patched sources break on `__getitems__` (a TypeError inside
+  TFDS): fall back to reading one record at a time there.
+  """
+  try:
+    return list(source.__getitems__(keys))
+  except TypeError:
+    return [source[k] for k in keys]

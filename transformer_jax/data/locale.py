@@ -50,159 +50,159 @@ _LETTER = re.compile(r"[^\W\d_]")
 
 
 def clean_message(text: str) -> str | None:
-    """One message after rules 3-6, or None when it is dropped."""
-    if "\n" in text or "\t" in text or "\r" in text:
-        return None
-    if _PRINTF.search(text) or _BRACE.search(text):
-        return None
-    if _OPTION.search(text) or _MARKUP.search(text):
-        return None
-    text = _ACCELERATOR.sub("", text)
-    text = " ".join(text.split())
-    if not text or not _LETTER.search(text):
-        return None
-    return text
+  """One message after rules 3-6, or None when it is dropped."""
+  if "\n" in text or "\t" in text or "\r" in text:
+    return None
+  if _PRINTF.search(text) or _BRACE.search(text):
+    return None
+  if _OPTION.search(text) or _MARKUP.search(text):
+    return None
+  text = _ACCELERATOR.sub("", text)
+  text = " ".join(text.split())
+  if not text or not _LETTER.search(text):
+    return None
+  return text
 
 
 def clean_pair(source: str, target: str, max_words: int = 50) -> tuple[str, str] | None:
-    """A (source, target) pair after rules 3-7, or None when it is dropped."""
-    if not source or not target or source == target:
-        return None
-    source, target = clean_message(source), clean_message(target)
-    if source is None or target is None or source == target:
-        return None
-    if not 1 <= len(source.split()) <= max_words or not 1 <= len(target.split()) <= max_words:
-        return None
-    longer, shorter = max(len(source), len(target)), min(len(source), len(target))
-    if longer > 10 and longer > 3 * shorter:
-        return None
-    return source, target
+  """A (source, target) pair after rules 3-7, or None when it is dropped."""
+  if not source or not target or source == target:
+    return None
+  source, target = clean_message(source), clean_message(target)
+  if source is None or target is None or source == target:
+    return None
+  if not 1 <= len(source.split()) <= max_words or not 1 <= len(target.split()) <= max_words:
+    return None
+  longer, shorter = max(len(source), len(target)), min(len(source), len(target))
+  if longer > 10 and longer > 3 * shorter:
+    return None
+  return source, target
 
 
 def catalog_paths(locale_dir: str, lang: str) -> list[str]:
-    """The .mo files of `lang`, sorted so the corpus does not depend on directory order."""
-    return sorted(glob.glob(os.path.join(locale_dir, lang, "LC_MESSAGES", "*.mo")))
+  """The .mo files of `lang`, sorted so the corpus does not depend on directory order."""
+  return sorted(glob.glob(os.path.join(locale_dir, lang, "LC_MESSAGES", "*.mo")))
 
 
 def missing_catalogs_message(locale_dir: str, lang: str) -> str:
-    return (f"No gettext catalogs found under {locale_dir}/{lang}/LC_MESSAGES/*.mo, which the "
-            f"'locale' dataset reads. Install some translated software, e.g. on Debian/Ubuntu "
-            f"`apt-get install locales-all manpages-{lang} coreutils` with translations kept "
-            f"(remove `path-exclude=/usr/share/locale/*` from /etc/dpkg/dpkg.cfg.d/excludes, "
-            f"then reinstall), point data.locale_dir at a directory with <lang>/LC_MESSAGES/*.mo, "
-            f"or choose data.dataset='numbers' (built in) or 'text' (your own corpus).")
+  return (f"No gettext catalogs found under {locale_dir}/{lang}/LC_MESSAGES/*.mo, which the "
+          f"'locale' dataset reads. Install some translated software, e.g. on Debian/Ubuntu "
+          f"`apt-get install locales-all manpages-{lang} coreutils` with translations kept "
+          f"(remove `path-exclude=/usr/share/locale/*` from /etc/dpkg/dpkg.cfg.d/excludes, "
+          f"then reinstall), point data.locale_dir at a directory with <lang>/LC_MESSAGES/*.mo, "
+          f"or choose data.dataset='numbers' (built in) or 'text' (your own corpus).")
 
 
 def read_catalog(path: str) -> Iterator[tuple[str, str]]:
-    """(msgid, msgstr) pairs of one .mo file (rule 1); raises on undecodable files."""
-    with open(path, "rb") as f:
-        catalog = gettext.GNUTranslations(f)._catalog  # The stdlib keeps no public iterator.
-    for key, value in catalog.items():
-        if isinstance(key, tuple):  # Plural entry: (msgid, index) -> form; keep the singular.
-            msgid, index = key
-            if index != 0:
-                continue
-        else:
-            msgid = key
-        msgid = msgid.split("\x04", 1)[-1]  # Drop a "context\x04" prefix.
-        if msgid and value:
-            yield msgid, value
+  """(msgid, msgstr) pairs of one .mo file (rule 1); raises on undecodable files."""
+  with open(path, "rb") as f:
+    catalog = gettext.GNUTranslations(f)._catalog  # The stdlib keeps no public iterator.
+  for key, value in catalog.items():
+    if isinstance(key, tuple):  # Plural entry: (msgid, index) -> form; keep the singular.
+      msgid, index = key
+      if index != 0:
+        continue
+    else:
+      msgid = key
+    msgid = msgid.split("\x04", 1)[-1]  # Drop a "context\x04" prefix.
+    if msgid and value:
+      yield msgid, value
 
 
 def read_catalogs(locale_dir: str, lang: str) -> list[tuple[str, str]]:
-    """Raw (English, `lang`) pairs of all catalogs of `lang` except iso_* ones (rules 1-2)."""
-    paths = catalog_paths(locale_dir, lang)
-    if not paths:
-        raise FileNotFoundError(missing_catalogs_message(locale_dir, lang))
-    pairs = []
-    for path in paths:
-        if os.path.basename(path).startswith("iso_"):
-            continue
-        try:
-            pairs.extend(read_catalog(path))
-        except (UnicodeDecodeError, OSError, LookupError, struct.error) as e:
-            logging.warning("Skipping %s: %s", path, e)
-    return pairs
+  """Raw (English, `lang`) pairs of all catalogs of `lang` except iso_* ones (rules 1-2)."""
+  paths = catalog_paths(locale_dir, lang)
+  if not paths:
+    raise FileNotFoundError(missing_catalogs_message(locale_dir, lang))
+  pairs = []
+  for path in paths:
+    if os.path.basename(path).startswith("iso_"):
+      continue
+    try:
+      pairs.extend(read_catalog(path))
+    except (UnicodeDecodeError, OSError, LookupError, struct.error) as e:
+      logging.warning("Skipping %s: %s", path, e)
+  return pairs
 
 
 def read_ding(path: str = DEFAULT_DING_PATH) -> list[tuple[str, str]]:
-    """(English, German) phrase pairs of the Ding dictionary file (`DE :: EN` lines)."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(
-            f"data.locale_include_ding=True but {path} does not exist: "
-            f"`apt-get install trans-de-en`, or set data.locale_include_ding=False")
-    annotation = re.compile(r"\{[^}]*\}|\[[^\]]*\]|\([^)]*\)")
-    pairs = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if line.startswith("#") or " :: " not in line:
-                continue
-            de_side, en_side = line.rstrip("\n").split(" :: ", 1)
-            de_parts, en_parts = de_side.split(" | "), en_side.split(" | ")
-            if len(de_parts) != len(en_parts):
-                continue
-            for de, en in zip(de_parts, en_parts):
-                de = " ".join(annotation.sub(" ", de.split("; ")[0]).split())
-                en = " ".join(annotation.sub(" ", en.split("; ")[0]).split())
-                if len(de.split()) >= 2 and len(en.split()) >= 2:
-                    pairs.append((en, de))
-    return pairs
+  """(English, German) phrase pairs of the Ding dictionary file (`DE :: EN` lines)."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f"data.locale_include_ding=True but {path} does not exist: "
+        f"`apt-get install trans-de-en`, or set data.locale_include_ding=False")
+  annotation = re.compile(r"\{[^}]*\}|\[[^\]]*\]|\([^)]*\)")
+  pairs = []
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for line in f:
+      if line.startswith("#") or " :: " not in line:
+        continue
+      de_side, en_side = line.rstrip("\n").split(" :: ", 1)
+      de_parts, en_parts = de_side.split(" | "), en_side.split(" | ")
+      if len(de_parts) != len(en_parts):
+        continue
+      for de, en in zip(de_parts, en_parts):
+        de = " ".join(annotation.sub(" ", de.split("; ")[0]).split())
+        en = " ".join(annotation.sub(" ", en.split("; ")[0]).split())
+        if len(de.split()) >= 2 and len(en.split()) >= 2:
+          pairs.append((en, de))
+  return pairs
 
 
 def dedupe(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """One pair per source: its most frequent target, ties broken alphabetically (rule 8)."""
-    by_source: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for source, target in pairs:
-        by_source[source][target] += 1
-    return [(source, min(targets, key=lambda t: (-targets[t], t)))
-            for source, targets in sorted(by_source.items())]
+  """One pair per source: its most frequent target, ties broken alphabetically (rule 8)."""
+  by_source: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+  for source, target in pairs:
+    by_source[source][target] += 1
+  return [(source, min(targets, key=lambda t: (-targets[t], t)))
+          for source, targets in sorted(by_source.items())]
 
 
 def locale_pairs(locale_dir: str, lang: str, *, reverse: bool = False, include_ding: bool = False,
                  ding_path: str = DEFAULT_DING_PATH) -> tuple[list[tuple[str, str]], dict]:
-    """Clean, deduplicated (source, target) pairs and the counts after each stage.
+  """Clean, deduplicated (source, target) pairs and the counts after each stage.
 
-    English is the source unless `reverse`. Deduplication is by the source side, so each
-    direction has its own corpus (a German sentence may translate two English ones).
-    """
-    raw = read_catalogs(locale_dir, lang)
-    counts = {"raw_pairs": len(raw), "unique_raw_pairs": len(set(raw))}
-    if include_ding:
-        if lang != "de":
-            raise ValueError(f"data.locale_include_ding=True needs German, not {lang!r}")
-        ding = read_ding(ding_path)
-        counts["ding_pairs"] = len(ding)
-        raw = raw + ding
-    cleaned = [p for p in (clean_pair(en, tr) for en, tr in raw) if p is not None]
-    counts["clean_pairs"] = len(cleaned)
-    if reverse:
-        cleaned = [(tr, en) for en, tr in cleaned]
-    pairs = dedupe(cleaned)
-    counts["unique_sources"] = len(pairs)
-    return pairs, counts
+  English is the source unless `reverse`. Deduplication is by the source side, so each
+  direction has its own corpus (a German sentence may translate two English ones).
+  """
+  raw = read_catalogs(locale_dir, lang)
+  counts = {"raw_pairs": len(raw), "unique_raw_pairs": len(set(raw))}
+  if include_ding:
+    if lang != "de":
+      raise ValueError(f"data.locale_include_ding=True needs German, not {lang!r}")
+    ding = read_ding(ding_path)
+    counts["ding_pairs"] = len(ding)
+    raw = raw + ding
+  cleaned = [p for p in (clean_pair(en, tr) for en, tr in raw) if p is not None]
+  counts["clean_pairs"] = len(cleaned)
+  if reverse:
+    cleaned = [(tr, en) for en, tr in cleaned]
+  pairs = dedupe(cleaned)
+  counts["unique_sources"] = len(pairs)
+  return pairs, counts
 
 
 def write_mo(path: str, messages: dict[str, str]) -> None:
-    """Writes a GNU .mo catalog (little-endian, no hash table); used by tests and examples.
+  """Writes a GNU .mo catalog (little-endian, no hash table); used by tests and examples.
 
-    `messages` should include the header entry "" -> "Content-Type: text/plain; charset=UTF-8\\n"
-    for non-ASCII text, as real catalogs do.
-    """
-    keys = sorted(messages)
-    ids = [k.encode("utf-8") for k in keys]
-    strs = [messages[k].encode("utf-8") for k in keys]
-    n = len(keys)
-    header_size = 7 * 4
-    ids_table, strs_table = header_size, header_size + 8 * n
-    data_start = strs_table + 8 * n
-    blob, ids_entries, strs_entries = b"", [], []
-    for entries, values in ((ids_entries, ids), (strs_entries, strs)):
-        for value in values:
-            entries.append((len(value), data_start + len(blob)))
-            blob += value + b"\0"
-    out = struct.pack("<7I", 0x950412DE, 0, n, ids_table, strs_table, 0, 0)
-    out += b"".join(struct.pack("<2I", *e) for e in ids_entries)
-    out += b"".join(struct.pack("<2I", *e) for e in strs_entries)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(out + blob)
+  `messages` should include the header entry "" -> "Content-Type: text/plain; charset=UTF-8\\n"
+  for non-ASCII text, as real catalogs do.
+  """
+  keys = sorted(messages)
+  ids = [k.encode("utf-8") for k in keys]
+  strs = [messages[k].encode("utf-8") for k in keys]
+  n = len(keys)
+  header_size = 7 * 4
+  ids_table, strs_table = header_size, header_size + 8 * n
+  data_start = strs_table + 8 * n
+  blob, ids_entries, strs_entries = b"", [], []
+  for entries, values in ((ids_entries, ids), (strs_entries, strs)):
+    for value in values:
+      entries.append((len(value), data_start + len(blob)))
+      blob += value + b"\0"
+  out = struct.pack("<7I", 0x950412DE, 0, n, ids_table, strs_table, 0, 0)
+  out += b"".join(struct.pack("<2I", *e) for e in ids_entries)
+  out += b"".join(struct.pack("<2I", *e) for e in strs_entries)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "wb") as f:
+    f.write(out + blob)

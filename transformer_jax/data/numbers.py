@@ -41,68 +41,68 @@ _DE_TENS = ["", "", "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "si
 
 
 def english_number(n: int) -> str:
-    """0..999 as American English words: 327 -> 'three hundred twenty-seven'."""
-    if not 0 <= n <= 999:
-        raise ValueError(f"english_number: {n} outside 0..999")
-    if n < 20:
-        return _EN_ONES[n]
-    if n < 100:
-        tens, ones = divmod(n, 10)
-        return _EN_TENS[tens] + (f"-{_EN_ONES[ones]}" if ones else "")
-    hundreds, rest = divmod(n, 100)
-    return f"{_EN_ONES[hundreds]} hundred" + (f" {english_number(rest)}" if rest else "")
+  """0..999 as American English words: 327 -> 'three hundred twenty-seven'."""
+  if not 0 <= n <= 999:
+    raise ValueError(f"english_number: {n} outside 0..999")
+  if n < 20:
+    return _EN_ONES[n]
+  if n < 100:
+    tens, ones = divmod(n, 10)
+    return _EN_TENS[tens] + (f"-{_EN_ONES[ones]}" if ones else "")
+  hundreds, rest = divmod(n, 100)
+  return f"{_EN_ONES[hundreds]} hundred" + (f" {english_number(rest)}" if rest else "")
 
 
 def _german_below_100(n: int, final: bool) -> str:
-    # `final`: the number ends here, so a lone 1 is "eins"; inside a compound it is "ein".
-    if n == 1:
-        return "eins" if final else "ein"
-    if n < 20:
-        return _DE_ONES[n]
-    tens, ones = divmod(n, 10)
-    if ones == 0:
-        return _DE_TENS[tens]
-    unit = "ein" if ones == 1 else _DE_ONES[ones]
-    return f"{unit}und{_DE_TENS[tens]}"  # units before tens: 27 -> sieben-und-zwanzig
+  # `final`: the number ends here, so a lone 1 is "eins"; inside a compound it is "ein".
+  if n == 1:
+    return "eins" if final else "ein"
+  if n < 20:
+    return _DE_ONES[n]
+  tens, ones = divmod(n, 10)
+  if ones == 0:
+    return _DE_TENS[tens]
+  unit = "ein" if ones == 1 else _DE_ONES[ones]
+  return f"{unit}und{_DE_TENS[tens]}"  # units before tens: 27 -> sieben-und-zwanzig
 
 
 def german_number(n: int, final: bool = True) -> str:
-    """0..9999 as one German word: 27 -> 'siebenundzwanzig', 101 -> 'einhunderteins'.
+  """0..9999 as one German word: 27 -> 'siebenundzwanzig', 101 -> 'einhunderteins'.
 
-    `final=False` gives the form used before a noun or "Uhr" where 1 is "ein" (never "eins").
-    """
-    if not 0 <= n <= 9999:
-        raise ValueError(f"german_number: {n} outside 0..9999")
-    if n == 0:
-        return "null"
-    thousands, rest = divmod(n, 1000)
-    hundreds, rest = divmod(rest, 100)
-    word = ""
-    if thousands:
-        word += ("ein" if thousands == 1 else _DE_ONES[thousands]) + "tausend"
-    if hundreds:
-        word += ("ein" if hundreds == 1 else _DE_ONES[hundreds]) + "hundert"
-    if rest:
-        word += _german_below_100(rest, final)
-    return word
+  `final=False` gives the form used before a noun or "Uhr" where 1 is "ein" (never "eins").
+  """
+  if not 0 <= n <= 9999:
+    raise ValueError(f"german_number: {n} outside 0..9999")
+  if n == 0:
+    return "null"
+  thousands, rest = divmod(n, 1000)
+  hundreds, rest = divmod(rest, 100)
+  word = ""
+  if thousands:
+    word += ("ein" if thousands == 1 else _DE_ONES[thousands]) + "tausend"
+  if hundreds:
+    word += ("ein" if hundreds == 1 else _DE_ONES[hundreds]) + "hundert"
+  if rest:
+    word += _german_below_100(rest, final)
+  return word
 
 
 def german_year(year: int) -> str:
-    """Years are read in hundreds before 2000: 1987 -> 'neunzehnhundertsiebenundachtzig'."""
-    if 1100 <= year <= 1999:
-        century, rest = divmod(year, 100)
-        return _DE_ONES[century] + "hundert" + (_german_below_100(rest, True) if rest else "")
-    return german_number(year)
+  """Years are read in hundreds before 2000: 1987 -> 'neunzehnhundertsiebenundachtzig'."""
+  if 1100 <= year <= 1999:
+    century, rest = divmod(year, 100)
+    return _DE_ONES[century] + "hundert" + (_german_below_100(rest, True) if rest else "")
+  return german_number(year)
 
 
 def german_ordinal(n: int) -> str:
-    """Day of the month in the dative after "am": 3 -> 'dritten', 27 -> 'siebenundzwanzigsten'."""
-    irregular = {1: "ersten", 3: "dritten", 7: "siebten", 8: "achten"}
-    if n in irregular:
-        return irregular[n]
-    if n < 20:
-        return german_number(n) + "ten"
-    return german_number(n) + "sten"
+  """Day of the month in the dative after "am": 3 -> 'dritten', 27 -> 'siebenundzwanzigsten'."""
+  irregular = {1: "ersten", 3: "dritten", 7: "siebten", 8: "achten"}
+  if n in irregular:
+    return irregular[n]
+  if n < 20:
+    return german_number(n) + "ten"
+  return german_number(n) + "sten"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -210,106 +210,106 @@ ADVERBS_PRESENT = [("today", "heute"), ("every day", "jeden Tag"), ("now", "jetz
 # Phrases.
 
 def _person_index(person: str) -> int:
-    return {"1s": 0, "3s": 1, "1p": 2, "3p": 2}[person]
+  return {"1s": 0, "3s": 1, "1p": 2, "3p": 2}[person]
 
 
 def _english_verb(forms: tuple[str, ...], person: str, past: bool) -> str:
-    if past:
-        return forms[2]
-    return forms[0] if person == "3s" else forms[1]
+  if past:
+    return forms[2]
+  return forms[0] if person == "3s" else forms[1]
 
 
 def _quantity(rng: random.Random) -> tuple[str, str]:
-    """A counted noun phrase in the accusative: ('27 red cows', 'siebenundzwanzig rote Kühe')."""
-    en_sg, en_pl, gender, de_sg, de_pl = rng.choice(NOUNS)
-    # Small numbers are more frequent, as in real text; 1 exercises the singular agreement.
-    n = rng.choice([1, rng.randint(2, 20), rng.randint(2, 99), rng.randint(2, 999)])
-    as_words = rng.random() < 0.5
-    adjective = rng.choice(ADJECTIVES) if rng.random() < 0.35 else None
-    en_num = english_number(n) if as_words else str(n)
-    en_noun = en_sg if n == 1 else en_pl
-    en = f"{en_num} {adjective[0]} {en_noun}" if adjective else f"{en_num} {en_noun}"
-    if n == 1:
-        # Indefinite article in the accusative; the adjective takes the mixed declension.
-        article = {"m": "einen", "f": "eine", "n": "ein"}[gender]
-        ending = {"m": "en", "f": "e", "n": "es"}[gender]
-        de = f"{article} {adjective[1]}{ending} {de_sg}" if adjective else f"{article} {de_sg}"
-    else:
-        number = german_number(n)
-        de = f"{number} {adjective[1]}e {de_pl}" if adjective else f"{number} {de_pl}"
-    return en, de
+  """A counted noun phrase in the accusative: ('27 red cows', 'siebenundzwanzig rote Kühe')."""
+  en_sg, en_pl, gender, de_sg, de_pl = rng.choice(NOUNS)
+  # Small numbers are more frequent, as in real text; 1 exercises the singular agreement.
+  n = rng.choice([1, rng.randint(2, 20), rng.randint(2, 99), rng.randint(2, 999)])
+  as_words = rng.random() < 0.5
+  adjective = rng.choice(ADJECTIVES) if rng.random() < 0.35 else None
+  en_num = english_number(n) if as_words else str(n)
+  en_noun = en_sg if n == 1 else en_pl
+  en = f"{en_num} {adjective[0]} {en_noun}" if adjective else f"{en_num} {en_noun}"
+  if n == 1:
+    # Indefinite article in the accusative; the adjective takes the mixed declension.
+    article = {"m": "einen", "f": "eine", "n": "ein"}[gender]
+    ending = {"m": "en", "f": "e", "n": "es"}[gender]
+    de = f"{article} {adjective[1]}{ending} {de_sg}" if adjective else f"{article} {de_sg}"
+  else:
+    number = german_number(n)
+    de = f"{number} {adjective[1]}e {de_pl}" if adjective else f"{number} {de_pl}"
+  return en, de
 
 
 def _price(rng: random.Random) -> tuple[str, str]:
-    """'27 euros for the dog' -> 'siebenundzwanzig Euro für den Hund' (accusative article)."""
-    en_sg, _, gender, de_sg, _ = rng.choice(NOUNS)
-    n = rng.choice([1, rng.randint(2, 99), rng.randint(2, 999)])
-    en_num = english_number(n) if rng.random() < 0.5 else str(n)
-    en_unit = "euro" if n == 1 else "euros"
-    de_amount = "einen Euro" if n == 1 else f"{german_number(n)} Euro"
-    article = {"m": "den", "f": "die", "n": "das"}[gender]
-    return f"{en_num} {en_unit} for the {en_sg}", f"{de_amount} für {article} {de_sg}"
+  """'27 euros for the dog' -> 'siebenundzwanzig Euro für den Hund' (accusative article)."""
+  en_sg, _, gender, de_sg, _ = rng.choice(NOUNS)
+  n = rng.choice([1, rng.randint(2, 99), rng.randint(2, 999)])
+  en_num = english_number(n) if rng.random() < 0.5 else str(n)
+  en_unit = "euro" if n == 1 else "euros"
+  de_amount = "einen Euro" if n == 1 else f"{german_number(n)} Euro"
+  article = {"m": "den", "f": "die", "n": "das"}[gender]
+  return f"{en_num} {en_unit} for the {en_sg}", f"{de_amount} für {article} {de_sg}"
 
 
 def _fronted_adverbial(rng: random.Random, past: bool) -> tuple[str, str]:
-    """A time expression that can open the sentence; German then inverts subject and verb."""
-    kind = rng.randrange(5)
-    if kind == 0:
-        return rng.choice(ADVERBS_PAST if past else ADVERBS_PRESENT)
-    if kind == 1:
-        en_day, de_day = rng.choice(DAYS)
-        return f"on {en_day}", f"am {de_day}"
-    if kind == 2:
-        en_month, de_month, days = rng.choice(MONTHS)
-        day = rng.randint(1, days)
-        return f"on {en_month} {day}", f"am {german_ordinal(day)} {de_month}"
-    if kind == 3:
-        year = rng.randint(1950, 2029) if past else rng.randint(2024, 2029)
-        return f"in {year}", f"im Jahr {german_year(year)}"
-    hour, minute = rng.randint(1, 12), rng.choice([0, 5, 10, 15, 20, 30, 40, 45, rng.randint(0, 59)])
-    de_time = f"um {german_number(hour, final=False)} Uhr"
-    if minute:
-        de_time += f" {german_number(minute)}"
-    return f"at {hour}:{minute:02d}", de_time
+  """A time expression that can open the sentence; German then inverts subject and verb."""
+  kind = rng.randrange(5)
+  if kind == 0:
+    return rng.choice(ADVERBS_PAST if past else ADVERBS_PRESENT)
+  if kind == 1:
+    en_day, de_day = rng.choice(DAYS)
+    return f"on {en_day}", f"am {de_day}"
+  if kind == 2:
+    en_month, de_month, days = rng.choice(MONTHS)
+    day = rng.randint(1, days)
+    return f"on {en_month} {day}", f"am {german_ordinal(day)} {de_month}"
+  if kind == 3:
+    year = rng.randint(1950, 2029) if past else rng.randint(2024, 2029)
+    return f"in {year}", f"im Jahr {german_year(year)}"
+  hour, minute = rng.randint(1, 12), rng.choice([0, 5, 10, 15, 20, 30, 40, 45, rng.randint(0, 59)])
+  de_time = f"um {german_number(hour, final=False)} Uhr"
+  if minute:
+    de_time += f" {german_number(minute)}"
+  return f"at {hour}:{minute:02d}", de_time
 
 
 def _capitalize(text: str) -> str:
-    return text[0].upper() + text[1:]
+  return text[0].upper() + text[1:]
 
 
 def sentence(rng: random.Random) -> tuple[str, str]:
-    """One (English, German) pair drawn from the grammar."""
-    en_subj, de_subj, person = rng.choice(SUBJECTS)
-    past = rng.random() < 0.5
-    if rng.random() < 0.15:
-        # Prices go with "pay" only: "pays 27 euros for the dog" -> "zahlt ... für den Hund".
-        en_forms, de_forms, participle = PAY
-        en_obj, de_obj = _price(rng)
-    else:
-        en_forms, de_forms, participle = rng.choice(VERBS)
-        en_obj, de_obj = _quantity(rng)
-    en_verb = _english_verb(en_forms, person, past)
-    de_finite = _HABEN[person] if past else de_forms[_person_index(person)]
-    de_rest = f" {participle}" if past else ""
-    en_clause = f"{en_subj} {en_verb} {en_obj}"
+  """One (English, German) pair drawn from the grammar."""
+  en_subj, de_subj, person = rng.choice(SUBJECTS)
+  past = rng.random() < 0.5
+  if rng.random() < 0.15:
+    # Prices go with "pay" only: "pays 27 euros for the dog" -> "zahlt ... für den Hund".
+    en_forms, de_forms, participle = PAY
+    en_obj, de_obj = _price(rng)
+  else:
+    en_forms, de_forms, participle = rng.choice(VERBS)
+    en_obj, de_obj = _quantity(rng)
+  en_verb = _english_verb(en_forms, person, past)
+  de_finite = _HABEN[person] if past else de_forms[_person_index(person)]
+  de_rest = f" {participle}" if past else ""
+  en_clause = f"{en_subj} {en_verb} {en_obj}"
 
-    kind = rng.randrange(3)
-    if kind == 0:  # Main clause: subject, verb second, participle last.
-        en = en_clause
-        de = f"{de_subj} {de_finite} {de_obj}{de_rest}"
-    elif kind == 1:  # Fronted adverbial: the verb stays second, so the subject follows it.
-        en_adv, de_adv = _fronted_adverbial(rng, past)
-        en = f"{en_adv} {en_clause}"
-        de = f"{de_adv} {de_finite} {de_subj} {de_obj}{de_rest}"
-    else:  # Subordinate clause: the finite verb goes to the very end.
-        en_rsubj, de_rsubj, rperson = rng.choice(SUBJECTS)
-        en_rforms, de_rforms = rng.choice(REPORTING)
-        en_rverb = en_rforms[0] if rperson == "3s" else en_rforms[1]
-        de_rverb = de_rforms[_person_index(rperson)]
-        en = f"{en_rsubj} {en_rverb} that {en_clause}"
-        de = f"{de_rsubj} {de_rverb}, dass {de_subj} {de_obj}{de_rest} {de_finite}"
-    # "I" is capitalised anyway; German sentence case keeps nouns capitalised as in the lexicon.
-    return _capitalize(en) + ".", _capitalize(de) + "."
+  kind = rng.randrange(3)
+  if kind == 0:  # Main clause: subject, verb second, participle last.
+    en = en_clause
+    de = f"{de_subj} {de_finite} {de_obj}{de_rest}"
+  elif kind == 1:  # Fronted adverbial: the verb stays second, so the subject follows it.
+    en_adv, de_adv = _fronted_adverbial(rng, past)
+    en = f"{en_adv} {en_clause}"
+    de = f"{de_adv} {de_finite} {de_subj} {de_obj}{de_rest}"
+  else:  # Subordinate clause: the finite verb goes to the very end.
+    en_rsubj, de_rsubj, rperson = rng.choice(SUBJECTS)
+    en_rforms, de_rforms = rng.choice(REPORTING)
+    en_rverb = en_rforms[0] if rperson == "3s" else en_rforms[1]
+    de_rverb = de_rforms[_person_index(rperson)]
+    en = f"{en_rsubj} {en_rverb} that {en_clause}"
+    de = f"{de_rsubj} {de_rverb}, dass {de_subj} {de_obj}{de_rest} {de_finite}"
+  # "I" is capitalised anyway; German sentence case keeps nouns capitalised as in the lexicon.
+  return _capitalize(en) + ".", _capitalize(de) + "."
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,56 +319,56 @@ SPLITS = ("train", "validation", "test")
 
 
 def split_of(source: str, held_out_per_mille: int = 20) -> str:
-    """Split assignment by a hash of the source sentence: a source is always in the same split.
+  """Split assignment by a hash of the source sentence: a source is always in the same split.
 
-    The first `held_out_per_mille` buckets of 1,000 go to validation, the next as many to test.
-    """
-    bucket = int.from_bytes(hashlib.sha256(source.encode("utf-8")).digest()[:8], "big") % 1000
-    if bucket < held_out_per_mille:
-        return "validation"
-    if bucket < 2 * held_out_per_mille:
-        return "test"
-    return "train"
+  The first `held_out_per_mille` buckets of 1,000 go to validation, the next as many to test.
+  """
+  bucket = int.from_bytes(hashlib.sha256(source.encode("utf-8")).digest()[:8], "big") % 1000
+  if bucket < held_out_per_mille:
+    return "validation"
+  if bucket < 2 * held_out_per_mille:
+    return "test"
+  return "train"
 
 
 def generate_pairs(num_train: int, num_validation: int, num_test: int, seed: int = 0,
                    reverse: bool = False) -> dict[str, list[tuple[str, str]]]:
-    """Unique (source, target) pairs per split, deterministic for the seed.
+  """Unique (source, target) pairs per split, deterministic for the seed.
 
-    Sentences are drawn until every split is full; a source that was seen before, or whose
-    split is already full, is skipped, so the splits are disjoint by source. The source is
-    English, or German when `reverse`: German to English is not a function ("1 cow" and "one
-    cow" are both "eine Kuh"), so that direction keeps the first English sentence drawn for
-    each German one and cannot be learned to BLEU 100.
-    """
-    wanted = {"train": num_train, "validation": num_validation, "test": num_test}
-    out: dict[str, list[tuple[str, str]]] = {split: [] for split in SPLITS}
-    seen: dict[str, str] = {}
-    seen_reverse: set[str] = set()
-    rng = random.Random(seed)
-    # The held-out share is tuned so the held-out splits fill at about the rate of train.
-    held_out = max(1, min(300, round(1000 * max(num_validation, num_test)
-                                     / max(1, num_train + num_validation + num_test))))
-    draws, max_draws = 0, 50 * sum(wanted.values()) + 1000
-    while any(len(out[s]) < wanted[s] for s in SPLITS):
-        draws += 1
-        if draws > max_draws:
-            raise RuntimeError(f"numbers: could not draw {wanted} unique sentences "
-                               f"in {max_draws} draws; ask for fewer")
-        en, de = sentence(rng)
-        if en in seen:
-            if seen[en] != de:  # Guards the grammar's promise of one reference per source.
-                raise AssertionError(f"two references for {en!r}: {seen[en]!r}, {de!r}")
-            continue
-        seen[en] = de
-        source, target = (de, en) if reverse else (en, de)
-        if reverse:
-            if de in seen_reverse:
-                continue
-            seen_reverse.add(de)
-        split = split_of(source, held_out)
-        if len(out[split]) < wanted[split]:
-            out[split].append((source, target))
-    return out
+  Sentences are drawn until every split is full; a source that was seen before, or whose
+  split is already full, is skipped, so the splits are disjoint by source. The source is
+  English, or German when `reverse`: German to English is not a function ("1 cow" and "one
+  cow" are both "eine Kuh"), so that direction keeps the first English sentence drawn for
+  each German one and cannot be learned to BLEU 100.
+  """
+  wanted = {"train": num_train, "validation": num_validation, "test": num_test}
+  out: dict[str, list[tuple[str, str]]] = {split: [] for split in SPLITS}
+  seen: dict[str, str] = {}
+  seen_reverse: set[str] = set()
+  rng = random.Random(seed)
+  # The held-out share is tuned so the held-out splits fill at about the rate of train.
+  held_out = max(1, min(300, round(1000 * max(num_validation, num_test)
+                                   / max(1, num_train + num_validation + num_test))))
+  draws, max_draws = 0, 50 * sum(wanted.values()) + 1000
+  while any(len(out[s]) < wanted[s] for s in SPLITS):
+    draws += 1
+    if draws > max_draws:
+      raise RuntimeError(f"numbers: could not draw {wanted} unique sentences "
+                         f"in {max_draws} draws; ask for fewer")
+    en, de = sentence(rng)
+    if en in seen:
+      if seen[en] != de:  # Guards the grammar's promise of one reference per source.
+        raise AssertionError(f"two references for {en!r}: {seen[en]!r}, {de!r}")
+      continue
+    seen[en] = de
+    source, target = (de, en) if reverse else (en, de)
+    if reverse:
+      if de in seen_reverse:
+        continue
+      seen_reverse.add(de)
+    split = split_of(source, held_out)
+    if len(out[split]) < wanted[split]:
+      out[split].append((source, target))
+  return out
 
 

@@ -45,303 +45,303 @@ CHUNK = 1024  # Pairs read and tokenized per call.
 
 
 class ReadChunk:
-    """Chunk id -> this process's pairs of that chunk as (source ids + eos, target ids + eos).
+  """Chunk id -> this process's pairs of that chunk as (source ids + eos, target ids + eos).
 
-    Chunk ids run on forever: chunk k of epoch e is positions [k*CHUNK, (k+1)*CHUNK) of epoch
-    e's permutation of this process's indices, so an epoch never mixes with the next one.
-    Thread-safe: grain calls it from several reader threads.
-    """
+  Chunk ids run on forever: chunk k of epoch e is positions [k*CHUNK, (k+1)*CHUNK) of epoch
+  e's permutation of this process's indices, so an epoch never mixes with the next one.
+  Thread-safe: grain calls it from several reader threads.
+  """
 
-    def __init__(self, source, tokenizer: Tokenizer, c, process_index: int, process_count: int):
-        self._source, self._tokenizer = source, tokenizer
-        self._source_lang, self._target_lang = c.source_lang, c.target_lang
-        self._max_source, self._max_target = c.max_source_len, c.max_target_len
-        self._seed = c.shuffle_seed
-        self._indices = np.arange(process_index, len(source), process_count)
-        if len(self._indices) == 0:
-            raise ValueError(f"process {process_index} of {process_count} has no training data "
-                             f"({len(source)} examples)")
-        self.chunks_per_epoch = -(-len(self._indices) // CHUNK)
-        self._lock = threading.Lock()
-        self._permutations: dict[int, np.ndarray] = {}
+  def __init__(self, source, tokenizer: Tokenizer, c, process_index: int, process_count: int):
+    self._source, self._tokenizer = source, tokenizer
+    self._source_lang, self._target_lang = c.source_lang, c.target_lang
+    self._max_source, self._max_target = c.max_source_len, c.max_target_len
+    self._seed = c.shuffle_seed
+    self._indices = np.arange(process_index, len(source), process_count)
+    if len(self._indices) == 0:
+      raise ValueError(f"process {process_index} of {process_count} has no training data "
+                       f"({len(source)} examples)")
+    self.chunks_per_epoch = -(-len(self._indices) // CHUNK)
+    self._lock = threading.Lock()
+    self._permutations: dict[int, np.ndarray] = {}
 
-    def _permutation(self, epoch: int) -> np.ndarray:
-        with self._lock:
-            if epoch not in self._permutations:
-                rng = np.random.default_rng([self._seed, epoch])
-                self._permutations[epoch] = rng.permutation(len(self._indices))
-                for old in [e for e in self._permutations if e < epoch - 1]:
-                    del self._permutations[old]  # Threads may still finish the previous epoch.
-            return self._permutations[epoch]
+  def _permutation(self, epoch: int) -> np.ndarray:
+    with self._lock:
+      if epoch not in self._permutations:
+        rng = np.random.default_rng([self._seed, epoch])
+        self._permutations[epoch] = rng.permutation(len(self._indices))
+        for old in [e for e in self._permutations if e < epoch - 1]:
+          del self._permutations[old]  # Threads may still finish the previous epoch.
+      return self._permutations[epoch]
 
-    def __call__(self, chunk_id: int) -> list[tuple[list[int], list[int]]]:
-        epoch, k = divmod(int(chunk_id), self.chunks_per_epoch)
-        positions = self._permutation(epoch)[k * CHUNK:(k + 1) * CHUNK]
-        records = get_items(self._source, self._indices[positions].tolist())
-        sources = self._tokenizer.encode_batch([as_text(r[self._source_lang]) for r in records])
-        targets = self._tokenizer.encode_batch([as_text(r[self._target_lang]) for r in records])
-        out = []
-        for source, target in zip(sources, targets):
-            source.append(EOS_ID)
-            target.append(EOS_ID)
-            # Training drops pairs longer than the rows; evaluation never does.
-            if len(source) <= self._max_source and len(target) <= self._max_target:
-                out.append((source, target))
-        return out
+  def __call__(self, chunk_id: int) -> list[tuple[list[int], list[int]]]:
+    epoch, k = divmod(int(chunk_id), self.chunks_per_epoch)
+    positions = self._permutation(epoch)[k * CHUNK:(k + 1) * CHUNK]
+    records = get_items(self._source, self._indices[positions].tolist())
+    sources = self._tokenizer.encode_batch([as_text(r[self._source_lang]) for r in records])
+    targets = self._tokenizer.encode_batch([as_text(r[self._target_lang]) for r in records])
+    out = []
+    for source, target in zip(sources, targets):
+      source.append(EOS_ID)
+      target.append(EOS_ID)
+      # Training drops pairs longer than the rows; evaluation never does.
+      if len(source) <= self._max_source and len(target) <= self._max_target:
+        out.append((source, target))
+    return out
 
 
 def _empty_batch(rows: int, source_len: int, target_len: int) -> dict:
-    batch = {}
-    for key, length in (("inputs", source_len), ("targets", target_len)):
-        for suffix in ("", "_segmentation", "_position"):
-            batch[key + suffix] = np.zeros((rows, length), np.int32)
-    return batch
+  batch = {}
+  for key, length in (("inputs", source_len), ("targets", target_len)):
+    for suffix in ("", "_segmentation", "_position"):
+      batch[key + suffix] = np.zeros((rows, length), np.int32)
+  return batch
 
 
 def _place(batch: dict, row: int, key: str, offset: int, ids, segment: int) -> None:
-    n = len(ids)
-    batch[key][row, offset:offset + n] = ids
-    batch[key + "_segmentation"][row, offset:offset + n] = segment
-    batch[key + "_position"][row, offset:offset + n] = np.arange(n, dtype=np.int32)
+  n = len(ids)
+  batch[key][row, offset:offset + n] = ids
+  batch[key + "_segmentation"][row, offset:offset + n] = segment
+  batch[key + "_position"][row, offset:offset + n] = np.arange(n, dtype=np.int32)
 
 
 def _cut(rows: dict, num_rows: int, batch_rows: int) -> list[dict]:
-    """Consecutive batches of `batch_rows` rows; the last is padded with empty rows."""
-    batches = []
-    for start in range(0, num_rows, batch_rows):
-        batch = {k: v[start:start + batch_rows] for k, v in rows.items()}
-        missing = batch_rows - len(batch["inputs"])
-        if missing:
-            batch = {k: np.concatenate([v, np.zeros((missing, v.shape[1]), np.int32)])
-                     for k, v in batch.items()}
-        batches.append(batch)
-    return batches
+  """Consecutive batches of `batch_rows` rows; the last is padded with empty rows."""
+  batches = []
+  for start in range(0, num_rows, batch_rows):
+    batch = {k: v[start:start + batch_rows] for k, v in rows.items()}
+    missing = batch_rows - len(batch["inputs"])
+    if missing:
+      batch = {k: np.concatenate([v, np.zeros((missing, v.shape[1]), np.int32)])
+               for k, v in batch.items()}
+    batches.append(batch)
+  return batches
 
 
 def pack_rows(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], source_len: int,
               target_len: int) -> tuple[dict, int]:
-    """First-fit-decreasing packing of pairs into rows; returns (arrays [n, len], rows used).
+  """First-fit-decreasing packing of pairs into rows; returns (arrays [n, len], rows used).
 
-    Pairs are taken longest first and each goes into the first row where both its source and
-    its target still fit. A pair's source and target get the same segment id (1, 2, ... in a
-    row, 0 for padding) and positions that restart at 0 in every segment.
-    """
-    n = len(pairs)
-    order = sorted(range(n), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
-    free_source = np.empty(n, np.int64)
-    free_target = np.empty(n, np.int64)
-    segments = np.zeros(n, np.int64)
-    rows = _empty_batch(n, source_len, target_len)
-    num_rows = 0
-    for i in order:
-        source, target = pairs[i]
-        fits = np.flatnonzero((free_source[:num_rows] >= len(source))
-                              & (free_target[:num_rows] >= len(target)))
-        if len(fits):
-            row = int(fits[0])
-        else:
-            row, num_rows = num_rows, num_rows + 1
-            free_source[row], free_target[row] = source_len, target_len
-        segments[row] += 1
-        _place(rows, row, "inputs", source_len - free_source[row], source, segments[row])
-        _place(rows, row, "targets", target_len - free_target[row], target, segments[row])
-        free_source[row] -= len(source)
-        free_target[row] -= len(target)
-    return rows, num_rows
+  Pairs are taken longest first and each goes into the first row where both its source and
+  its target still fit. A pair's source and target get the same segment id (1, 2, ... in a
+  row, 0 for padding) and positions that restart at 0 in every segment.
+  """
+  n = len(pairs)
+  order = sorted(range(n), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+  free_source = np.empty(n, np.int64)
+  free_target = np.empty(n, np.int64)
+  segments = np.zeros(n, np.int64)
+  rows = _empty_batch(n, source_len, target_len)
+  num_rows = 0
+  for i in order:
+    source, target = pairs[i]
+    fits = np.flatnonzero((free_source[:num_rows] >= len(source))
+                          & (free_target[:num_rows] >= len(target)))
+    if len(fits):
+      row = int(fits[0])
+    else:
+      row, num_rows = num_rows, num_rows + 1
+      free_source[row], free_target[row] = source_len, target_len
+    segments[row] += 1
+    _place(rows, row, "inputs", source_len - free_source[row], source, segments[row])
+    _place(rows, row, "targets", target_len - free_target[row], target, segments[row])
+    free_source[row] -= len(source)
+    free_target[row] -= len(target)
+  return rows, num_rows
 
 
 def pad_rows(pairs, source_len: int, target_len: int) -> tuple[dict, int]:
-    """One pair per row, in order."""
-    rows = _empty_batch(len(pairs), source_len, target_len)
-    for row, (source, target) in enumerate(pairs):
-        _place(rows, row, "inputs", 0, source, 1)
-        _place(rows, row, "targets", 0, target, 1)
-    return rows, len(pairs)
+  """One pair per row, in order."""
+  rows = _empty_batch(len(pairs), source_len, target_len)
+  for row, (source, target) in enumerate(pairs):
+    _place(rows, row, "inputs", 0, source, 1)
+    _place(rows, row, "targets", 0, target, 1)
+  return rows, len(pairs)
 
 
 def bucket_lengths(boundaries: Sequence[int], max_len: int) -> list[int]:
-    """Sorted bucket lengths, cut at `max_len`, with `max_len` itself as the last one."""
-    return sorted({b for b in boundaries if b < max_len} | {max_len})
+  """Sorted bucket lengths, cut at `max_len`, with `max_len` itself as the last one."""
+  return sorted({b for b in boundaries if b < max_len} | {max_len})
 
 
 def bucket_rows(lengths: Sequence[int], token_budget: int, multiple: int) -> list[int]:
-    """Rows per batch of each bucket: the budget divided by the length, rounded down to
-    `multiple` (the device count, so a batch shards evenly), and at least `multiple`."""
-    return [max(multiple, token_budget // length // multiple * multiple) for length in lengths]
+  """Rows per batch of each bucket: the budget divided by the length, rounded down to
+  `multiple` (the device count, so a batch shards evenly), and at least `multiple`."""
+  return [max(multiple, token_budget // length // multiple * multiple) for length in lengths]
 
 
 class Batcher:
-    """Turns one window of pairs into a list of batches, by `data.batching`."""
+  """Turns one window of pairs into a list of batches, by `data.batching`."""
 
-    def __init__(self, c, rows: int, process_count: int):
-        self._mode, self._seed, self._rows = c.batching, c.shuffle_seed, rows
-        self._source_len, self._target_len = c.max_source_len, c.max_target_len
-        if self._mode == "bucket":
-            max_len = max(c.max_source_len, c.max_target_len)
-            self.lengths = bucket_lengths(c.bucket_boundaries, max_len)
-            budget = c.batch_tokens // process_count if c.batch_tokens > 0 else rows * max_len
-            self.rows = bucket_rows(self.lengths, budget, c.bucket_rows_multiple)
+  def __init__(self, c, rows: int, process_count: int):
+    self._mode, self._seed, self._rows = c.batching, c.shuffle_seed, rows
+    self._source_len, self._target_len = c.max_source_len, c.max_target_len
+    if self._mode == "bucket":
+      max_len = max(c.max_source_len, c.max_target_len)
+      self.lengths = bucket_lengths(c.bucket_boundaries, max_len)
+      budget = c.batch_tokens // process_count if c.batch_tokens > 0 else rows * max_len
+      self.rows = bucket_rows(self.lengths, budget, c.bucket_rows_multiple)
 
-    def __call__(self, pairs: list, window: int) -> list[dict]:
-        rng = random.Random(self._seed * 1_000_003 + window)
-        if self._mode == "pad":
-            return _cut(*pad_rows(pairs, self._source_len, self._target_len), self._rows)
-        if self._mode == "pack":
-            rows, num_rows = pack_rows(pairs, self._source_len, self._target_len)
-            # Packing sorted the pairs by length: shuffle the rows so batches mix lengths.
-            order = np.asarray(rng.sample(range(num_rows), num_rows), np.int64)
-            rows = {k: v[order] for k, v in rows.items()}
-            return _cut(rows, num_rows, self._rows)
-        by_bucket: list[list] = [[] for _ in self.lengths]
-        for pair in pairs:
-            length = max(len(pair[0]), len(pair[1]))
-            by_bucket[next(i for i, b in enumerate(self.lengths) if length <= b)].append(pair)
-        batches = []
-        for length, rows, bucket in zip(self.lengths, self.rows, by_bucket):
-            if bucket:
-                batches.extend(_cut(*pad_rows(bucket, length, length), rows))
-        rng.shuffle(batches)  # Otherwise a window would go from short to long batches.
-        return batches
+  def __call__(self, pairs: list, window: int) -> list[dict]:
+    rng = random.Random(self._seed * 1_000_003 + window)
+    if self._mode == "pad":
+      return _cut(*pad_rows(pairs, self._source_len, self._target_len), self._rows)
+    if self._mode == "pack":
+      rows, num_rows = pack_rows(pairs, self._source_len, self._target_len)
+      # Packing sorted the pairs by length: shuffle the rows so batches mix lengths.
+      order = np.asarray(rng.sample(range(num_rows), num_rows), np.int64)
+      rows = {k: v[order] for k, v in rows.items()}
+      return _cut(rows, num_rows, self._rows)
+    by_bucket: list[list] = [[] for _ in self.lengths]
+    for pair in pairs:
+      length = max(len(pair[0]), len(pair[1]))
+      by_bucket[next(i for i, b in enumerate(self.lengths) if length <= b)].append(pair)
+    batches = []
+    for length, rows, bucket in zip(self.lengths, self.rows, by_bucket):
+      if bucket:
+        batches.extend(_cut(*pad_rows(bucket, length, length), rows))
+    rng.shuffle(batches)  # Otherwise a window would go from short to long batches.
+    return batches
 
 
 class _WindowIterator(grain.DatasetIterator):
-    """Reads `window` chunks, turns them into batches with `batcher`, emits them in order.
+  """Reads `window` chunks, turns them into batches with `batcher`, emits them in order.
 
-    The state is the parent's state at the start of the current window, the window's number
-    and how many of its batches were emitted: restoring re-reads the window and skips those
-    batches, which is exact and keeps the state small. The last batch of a window may be
-    partly empty (about one batch in `window` chunks' worth): the price of that small state.
-    """
+  The state is the parent's state at the start of the current window, the window's number
+  and how many of its batches were emitted: restoring re-reads the window and skips those
+  batches, which is exact and keeps the state small. The last batch of a window may be
+  partly empty (about one batch in `window` chunks' worth): the price of that small state.
+  """
 
-    def __init__(self, parent, *, batcher, window: int):
-        super().__init__(parent)
-        self._batcher, self._window = batcher, window
-        self._window_index, self._window_state = -1, None
-        self._batches: list[dict] = []
-        self._next = 0
+  def __init__(self, parent, *, batcher, window: int):
+    super().__init__(parent)
+    self._batcher, self._window = batcher, window
+    self._window_index, self._window_state = -1, None
+    self._batches: list[dict] = []
+    self._next = 0
 
-    def _fill(self, window_index: int) -> None:
-        self._window_state = self._parent.get_state()
-        self._window_index = window_index
-        pairs = []
-        for _ in range(self._window):
-            pairs.extend(next(self._parent))
-        self._batches, self._next = self._batcher(pairs, window_index), 0
+  def _fill(self, window_index: int) -> None:
+    self._window_state = self._parent.get_state()
+    self._window_index = window_index
+    pairs = []
+    for _ in range(self._window):
+      pairs.extend(next(self._parent))
+    self._batches, self._next = self._batcher(pairs, window_index), 0
 
-    def __next__(self):
-        while self._next >= len(self._batches):
-            self._fill(self._window_index + 1)
-        batch = self._batches[self._next]
-        self._next += 1
-        return batch
+  def __next__(self):
+    while self._next >= len(self._batches):
+      self._fill(self._window_index + 1)
+    batch = self._batches[self._next]
+    self._next += 1
+    return batch
 
-    def get_state(self):
-        if self._window_state is None:  # Nothing read yet.
-            return {"parent": self._parent.get_state(), "window": -1, "next": 0}
-        return {"parent": self._window_state, "window": self._window_index, "next": self._next}
+  def get_state(self):
+    if self._window_state is None:  # Nothing read yet.
+      return {"parent": self._parent.get_state(), "window": -1, "next": 0}
+    return {"parent": self._window_state, "window": self._window_index, "next": self._next}
 
-    def set_state(self, state):
-        self._parent.set_state(state["parent"])
-        self._batches, self._next, self._window_state = [], 0, None
-        self._window_index = state["window"]
-        if state["window"] >= 0:
-            self._fill(state["window"])
-            self._next = state["next"]
+  def set_state(self, state):
+    self._parent.set_state(state["parent"])
+    self._batches, self._next, self._window_state = [], 0, None
+    self._window_index = state["window"]
+    if state["window"] >= 0:
+      self._fill(state["window"])
+      self._next = state["next"]
 
 
 class WindowBatchDataset(grain.IterDataset):
-    """Batches from windows of chunks of pairs (see `_WindowIterator`)."""
+  """Batches from windows of chunks of pairs (see `_WindowIterator`)."""
 
-    def __init__(self, parent, *, batcher, window: int):
-        super().__init__(parent)
-        self._batcher, self._window = batcher, window
+  def __init__(self, parent, *, batcher, window: int):
+    super().__init__(parent)
+    self._batcher, self._window = batcher, window
 
-    def __iter__(self):
-        return _WindowIterator(self._parent.__iter__(), batcher=self._batcher,
-                               window=self._window)
+  def __iter__(self):
+    return _WindowIterator(self._parent.__iter__(), batcher=self._batcher,
+                           window=self._window)
 
 
 def train_dataset(source, tokenizer: Tokenizer, c, *, rows: int, process_index: int = 0,
                   process_count: int = 1) -> grain.IterDataset:
-    """The endless training stream of this process (see the module docstring).
+  """The endless training stream of this process (see the module docstring).
 
-    "pack"/"pad": batches of `rows` rows (this process's share) of the configured lengths;
-    "bucket": per bucket, [rows_b, length_b] with this process's share of the token budget.
-    """
-    read = ReadChunk(source, tokenizer, c, process_index, process_count)
-    ds = grain.MapDataset.range(0, 1 << 62).map(read)  # Endless: epochs follow each other.
-    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=c.num_threads,
-                                              prefetch_buffer_size=2 * c.window_chunks))
-    it = WindowBatchDataset(it, batcher=Batcher(c, rows, process_count), window=c.window_chunks)
-    if c.prefetch > 0:
-        it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=c.prefetch)
-    return it
+  "pack"/"pad": batches of `rows` rows (this process's share) of the configured lengths;
+  "bucket": per bucket, [rows_b, length_b] with this process's share of the token budget.
+  """
+  read = ReadChunk(source, tokenizer, c, process_index, process_count)
+  ds = grain.MapDataset.range(0, 1 << 62).map(read)  # Endless: epochs follow each other.
+  it = ds.to_iter_dataset(grain.ReadOptions(num_threads=c.num_threads,
+                                            prefetch_buffer_size=2 * c.window_chunks))
+  it = WindowBatchDataset(it, batcher=Batcher(c, rows, process_count), window=c.window_chunks)
+  if c.prefetch > 0:
+    it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=c.prefetch)
+  return it
 
 
 def _chunks_per_epoch(num_examples: int, process_index: int, process_count: int) -> int:
-    """`ReadChunk.chunks_per_epoch` of that process, without reading anything."""
-    return -(-len(range(process_index, num_examples, process_count)) // CHUNK)
+  """`ReadChunk.chunks_per_epoch` of that process, without reading anything."""
+  return -(-len(range(process_index, num_examples, process_count)) // CHUNK)
 
 
 def resharded_state(states: Sequence[dict], num_examples: int, process_index: int,
                     process_count: int) -> dict:
-    """This process's iterator state from the states of a run with another number of processes.
+  """This process's iterator state from the states of a run with another number of processes.
 
-    The shards (`ReadChunk`) depend on the process count, so no position in the new shard holds
-    exactly the batches the old ones would have given. What carries over is how far the run got:
-    the slowest old process's position as a fraction of an epoch (the start of its current
-    window, so at most one window is seen twice). Each new process starts at that fraction of
-    its own shard's epoch. The rest of that epoch comes from the new shards' permutations, so
-    some of its pairs are seen twice and others not until the next epoch; every later epoch is
-    whole, and the run neither replays nor skips epochs.
-    """
-    from fractions import Fraction
-    progress = []
-    for index, state in enumerate(states):
-        try:
-            chunk, window = int(state["parent"]["next_index"]), int(state["window"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"saved data iterator state of process {index} is not one this "
-                             f"pipeline wrote ({e!r}: {state!r})") from e
-        progress.append((Fraction(chunk, _chunks_per_epoch(num_examples, index, len(states))),
-                         window))
-    epochs = min(fraction for fraction, _ in progress)
-    per_epoch = _chunks_per_epoch(num_examples, process_index, process_count)
-    whole = epochs.numerator // epochs.denominator
-    chunk = whole * per_epoch + int((epochs - whole) * per_epoch)
-    # A window number no old process used: it seeds the window's row shuffle.
-    window = max(w for _, w in progress) + 1
-    return {"parent": {"next_index": chunk}, "window": window, "next": 0}
+  The shards (`ReadChunk`) depend on the process count, so no position in the new shard holds
+  exactly the batches the old ones would have given. What carries over is how far the run got:
+  the slowest old process's position as a fraction of an epoch (the start of its current
+  window, so at most one window is seen twice). Each new process starts at that fraction of
+  its own shard's epoch. The rest of that epoch comes from the new shards' permutations, so
+  some of its pairs are seen twice and others not until the next epoch; every later epoch is
+  whole, and the run neither replays nor skips epochs.
+  """
+  from fractions import Fraction
+  progress = []
+  for index, state in enumerate(states):
+    try:
+      chunk, window = int(state["parent"]["next_index"]), int(state["window"])
+    except (KeyError, TypeError, ValueError) as e:
+      raise ValueError(f"saved data iterator state of process {index} is not one this "
+                       f"pipeline wrote ({e!r}: {state!r})") from e
+    progress.append((Fraction(chunk, _chunks_per_epoch(num_examples, index, len(states))),
+                     window))
+  epochs = min(fraction for fraction, _ in progress)
+  per_epoch = _chunks_per_epoch(num_examples, process_index, process_count)
+  whole = epochs.numerator // epochs.denominator
+  chunk = whole * per_epoch + int((epochs - whole) * per_epoch)
+  # A window number no old process used: it seeds the window's row shuffle.
+  window = max(w for _, w in progress) + 1
+  return {"parent": {"next_index": chunk}, "window": window, "next": 0}
 
 
 # ----------------------------------------------------------------------------------------------
 # Evaluation.
 
 def _round_up(n: int, multiple: int = 8) -> int:
-    return -(-n // multiple) * multiple
+  return -(-n // multiple) * multiple
 
 
 def eval_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, *, batch_size: int,
                  min_len: int = 0) -> Iterator[dict]:
-    """All `pairs` in order, in batches of `batch_size` rows padded to one length per split.
+  """All `pairs` in order, in batches of `batch_size` rows padded to one length per split.
 
-    The length is the longest sentence (with eos) rounded up to a multiple of 8, or `min_len`
-    if that is larger: nothing is ever truncated. Keys: the six training keys, `source_text`,
-    `target_text` (raw references for sacreBLEU) and `num_real` (rows before the padding rows).
-    """
-    sources = [s for s, _ in pairs]
-    targets = [t for _, t in pairs]
-    source_ids = [ids + [EOS_ID] for ids in tokenizer.encode_batch(sources)]
-    target_ids = [ids + [EOS_ID] for ids in tokenizer.encode_batch(targets)]
-    source_len = max(min_len, _round_up(max((len(x) for x in source_ids), default=1)))
-    target_len = max(min_len, _round_up(max((len(x) for x in target_ids), default=1)))
-    for start in range(0, len(pairs), batch_size):
-        chunk = list(zip(source_ids[start:start + batch_size], target_ids[start:start + batch_size]))
-        batch = _cut(*pad_rows(chunk, source_len, target_len), batch_size)[0]
-        batch["source_text"] = sources[start:start + batch_size]
-        batch["target_text"] = targets[start:start + batch_size]
-        batch["num_real"] = len(chunk)
-        yield batch
+  The length is the longest sentence (with eos) rounded up to a multiple of 8, or `min_len`
+  if that is larger: nothing is ever truncated. Keys: the six training keys, `source_text`,
+  `target_text` (raw references for sacreBLEU) and `num_real` (rows before the padding rows).
+  """
+  sources = [s for s, _ in pairs]
+  targets = [t for _, t in pairs]
+  source_ids = [ids + [EOS_ID] for ids in tokenizer.encode_batch(sources)]
+  target_ids = [ids + [EOS_ID] for ids in tokenizer.encode_batch(targets)]
+  source_len = max(min_len, _round_up(max((len(x) for x in source_ids), default=1)))
+  target_len = max(min_len, _round_up(max((len(x) for x in target_ids), default=1)))
+  for start in range(0, len(pairs), batch_size):
+    chunk = list(zip(source_ids[start:start + batch_size], target_ids[start:start + batch_size]))
+    batch = _cut(*pad_rows(chunk, source_len, target_len), batch_size)[0]
+    batch["source_text"] = sources[start:start + batch_size]
+    batch["target_text"] = targets[start:start + batch_size]
+    batch["num_real"] = len(chunk)
+    yield batch
 
 
 assert PAD_ID == 0  # The np.zeros padding above relies on it.

@@ -21,113 +21,113 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
 class Tokenizer:
-    """A thin, picklable wrapper over a SentencePiece model file."""
+  """A thin, picklable wrapper over a SentencePiece model file."""
 
-    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+  pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
 
-    def __init__(self, path: str):
-        self.path = os.fspath(path)
-        self._sp = spm.SentencePieceProcessor(model_file=self.path)
-        ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
-        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise ValueError(f"{self.path}: special ids (pad, unk, bos, eos) = {ids}, "
-                             f"expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; retrain the vocabulary")
+  def __init__(self, path: str):
+    self.path = os.fspath(path)
+    self._sp = spm.SentencePieceProcessor(model_file=self.path)
+    ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
+    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+      raise ValueError(f"{self.path}: special ids (pad, unk, bos, eos) = {ids}, "
+                       f"expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; retrain the vocabulary")
 
-    # Pickling reloads from the file: grain may copy transforms into worker threads/processes.
-    def __getstate__(self):
-        return {"path": self.path}
+  # Pickling reloads from the file: grain may copy transforms into worker threads/processes.
+  def __getstate__(self):
+    return {"path": self.path}
 
-    def __setstate__(self, state):
-        self.__init__(state["path"])
+  def __setstate__(self, state):
+    self.__init__(state["path"])
 
-    @property
-    def vocab_size(self) -> int:
-        return self._sp.get_piece_size()
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.get_piece_size()
 
-    def encode(self, text: str) -> list[int]:
-        """Piece ids of `text`, without bos or eos."""
-        return self._sp.encode(text)
+  def encode(self, text: str) -> list[int]:
+    """Piece ids of `text`, without bos or eos."""
+    return self._sp.encode(text)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self._sp.encode(list(texts))
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return self._sp.encode(list(texts))
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Text of `ids`, stopping at the first eos and skipping pad and bos."""
-        out = []
-        for i in ids:
-            i = int(i)
-            if i == EOS_ID:
-                break
-            if i not in (PAD_ID, BOS_ID):
-                out.append(i)
-        return self._sp.decode(out)
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of `ids`, stopping at the first eos and skipping pad and bos."""
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == EOS_ID:
+        break
+      if i not in (PAD_ID, BOS_ID):
+        out.append(i)
+    return self._sp.decode(out)
 
-    def pieces(self, ids: Iterable[int]) -> list[str]:
-        """One printable piece per id (for attention plots); pad/bos/eos shown by name."""
-        return [self._sp.id_to_piece(int(i)) for i in ids]
+  def pieces(self, ids: Iterable[int]) -> list[str]:
+    """One printable piece per id (for attention plots); pad/bos/eos shown by name."""
+    return [self._sp.id_to_piece(int(i)) for i in ids]
 
 
 @contextlib.contextmanager
 def file_lock(path: str):
-    """An exclusive advisory lock on `path` (created if needed), for builds shared by processes."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+  """An exclusive advisory lock on `path` (created if needed), for builds shared by processes."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "a") as handle:
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int, model_type: str = "unigram",
                     max_chars: int = 10_000_000, split_digits: bool = True,
                     byte_fallback: bool = False, seed: int = 0) -> Tokenizer:
-    """Trains a SentencePiece model on `texts` and writes it atomically to `path`.
+  """Trains a SentencePiece model on `texts` and writes it atomically to `path`.
 
-    `texts` is the training split's sources and targets interleaved; a seeded sample of them up
-    to `max_chars` characters is used (the character budget bounds the training time). The model
-    is written to a temporary name and renamed, so a reader never sees half a file.
-    """
-    texts = [t for t in texts if t]
-    random.Random(seed).shuffle(texts)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        corpus = os.path.join(tmp, "corpus.txt")
-        chars = 0
-        with open(corpus, "w", encoding="utf-8") as f:
-            for t in texts:
-                line = " ".join(t.split())  # SentencePiece reads one sentence per line.
-                if chars + len(line) > max_chars:
-                    break
-                f.write(line + "\n")
-                chars += len(line)
-        logging.info("Training a %s SentencePiece model (%d pieces) on %d characters",
-                     model_type, vocab_size, chars)
-        prefix = os.path.join(tmp, "spm")
-        spm.SentencePieceTrainer.train(
-            input=corpus, model_prefix=prefix, vocab_size=vocab_size, model_type=model_type,
-            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-            pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-            # Identity normalisation keeps decode(encode(x)) == x for text without odd spacing.
-            normalization_rule_name="identity", character_coverage=1.0,
-            split_digits=split_digits, byte_fallback=byte_fallback,
-            # A small corpus may not support the requested size: take what it supports.
-            hard_vocab_limit=False, input_sentence_size=0, shuffle_input_sentence=False,
-            num_threads=os.cpu_count() or 1, minloglevel=2)
-        os.replace(prefix + ".model", path)
-    return Tokenizer(path)
+  `texts` is the training split's sources and targets interleaved; a seeded sample of them up
+  to `max_chars` characters is used (the character budget bounds the training time). The model
+  is written to a temporary name and renamed, so a reader never sees half a file.
+  """
+  texts = [t for t in texts if t]
+  random.Random(seed).shuffle(texts)
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=directory) as tmp:
+    corpus = os.path.join(tmp, "corpus.txt")
+    chars = 0
+    with open(corpus, "w", encoding="utf-8") as f:
+      for t in texts:
+        line = " ".join(t.split())  # SentencePiece reads one sentence per line.
+        if chars + len(line) > max_chars:
+          break
+        f.write(line + "\n")
+        chars += len(line)
+    logging.info("Training a %s SentencePiece model (%d pieces) on %d characters",
+                 model_type, vocab_size, chars)
+    prefix = os.path.join(tmp, "spm")
+    spm.SentencePieceTrainer.train(
+        input=corpus, model_prefix=prefix, vocab_size=vocab_size, model_type=model_type,
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+        # Identity normalisation keeps decode(encode(x)) == x for text without odd spacing.
+        normalization_rule_name="identity", character_coverage=1.0,
+        split_digits=split_digits, byte_fallback=byte_fallback,
+        # A small corpus may not support the requested size: take what it supports.
+        hard_vocab_limit=False, input_sentence_size=0, shuffle_input_sentence=False,
+        num_threads=os.cpu_count() or 1, minloglevel=2)
+    os.replace(prefix + ".model", path)
+  return Tokenizer(path)
 
 
 def load_or_train(path: str, texts_fn, **train_kwargs) -> Tokenizer:
-    """The tokenizer at `path`, trained first (under a lock) if the file does not exist yet.
+  """The tokenizer at `path`, trained first (under a lock) if the file does not exist yet.
 
-    `texts_fn()` returns the training texts; it is only called when training is needed, so a
-    resumed run never touches the corpus for its vocabulary.
-    """
-    if os.path.exists(path):
-        return Tokenizer(path)
-    with file_lock(path + ".lock"):
-        if os.path.exists(path):  # Another process trained it while we waited.
-            return Tokenizer(path)
-        return train_tokenizer(texts_fn(), path, **train_kwargs)
+  `texts_fn()` returns the training texts; it is only called when training is needed, so a
+  resumed run never touches the corpus for its vocabulary.
+  """
+  if os.path.exists(path):
+    return Tokenizer(path)
+  with file_lock(path + ".lock"):
+    if os.path.exists(path):  # Another process trained it while we waited.
+      return Tokenizer(path)
+    return train_tokenizer(texts_fn(), path, **train_kwargs)
