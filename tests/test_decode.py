@@ -23,7 +23,9 @@ def make_source(vocab, lengths, width, seed=0):
 
 
 def expected_limits(lengths, margin, buffer_len):
-  return np.minimum(np.asarray(lengths) + margin, buffer_len)
+  """Source length + margin, within the buffer; 0 for an all-padding row (nothing to translate)."""
+  lengths = np.asarray(lengths)
+  return np.where(lengths > 0, np.minimum(lengths + margin, buffer_len), 0)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -130,9 +132,13 @@ def test_beam_scores_match_teacher_forcing(tiny, beam4):
   seqs, scores = (np.asarray(x) for x in beam4)
   batch, beam, buffer_len = seqs.shape
   assert (batch, beam) == (4, 4)
-  # Finished set best first; the last row (empty source) still has room for MARGIN tokens.
-  assert (np.diff(scores, axis=1) <= 0).all()
+  # Finished set best first (filled slots, then empty ones at -inf); the last row (all padding)
+  # has only the empty output, with log-probability 0.
+  for row in scores:
+    filled = int(np.isfinite(row).sum())
+    assert np.isfinite(row[:filled]).all() and (np.diff(row[:filled]) <= 0).all()
   assert np.isfinite(scores[:, 0]).all()
+  assert scores[3, 0] == 0.0 and not np.isfinite(scores[3, 1:]).any()
   limits = expected_limits(SOURCE_LENGTHS, MARGIN, buffer_len)
   flat = seqs.reshape(batch * beam, buffer_len)
   lengths = (flat != cfg.pad_id).sum(1)
@@ -188,12 +194,12 @@ def test_length_limits(tiny, greedy, margin):
   full = np.asarray(greedy[0])
   for i, n in enumerate(np.asarray(lengths)):
     np.testing.assert_array_equal(np.asarray(tokens)[i, :n], full[i, :n])
-  if margin == 0:
-    # The empty source has no room at all; beam search keeps to the same limits.
-    assert lengths[3] == 0 and (np.asarray(tokens)[3] == cfg.pad_id).all()
-    seqs, scores = decode.beam_search(cfg, params, src, beam_size=3, max_len_margin=margin)
-    check_well_formed(seqs, (np.asarray(seqs) != 0).sum(1), limits, cfg.eos_id)
-    assert scores[3] == 0.0 and (np.asarray(seqs)[3] == cfg.pad_id).all()
+  # The all-padding row has no room, whatever the margin (filler rows of a bucketed batch
+  # must not keep the loop running); beam search keeps to the same limits.
+  assert lengths[3] == 0 and (np.asarray(tokens)[3] == cfg.pad_id).all()
+  seqs, scores = decode.beam_search(cfg, params, src, beam_size=3, max_len_margin=margin)
+  check_well_formed(seqs, (np.asarray(seqs) != 0).sum(1), limits, cfg.eos_id)
+  assert scores[3] == 0.0 and (np.asarray(seqs)[3] == cfg.pad_id).all()
 
 
 def test_buffer_caps(tiny, greedy):

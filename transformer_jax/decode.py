@@ -52,9 +52,14 @@ def buffer_length(config: TransformerConfig, source_len: int, max_len_margin: in
 
 
 def length_limits(config: TransformerConfig, inputs, max_len_margin: int, buffer_len: int):
-  """Per-sentence output limit `[batch]`: real source tokens + margin, at most the buffer."""
+  """Per-sentence output limit `[batch]`: real source tokens + margin, at most the buffer.
+
+  An all-padding row (a filler row of a bucketed batch, or the warm-up batch that compiles a
+  shape) gets 0, so it finishes at once and does not keep the search loop running.
+  """
   source_lengths = jnp.sum(inputs != config.pad_id, axis=-1).astype(jnp.int32)
-  return jnp.minimum(source_lengths + max_len_margin, buffer_len)
+  limits = jnp.minimum(source_lengths + max_len_margin, buffer_len)
+  return jnp.where(source_lengths > 0, limits, 0)
 
 
 def _decode_model(config: TransformerConfig) -> Transformer:
