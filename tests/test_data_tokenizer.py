@@ -59,3 +59,12 @@ def test_reused_not_retrained_and_picklable(tokenizer, tmp_path):
   made = tok_lib.load_or_train(str(fresh), lambda: calls.append(1) or TEXTS, vocab_size=100)
   assert calls == [1] and os.path.exists(fresh) and made.vocab_size <= 100
   assert [p for p in os.listdir(fresh.parent) if p.startswith("tmp")] == []  # No leftovers.
+
+
+def test_trains_in_a_directory_named_like_a_sweep_point(tmp_path):
+  """Sweep points' workdirs are `field=value,field=value`; SentencePiece splits file lists at
+  commas, so training must not pass it paths."""
+  path = tmp_path / "learning_rate=1.0,warmup_steps=200" / "spm.model"
+  made = tok_lib.train_tokenizer(TEXTS, str(path), vocab_size=120, max_chars=100_000)
+  assert os.path.exists(path) and made.decode(made.encode(TEXTS[0])) == TEXTS[0]
+  assert os.listdir(path.parent) == ["spm.model"]

@@ -142,6 +142,9 @@ def test_gradient_accumulation_equals_big_batch():
     ("model_size", "huge", r"config.model_size='huge'"),
     ("grad_accum_steps", 3, r"config.grad_accum_steps=3: must divide the 8 rows"),
     ("data.batching", "foo", r"data.batching='foo'"),
+    ("bleu_num_sentences", 0, r"config.bleu_num_sentences=0: must be >= 1"),
+    # The tiny config warms up for 10 of its 6 steps: no steps are left for a cosine decay.
+    ("schedule", "cosine", r"config.warmup_steps=10: must be < num_train_steps=6"),
 ])
 def test_bad_config_values_name_the_field(tmp_path, field, value, match):
   c = tiny_config(tmp_path, **{field: value})

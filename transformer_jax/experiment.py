@@ -101,7 +101,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if c.schedule not in SCHEDULES:
     bad("schedule", c.schedule, f"expected one of {SCHEDULES}")
   for field in ("num_train_steps", "log_every_steps", "eval_every_steps", "bleu_every_steps",
-                "checkpoint_every_steps", "keep_checkpoints", "grad_accum_steps"):
+                "checkpoint_every_steps", "keep_checkpoints", "grad_accum_steps",
+                "bleu_num_sentences"):
     if c[field] < 1:
       bad(field, c[field], "must be >= 1")
   for field in ("learning_rate", "adam_eps"):
@@ -109,6 +110,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
       bad(field, c[field], "must be > 0")
   if c.schedule == "rsqrt" and c.warmup_steps < 1:
     bad("warmup_steps", c.warmup_steps, "must be >= 1 with schedule='rsqrt'")
+  if c.warmup_steps < 0:
+    bad("warmup_steps", c.warmup_steps, "must be >= 0")
+  if c.schedule == "cosine" and c.warmup_steps >= c.num_train_steps:
+    bad("warmup_steps", c.warmup_steps, f"must be < num_train_steps={c.num_train_steps} with "
+        "schedule='cosine' (the decay runs over the steps after the warm-up)")
   for field in ("adam_b1", "adam_b2", "label_smoothing"):
     if not 0 <= c[field] < 1:
       bad(field, c[field], "must be in [0, 1)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import logging
 import os
 import random
@@ -90,32 +91,37 @@ def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int, model_t
   """
   texts = [t for t in texts if t]
   random.Random(seed).shuffle(texts)
+  lines, chars = [], 0
+  for t in texts:
+    line = " ".join(t.split())  # SentencePiece reads one sentence per line.
+    if chars + len(line) > max_chars:
+      break
+    lines.append(line)
+    chars += len(line)
+  logging.info("Training a %s SentencePiece model (%d pieces) on %d characters",
+               model_type, vocab_size, chars)
+  # Sentences in and the model out through Python objects, not files: SentencePiece splits
+  # `input=` at commas, and sweep points' workdirs have commas in their names.
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
+      model_type=model_type, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+      pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+      # Identity normalisation keeps decode(encode(x)) == x for text without odd spacing.
+      normalization_rule_name="identity", character_coverage=1.0,
+      split_digits=split_digits, byte_fallback=byte_fallback,
+      # A small corpus may not support the requested size: take what it supports.
+      hard_vocab_limit=False, input_sentence_size=0, shuffle_input_sentence=False,
+      num_threads=os.cpu_count() or 1, minloglevel=2)
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  with tempfile.TemporaryDirectory(dir=directory) as tmp:
-    corpus = os.path.join(tmp, "corpus.txt")
-    chars = 0
-    with open(corpus, "w", encoding="utf-8") as f:
-      for t in texts:
-        line = " ".join(t.split())  # SentencePiece reads one sentence per line.
-        if chars + len(line) > max_chars:
-          break
-        f.write(line + "\n")
-        chars += len(line)
-    logging.info("Training a %s SentencePiece model (%d pieces) on %d characters",
-                 model_type, vocab_size, chars)
-    prefix = os.path.join(tmp, "spm")
-    spm.SentencePieceTrainer.train(
-        input=corpus, model_prefix=prefix, vocab_size=vocab_size, model_type=model_type,
-        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-        pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-        # Identity normalisation keeps decode(encode(x)) == x for text without odd spacing.
-        normalization_rule_name="identity", character_coverage=1.0,
-        split_digits=split_digits, byte_fallback=byte_fallback,
-        # A small corpus may not support the requested size: take what it supports.
-        hard_vocab_limit=False, input_sentence_size=0, shuffle_input_sentence=False,
-        num_threads=os.cpu_count() or 1, minloglevel=2)
-    os.replace(prefix + ".model", path)
+  with tempfile.NamedTemporaryFile(dir=directory, suffix=".model.tmp", delete=False) as f:
+    try:
+      f.write(model.getvalue())
+    except BaseException:
+      os.unlink(f.name)
+      raise
+  os.replace(f.name, path)  # A reader never sees half a file.
   return Tokenizer(path)
 
 
