@@ -15,7 +15,8 @@
 
 Extra `--config.FIELD=VALUE` arguments apply to every point. Points already finished (a `DONE`
 marker) are skipped on a re-run; failed ones (a `FAILED` file with the exit status and the log's
-tail) are run again and resume from their checkpoint. The exit status is 1 if any point failed.
+tail) and stopped ones (exit 0 before the last step: SIGTERM) are run again and resume from their
+checkpoint. The exit status is 1 if any point failed.
 """
 import argparse
 import os

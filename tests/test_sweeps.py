@@ -74,11 +74,14 @@ FAKE_TRAIN = textwrap.dedent("""
       f.write("x")
     if lr == 2.0 and warmup == 5:
       raise SystemExit("boom: this point fails")
+    stop_at = int(os.environ.get("FAKE_STOP_AT", 3))  # as SIGTERM does: save, exit 0
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
-      for step in (1, 2, 3):
+      for step in range(1, stop_at + 1):
         f.write(json.dumps({"step": step, "train_loss": 5.0 / step, "learning_rate": 1e-3})
                 + "\\n")
-      f.write(json.dumps({"step": 3, "bleu": 10 * lr + warmup, "eval_loss": 1 / lr}) + "\\n")
+      os.makedirs(os.path.join(workdir, "checkpoints", str(stop_at)), exist_ok=True)
+      if stop_at == 3:
+        f.write(json.dumps({"step": 3, "bleu": 10 * lr + warmup, "eval_loss": 1 / lr}) + "\\n")
 """)
 
 
@@ -87,12 +90,19 @@ def _calls(sweep_dir, point):
     return len(f.read())
 
 
-def test_runner_records_failures_skips_done_and_reports(tmp_path):
+def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
   fake = tmp_path / "fake_train.py"
   fake.write_text(FAKE_TRAIN)
   sweep_dir = str(tmp_path / "sweep")
   runner = sweeps.Runner(TINY, sweep_dir, str(fake), ["--config.num_train_steps=3"])
   assert runner.num_steps == [3, 3, 3, 3]
+  # Stopped (exit 0) after step 2 of 3: no marker, and the next run resumes it.
+  monkeypatch.setenv("FAKE_STOP_AT", "2")
+  assert runner.run([0], log=lambda s: None)[0]["status"] == "stopped"
+  assert runner.status(0) == "partial"
+  assert not os.path.exists(os.path.join(sweeps.point_dir(sweep_dir, runner.points[0]),
+                                         sweeps.DONE))
+  monkeypatch.delenv("FAKE_STOP_AT")
   results = runner.run(log=lambda s: None)
   by_name = {r["name"]: r for r in results}
   failed = sweeps.point_name({"learning_rate": 2.0, "warmup_steps": 5})
@@ -108,7 +118,7 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path):
   again = sweeps.Runner(TINY, sweep_dir, str(fake), ["--config.num_train_steps=3"])
   results = again.run(log=lambda s: None)
   assert [r["status"] for r in results].count("skipped (done)") == 3
-  assert _calls(sweep_dir, {"learning_rate": 1.0, "warmup_steps": 5}) == 1
+  assert _calls(sweep_dir, {"learning_rate": 1.0, "warmup_steps": 5}) == 2  # stopped, then done
   assert _calls(sweep_dir, {"learning_rate": 2.0, "warmup_steps": 5}) == 2
   # One point by index, as a SLURM array task runs it.
   assert again.run([0], log=lambda s: None)[0]["status"] == "skipped (done)"
@@ -116,11 +126,19 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path):
   assert _calls(sweep_dir, {"learning_rate": 2.0, "warmup_steps": 5}) == 3
   with pytest.raises(IndexError, match="points 0..3"):
     again.run([4])
-  # A point whose metrics already reach the last step counts as done without a DONE marker.
+  # A point that saved and evaluated its last step counts as done without a DONE marker;
+  # without the final evaluation (killed during it) it does not.
   done_dir = sweeps.point_dir(sweep_dir, {"learning_rate": 1.0, "warmup_steps": 10})
   os.remove(os.path.join(done_dir, sweeps.DONE))
   assert again.status(1) == "done"
   assert sweeps.status(done_dir, num_train_steps=4) == "partial"
+  metrics_path = os.path.join(done_dir, "metrics.jsonl")
+  lines = open(metrics_path).readlines()
+  with open(metrics_path, "w") as f:
+    f.writelines(l for l in lines if "bleu" not in l)
+  assert again.status(1) == "partial"
+  with open(metrics_path, "w") as f:
+    f.writelines(lines)
 
   out = sweeps.report(sweep_dir, metric="bleu")
   assert [r["name"] for r in out["rows"]][:3] == [
@@ -149,7 +167,7 @@ def test_parallel_slots_get_disjoint_devices(tmp_path):
   sweep_dir = str(tmp_path / "sweep")
   runner = sweeps.Runner(TINY, sweep_dir, str(fake))
   results = runner.run(parallel=2, devices_per_point=4, log=lambda s: None)
-  assert [r["status"] for r in results] == ["done"] * 4
+  assert [r["returncode"] for r in results] == [0] * 4  # (not "done": no final step is saved)
   seen = []
   for p in runner.points:
     with open(os.path.join(sweeps.point_dir(sweep_dir, p), "devices")) as f:
@@ -191,15 +209,15 @@ def test_sweep_end_to_end(tmp_path):
   sweep_dir = tmp_path / "lr_warmup"
   cmd = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), "--config", TINY,
          "--workdir", str(sweep_dir), f"--config.data.data_dir={data_dir}",
-         "--config.num_train_steps=3", "--config.bleu_num_sentences=4",
-         f"--config.data.vocab_path={tmp_path / 'prebuild' / 'spm.model'}"]
+         "--config.num_train_steps=3", "--config.bleu_num_sentences=4"]
+  # Each point trains its own vocabulary in its workdir, whose name has commas in it.
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
   assert out.returncode == 0, out.stderr[-5000:]
   names = [sweeps.point_name(p) for p in sweeps.points_from_config(TINY)]
   for name in names:
     assert os.path.exists(sweep_dir / name / sweeps.DONE), name
-    assert sweeps.final_step(str(sweep_dir / name)) == 3
+    assert sweeps.finished(str(sweep_dir / name), 3)
   # The learning rate reached the run: at step 3 the rate is lr * d^-0.5 * 3 * warmup^-1.5.
   lrs = {}
   for name in names:
@@ -231,5 +249,4 @@ def test_a_metrics_line_cut_by_a_crash_is_skipped(tmp_path):
     f.write(json.dumps({"step": 2, "bleu": 7.5}) + "\n")
     f.write('{"step": 3, "train_lo')  # the process died mid-write
   assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [1, 2]
-  assert sweeps.final_step(str(tmp_path)) == 2
   assert sweeps.last_values(str(tmp_path))["bleu"] == 7.5

@@ -203,7 +203,13 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir):
   # Interrupted after 3 steps, then the same command again: the same losses as uninterrupted.
   part = tmp_path / "part"
   train.train_and_evaluate(tiny_config(data_dir, num_train_steps=3), str(part))
+  # As if it had logged step 4 and half of step 5 before a crash: those steps run again, and
+  # their old records go.
+  with open(part / "metrics.jsonl", "a") as f:
+    f.write(json.dumps({"step": 4, "train_loss": 999.0}) + "\n" + '{"step": 5, "train_lo')
   train.train_and_evaluate(tiny_config(data_dir), str(part))
+  steps_logged = [r["step"] for r in metrics.read_metrics(str(part)) if "train_loss" in r]
+  assert steps_logged == [1, 2, 3, 4, 5, 6]
   full_losses, resumed = train_losses(str(full)), train_losses(str(part))
   for step in (4, 5, 6):
     assert resumed[step] == pytest.approx(full_losses[step], rel=1e-6), step
@@ -220,6 +226,31 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir):
   _, saved = checkpointing.load_params(str(full))
   for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(state.params)):
     np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_killed_in_the_final_evaluation_keeps_the_checkpoint_and_finishes_on_resume(
+    tmp_path, data_dir, monkeypatch):
+  workdir = str(tmp_path / "killed")
+  c = tiny_config(data_dir, num_train_steps=3)
+
+  def killed(*args, **kwargs):
+    raise KeyboardInterrupt("killed during BLEU")
+
+  monkeypatch.setattr(train.Trainer, "bleu", killed)
+  with pytest.raises(KeyboardInterrupt):
+    train.train_and_evaluate(c, workdir)
+  # The final step was saved before its evaluation started.
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
+  assert not metrics.evaluated(workdir, 3)
+  monkeypatch.undo()
+  result = train.train_and_evaluate(c, workdir)   # the same command again
+  assert result["step"] == 3 and "bleu" in result and "eval_loss" in result
+  assert metrics.evaluated(workdir, 3)
+  assert [r["step"] for r in metrics.read_metrics(workdir) if "train_loss" in r] == [1, 2, 3]
+  # Once done, running it again changes nothing.
+  before = metrics.read_metrics(workdir)
+  train.train_and_evaluate(c, workdir)
+  assert metrics.read_metrics(workdir) == before
 
 
 def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, data_dir):

@@ -33,13 +33,20 @@ def accumulate(total: dict | None, new: dict) -> dict:
 class MetricsWriter:
   """Appends JSON lines and TensorBoard scalars; only the first process writes."""
 
-  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True):
+  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True,
+               resume_step: int | None = None):
+    """`resume_step`: the step training resumes from; records of later steps (written before a
+    crash, and about to be written again) are removed from metrics.jsonl and TensorBoard."""
     self.enabled = enabled
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.tb = None
+    if enabled and resume_step is not None:
+      _truncate(self.path, resume_step)
     if enabled and tensorboard:
       from tensorboardX import SummaryWriter  # imported lazily: only the writer needs it
-      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      # purge_step: TensorBoard hides the events of this step and later from earlier sessions.
+      purge = resume_step + 1 if resume_step else None
+      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
 
   def write(self, step: int, values: dict):
     if not self.enabled:
@@ -62,6 +69,38 @@ def _plain(v):
   if isinstance(v, (np.generic, np.ndarray)):
     return v.item()
   return v
+
+
+def _truncate(path: str, last_step: int) -> None:
+  """Rewrite metrics.jsonl (atomically) without records after `last_step` or cut lines."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = f.readlines()
+  keep, changed = [], False
+  for line in lines:
+    try:
+      record = json.loads(line)
+    except ValueError:
+      changed = True
+      continue
+    if isinstance(record, dict) and int(record.get("step", 0)) <= last_step:
+      # A last line without its newline would run into the next record.
+      keep.append(line if line.endswith("\n") else line + "\n")
+      changed |= keep[-1] is not line
+    else:
+      changed = True
+  if not changed:
+    return
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(keep)
+  os.replace(tmp, path)
+
+
+def evaluated(workdir: str, step: int) -> bool:
+  """Whether metrics.jsonl holds an evaluation with BLEU of `step` (the final one has both)."""
+  return any(r.get("step") == step and "bleu" in r for r in read_metrics(workdir))
 
 
 def read_metrics(workdir: str) -> list[dict]:

@@ -177,14 +177,18 @@ def point_dir(sweep_dir: str, point: Point) -> str:
   return os.path.join(sweep_dir, point_name(point))
 
 
-def final_step(workdir: str) -> int:
-  """The last step logged in `metrics.jsonl` (0 when none)."""
-  from transformer_jax.metrics import read_metrics  # no JAX import there
-  return max((int(r.get("step", 0)) for r in read_metrics(workdir)), default=0)
+def finished(workdir: str, num_train_steps: int) -> bool:
+  """Whether the run in `workdir` saved its final step and logged that step's evaluation.
+
+  Training saves the final checkpoint, then evaluates: a run stopped in between (killed, or
+  stopped early by SIGTERM and exiting 0) is not finished, and resumes on the next run."""
+  from transformer_jax.metrics import evaluated  # no JAX import there
+  final = os.path.join(workdir, "checkpoints", str(int(num_train_steps)))
+  return os.path.isdir(final) and evaluated(workdir, int(num_train_steps))
 
 
 def status(workdir: str, num_train_steps: int | None = None) -> str:
-  """"done" (DONE marker, or the final step is in metrics.jsonl), "failed", "partial" or "new".
+  """"done" (DONE marker, or `finished`), "failed", "partial" or "new".
 
   A re-run skips "done" points and runs the others again: their workdirs resume from their
   last checkpoint."""
@@ -192,7 +196,7 @@ def status(workdir: str, num_train_steps: int | None = None) -> str:
     return "done"
   if os.path.exists(os.path.join(workdir, FAILED)):
     return "failed"  # even past the last step: it may have failed in the final evaluation
-  if num_train_steps is not None and final_step(workdir) >= num_train_steps:
+  if num_train_steps is not None and finished(workdir, num_train_steps):
     return "done"    # finished outside the sweep driver (e.g. run by hand)
   if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
     return "partial"
@@ -419,16 +423,24 @@ class Runner:
   def _finish(self, index: int, returncode: int, seconds: float) -> dict:
     d = point_dir(self.sweep_dir, self.points[index])
     name = point_name(self.points[index])
+    if returncode != 0:
+      outcome = "failed"
+    elif finished(d, self.num_steps[index]):
+      outcome = "done"
+    else:
+      # Exit 0 before the last step: stopped by SIGTERM/SIGINT, which saves and exits 0. No
+      # marker: the next run resumes it.
+      outcome = "stopped"
     if self._main:
-      if returncode == 0:
+      if outcome == "done":
         _write(os.path.join(d, DONE), f"finished in {seconds:.1f} s\n")
-      else:
+      elif outcome == "failed":
         _write(os.path.join(d, FAILED),
                f"exit status {returncode} after {seconds:.1f} s\n$ {' '.join(self.command(index))}"
                f"\n--- last lines of {os.path.join(d, 'train.log')}:\n"
                + _tail(os.path.join(d, "train.log")))
-    return {"index": index, "name": name, "status": "done" if returncode == 0 else "failed",
-            "returncode": returncode, "seconds": round(seconds, 1)}
+    return {"index": index, "name": name, "status": outcome, "returncode": returncode,
+            "seconds": round(seconds, 1)}
 
   def run(self, indices: Sequence[int] | None = None, parallel: int = 1,
           devices_per_point: int = 0, log=print) -> list[dict]:

@@ -118,6 +118,15 @@ def own_data_state(saved: dict, data) -> dict | None:
   return state
 
 
+def final_evaluation_done(workdir: str, step: int) -> bool:
+  """Whether metrics.jsonl holds the evaluation (with BLEU) of `step`; decided by the process
+  that writes it, so that all processes agree on running the (collective) evaluation."""
+  done = metrics_lib.evaluated(workdir, step) if jax.process_index() == 0 else False
+  if jax.process_count() > 1:
+    done = bool(multihost_utils.broadcast_one_to_all(np.array(done)))
+  return done
+
+
 def init_from_vocabulary(path: str) -> str | None:
   """The `spm.model` of the run that `init_from` points into (its workdir, its checkpoints
   directory or one step of it), if there is one."""
@@ -288,7 +297,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   data_state = own_data_state(data_state, trainer.data)
   if data_state:
     train_iter.set_state(data_state)
-  writer = metrics_lib.MetricsWriter(workdir, enabled=trainer.is_main)
+  # Records past the resumed step (logged before a crash, from steps that are now run again)
+  # are dropped, so every step appears once in metrics.jsonl and TensorBoard.
+  writer = metrics_lib.MetricsWriter(workdir, enabled=trainer.is_main, resume_step=step)
   progress = metrics_lib.Progress(c.num_train_steps, step, enabled=trainer.is_main)
   peak, peak_source = flops.peak_flops(trainer.model_cfg.dtype)
   num_devices = jax.device_count()
@@ -347,8 +358,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     batch = next(train_iter)
     return trainer.put(batch), flops.batch_lengths(batch, tok.pad_id)
 
+  def run_evaluation(params, step: int, evaluate: bool, bleu: bool) -> dict:
+    record = trainer.evaluate(params) if evaluate else {}
+    if bleu:
+      record.update(trainer.bleu(params, c.bleu_num_sentences))
+    writer.write(step, record)
+    progress.write(f"step {step}: " + ", ".join(
+        f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
+    return record
+
   upcoming = fetch() if step < c.num_train_steps else None
   try:
+    if step >= c.num_train_steps and not final_evaluation_done(workdir, step):
+      # Resumed from the final checkpoint of a run stopped during its final evaluation.
+      progress.write(f"step {step}: the final checkpoint has no final evaluation yet; running it")
+      last.update(run_evaluation(state.params, step, True, True))
     with _StopFlag() as stop:
       while step < c.num_train_steps:
         device_batch, (src_lens, tgt_lens) = upcoming
@@ -381,17 +405,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             last = record
             writer.write(step, record)
             progress.update(step, record if record.get("tokens_per_sec") else None)
-        if evaluate or bleu:
-          record = trainer.evaluate(state.params) if evaluate else {}
-          if bleu:
-            record.update(trainer.bleu(state.params, c.bleu_num_sentences))
-          writer.write(step, record)
-          last.update(record)
-          progress.write(f"step {step}: " + ", ".join(
-              f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
+        # Saved before evaluating: an evaluation that fails loses no training, and the
+        # asynchronous save writes while the evaluation runs.
         if save:
           trainer.checkpointer.save(step, state, gather_data_states(data_state),
                                     {"step": step, "origin": origin}, force=True)
+        if evaluate or bleu:
+          last.update(run_evaluation(state.params, step, evaluate, bleu))
         if evaluate or bleu or save:
           window_start = time.perf_counter()  # evaluation and saving are not training throughput
         progress.update(step)
