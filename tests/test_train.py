@@ -228,6 +228,19 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir):
     np.testing.assert_array_equal(a, np.asarray(b))
 
 
+def test_batches_that_do_not_split_over_the_devices_are_refused(tmp_path, data_dir):
+  assert jax.device_count() == 8
+  with pytest.raises(ValueError, match=r"6 rows does not split over the 8 devices.*batch_size"):
+    train.Trainer(tiny_config(data_dir, **{"data.batch_size": 6}), str(tmp_path / "a"))
+  # Buckets of a multiple of 3 rows (6 here) do not split over 8 devices.
+  c = tiny_config(data_dir, **{"data.batching": "bucket", "data.bucket_rows_multiple": 3})
+  with pytest.raises(ValueError, match=r"6 rows does not split.*bucket_rows_multiple"):
+    train.Trainer(c, str(tmp_path / "b"))
+  # Splitting over fewer devices (4 x 2 tensor) is fine for 4 rows.
+  c = tiny_config(data_dir, **{"data.batch_size": 4, "mesh.data": 4, "mesh.tensor": 2})
+  train.Trainer(c, str(tmp_path / "c")).checkpointer.close()
+
+
 def test_killed_in_the_final_evaluation_keeps_the_checkpoint_and_finishes_on_resume(
     tmp_path, data_dir, monkeypatch):
   workdir = str(tmp_path / "killed")

@@ -79,6 +79,13 @@ def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
   return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch", "length"), rules))
 
 
+def batch_shards(sharding: NamedSharding) -> int:
+  """How many ways `batch_sharding` splits the rows of a batch."""
+  axes = sharding.spec[0] if len(sharding.spec) else None
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  return int(np.prod([sharding.mesh.shape[a] for a in axes], dtype=np.int64))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

@@ -218,6 +218,7 @@ class Trainer(TrainSetup):
         json.dump(_config_json(config, self.model_cfg), f, indent=2)
 
     super().__init__(config, self.model_cfg)
+    self._check_rows_split_over_devices()
     self.eval_model = Transformer(self.model_cfg.replace(deterministic=True))
     self.abstract_state = checkpointing.abstract_like(self.state_shapes, self.state_shardings)
     self.eval_step = jax.jit(make_eval_step(self.eval_model, config.label_smoothing),
@@ -226,6 +227,22 @@ class Trainer(TrainSetup):
     self.checkpointer = checkpointing.Checkpointer(
         workdir, max_to_keep=config.keep_checkpoints, keep_period=config.keep_every_steps or None,
         async_save=config.async_checkpointing)
+
+  def _check_rows_split_over_devices(self):
+    """Every global batch must split evenly over the batch devices (else a shape error later)."""
+    from transformer_jax.data import pipeline
+    c, shards = self.config.data, sharding.batch_shards(self.batch_sharding)
+    if c.batching == "bucket":
+      per_process = pipeline.Batcher(c, self.data.rows_per_process, jax.process_count()).rows
+      rows = sorted({r * jax.process_count() for r in per_process})
+      fields = "data.batch_tokens or data.bucket_rows_multiple"
+    else:
+      rows, fields = [self.data.global_rows], "data.batch_size (or data.batch_tokens)"
+    bad = [r for r in rows if r % shards]
+    if bad:
+      raise ValueError(
+          f"a global batch of {bad[0]} rows does not split over the {shards} devices of the "
+          f"batch axes (mesh {dict(self.mesh.shape)}): change {fields} or config.mesh")
 
   def initial_state(self):
     """(state, data iterator state or None, how it started): resume > init_from > scratch."""
