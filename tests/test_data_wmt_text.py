@@ -64,6 +64,32 @@ def test_aligned_files_must_align(tmp_path):
     get_data(c, str(tmp_path / "work"))
 
 
+def test_lines_split_at_newlines_only(tmp_path):
+  """Form feeds, U+0085 and U+2028 inside a sentence (web corpora have them) do not end a line;
+  CRLF files read like LF files."""
+  (tmp_path / "src").write_bytes("page\x0cbreak\r\nline\u2028sep\nnel\x85x\n".encode())
+  (tmp_path / "tgt").write_bytes("Seite\r\nZeile\nNEL\n".encode())
+  from transformer_jax.data import builders
+  assert builders.read_lines(str(tmp_path / "src")) == ["page\x0cbreak", "line\u2028sep",
+                                                         "nel\x85x"]
+  pairs = builders.read_parallel_text(None, str(tmp_path / "src"), str(tmp_path / "tgt"))
+  assert pairs == [("page break", "Seite"), ("line sep", "Zeile"), ("nel x", "NEL")]
+
+
+def test_text_corpus_errors_name_the_file(tmp_path):
+  (tmp_path / "latin1.tsv").write_bytes("one\teins\nGr\xfc\xdfe\tgreetings\n".encode("latin-1"))
+  c = default_data_config()
+  c.dataset, c.data_dir, c.tsv_path = "text", str(tmp_path / "tfds"), str(tmp_path / "latin1.tsv")
+  with pytest.raises(ValueError, match=r"latin1.tsv line 2 is not UTF-8.*iconv"):
+    get_data(c, str(tmp_path / "work"))
+  # Too few pairs for a validation or test split: say so, not TFDS's "No examples were yielded".
+  (tmp_path / "small.tsv").write_text("".join(f"s{i}\tt{i}\n" for i in range(5)))
+  c.tsv_path = str(tmp_path / "small.tsv")
+  with pytest.raises(ValueError, match=r"small.tsv: split\(s\) \[.*\] would be empty.*"
+                                       r"held_out_per_mille"):
+    get_data(c, str(tmp_path / "work"))
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("batching", "foo", "data.batching='foo': expected one of 'pack', 'bucket', 'pad'"),
     ("dataset", "wmt99", "data.dataset='wmt99': expected one of"),

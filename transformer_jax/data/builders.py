@@ -72,9 +72,20 @@ class _PairsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         supervised_keys=(config.source_lang, config.target_lang),
         metadata=tfds.core.MetadataDict(params=config.params))
 
+  def _inputs(self) -> str:
+    """What the pairs come from, for error messages."""
+    return self.name
+
   def _split_generators(self, dl_manager):
     del dl_manager  # Everything is on the machine already.
     pairs = self._pairs()
+    empty = [split for split in SPLITS if not pairs[split]]
+    if empty:
+      counts = ", ".join(f"{split} {len(pairs[split])}" for split in SPLITS)
+      raise ValueError(
+          f"{self._inputs()}: split(s) {empty} would be empty (pairs: {counts}). Validation "
+          "and test take a hash-chosen data.held_out_per_mille share of the distinct sources "
+          "each: use a larger corpus or raise data.held_out_per_mille.")
     return {split: self._generate_examples(pairs[split]) for split in SPLITS}
 
   def _generate_examples(self, pairs):
@@ -113,28 +124,51 @@ class TextTranslate(_PairsBuilder):
   name = "text_translate"
   DESCRIPTION = "Parallel text from user files."
 
+  def _inputs(self):
+    p = self.builder_config.params
+    return p["tsv_path"] or f"{p['source_path']} / {p['target_path']}"
+
   def _pairs(self):
     p = self.builder_config.params
     return split_pairs(read_parallel_text(p["tsv_path"], p["source_path"], p["target_path"]),
                        p["held_out_per_mille"])
 
 
+def read_lines(path: str) -> list[str]:
+  """The lines of a UTF-8 text file, split at "\\n" only (and a "\\r" before it dropped).
+
+  Not `str.splitlines()`: it also splits at form feeds, U+0085, U+2028 and other separators
+  that occur inside sentences of web-crawled corpora, which would break the alignment of two
+  files silently. A line that is not UTF-8 is an error naming the file and the line.
+  """
+  with open(path, "rb") as f:
+    data = f.read()
+  raw = data.split(b"\n")
+  if raw and raw[-1] == b"":
+    raw.pop()  # the newline that ends the last line
+  lines = []
+  for number, line in enumerate(raw, 1):
+    try:
+      text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{path} line {number} is not UTF-8 ({e.reason} at byte {e.start} of "
+                       "the line): convert the file, e.g. `iconv -f LATIN1 -t UTF-8`") from None
+    lines.append(text[:-1] if text.endswith("\r") else text)
+  return lines
+
+
 def read_parallel_text(tsv_path: str | None, source_path: str | None,
                        target_path: str | None) -> list[tuple[str, str]]:
   """Pairs from a TSV or two aligned files; blank pairs dropped, the first pair per source kept."""
   if tsv_path:
-    with open(tsv_path, encoding="utf-8") as f:
-      rows = [line.rstrip("\n").split("\t") for line in f]
+    rows = [line.split("\t") for line in read_lines(tsv_path)]
     bad = [i + 1 for i, row in enumerate(rows) if len(row) != 2 and any(c.strip() for c in row)]
     if bad:
       raise ValueError(f"{tsv_path}: lines {bad[:5]} do not have exactly 2 tab-separated "
                        f"fields (source<TAB>target)")
     raw = [(row[0], row[1]) for row in rows if len(row) == 2]
   else:
-    with open(source_path, encoding="utf-8") as f:
-      sources = f.read().splitlines()
-    with open(target_path, encoding="utf-8") as f:
-      targets = f.read().splitlines()
+    sources, targets = read_lines(source_path), read_lines(target_path)
     if len(sources) != len(targets):
       raise ValueError(f"{source_path} has {len(sources)} lines but {target_path} has "
                        f"{len(targets)}: the files must be line-aligned")
