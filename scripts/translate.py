@@ -45,19 +45,20 @@ def main(argv=None) -> int:
       lines = translate_lib.read_lines(args.input)
       where = "stdin" if args.input == "-" else args.input
       names = [f"{where} line {i + 1}" for i in range(len(lines))]
+    # Opened before translating: a bad path fails now, not after the whole search.
+    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
   except translate_lib.USER_ERRORS as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   if args.verbose:
     print(f"translate: {translator.settings()}", file=sys.stderr)
-  outputs = translator.translate(lines, names=names)
-  text = "".join(line + "\n" for line in outputs)
-  if args.output == "-":
-    sys.stdout.write(text)
-    sys.stdout.flush()
-  else:
-    with open(args.output, "w", encoding="utf-8") as f:
-      f.write(text)
+  try:
+    outputs = translator.translate(lines, names=names)
+    out.write("".join(line + "\n" for line in outputs))
+    out.flush()
+  finally:
+    if out is not sys.stdout:
+      out.close()
   if args.verbose:
     print(f"translate: {translate_lib.throughput_line(translator.stats)}", file=sys.stderr)
   return 0

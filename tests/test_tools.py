@@ -63,7 +63,8 @@ def translator(workdir):
 
 def run_main(module, argv, capsys, stdin=None, monkeypatch=None):
   if stdin is not None:
-    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    data = stdin if isinstance(stdin, bytes) else stdin.encode("utf-8")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
   rc = module.main(argv)
   out, err = capsys.readouterr()
   return rc, out, err
@@ -83,6 +84,10 @@ def test_translate_stdin_keeps_lines_and_survives_odd_input(workdir, capsys, mon
   assert "stdin line 5" in err and "truncated to 31 pieces" in err
   assert "line 4" not in err                                      # unknown characters: no warning
   assert err.count("warning:") == 1
+  # A lone carriage return or a form feed inside a line does not end it; CRLF does.
+  rc, out, err = run_main(translate_script, ["--workdir", workdir], capsys,
+                          stdin="seven\rone\r\nfive\x0cten\n", monkeypatch=monkeypatch)
+  assert rc == 0 and len(out.split("\n")) == 3, err
 
 
 def test_translate_arguments_to_file_with_overrides(workdir, tmp_path, capsys):
@@ -124,7 +129,7 @@ def test_unknown_characters_use_unk(translator):
   assert translator.tokenizer.unk_id in ids and ids[-1] == translator.tokenizer.eos_id
 
 
-def test_actionable_errors(workdir, tmp_path, capsys):
+def test_actionable_errors(workdir, tmp_path, capsys, monkeypatch):
   rc, _, err = run_main(translate_script, ["--workdir", str(tmp_path), "one"], capsys)
   assert rc == 1 and "not the workdir of a training run" in err and "scripts/train.py" in err
   empty = tmp_path / "empty"
@@ -140,6 +145,18 @@ def test_actionable_errors(workdir, tmp_path, capsys):
   assert rc == 1 and "average_checkpoints.py" in err
   rc, _, err = run_main(evaluate_script, ["--workdir", str(empty)], capsys)
   assert rc == 1 and "train first" in err
+  # Input that is not UTF-8 names the line; an unwritable output fails before translating.
+  latin1 = tmp_path / "latin1.txt"
+  latin1.write_bytes("seven\nGr\xfc\xdfe\n".encode("latin-1"))
+  rc, out, err = run_main(translate_script, ["--workdir", workdir, "--input", str(latin1)], capsys)
+  assert rc == 1 and f"{latin1} line 2 is not UTF-8" in err and out == ""
+  rc, _, err = run_main(translate_script, ["--workdir", workdir], capsys,
+                        stdin=b"seven\n\xff\n", monkeypatch=monkeypatch)
+  assert rc == 1 and "stdin line 2 is not UTF-8" in err
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--output",
+                                           str(tmp_path / "no" / "such" / "dir.txt"), "one"],
+                        capsys)
+  assert rc == 1 and "No such file or directory" in err
 
 
 # ---------------------------------------------------------------- evaluate

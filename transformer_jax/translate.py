@@ -30,6 +30,7 @@ import numpy as np
 
 from transformer_jax import checkpointing
 from transformer_jax.config import TransformerConfig
+from transformer_jax.data.lines import NotUTF8Error, read_lines
 from transformer_jax.decode import decode_batch, output_ids
 
 LENGTH_BUCKET = 16  # source lengths are padded to a multiple of this
@@ -42,7 +43,7 @@ class RunError(RuntimeError):
 
 
 # What the command-line tools report as "error: ..." rather than a traceback.
-USER_ERRORS = (RunError, checkpointing.CheckpointError, OSError)
+USER_ERRORS = (RunError, checkpointing.CheckpointError, OSError, NotUTF8Error)
 
 
 # ---------------------------------------------------------------- the run's files
@@ -432,24 +433,6 @@ def averaged_steps(checkpoint_dir: str, step: int) -> list[int] | None:
   return list(meta["averaged_steps"]) if meta and "averaged_steps" in meta else None
 
 
-def read_lines(path: str) -> list[str]:
-  """Lines of a UTF-8 file or '-' (stdin), without their line endings."""
-  if path == "-":
-    text = sys.stdin.read()
-  else:
-    with open(path, encoding="utf-8") as f:
-      text = f.read()
-  return split_lines(text)
-
-
-def split_lines(text: str) -> list[str]:
-  """Lines without endings; a final newline does not make an extra empty line."""
-  lines = text.split("\n")
-  if lines and lines[-1] == "":
-    lines.pop()
-  return [line.rstrip("\r") for line in lines]
-
-
 def throughput_line(stats: SearchStats) -> str:
   d = stats.as_dict()
   if not d["sentences_per_sec"]:
@@ -463,4 +446,4 @@ def throughput_line(stats: SearchStats) -> str:
 __all__ = ["USER_ERRORS", "RunError", "SearchStats", "Translator", "add_checkpoint_flags",
            "attention_maps", "average_checkpoints", "average_params", "averaged_steps",
            "checkpoint_steps", "load_run_config", "model_config_from", "read_lines",
-           "resolve_checkpoint", "split_lines", "throughput_line", "translator_from_args"]
+           "resolve_checkpoint", "throughput_line", "translator_from_args"]

@@ -21,6 +21,7 @@ import os
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import locale, numbers
+from transformer_jax.data.lines import read_lines
 from transformer_jax.data.tokenizer import file_lock
 
 SPLITS = ("train", "validation", "test")
@@ -132,29 +133,6 @@ class TextTranslate(_PairsBuilder):
     p = self.builder_config.params
     return split_pairs(read_parallel_text(p["tsv_path"], p["source_path"], p["target_path"]),
                        p["held_out_per_mille"])
-
-
-def read_lines(path: str) -> list[str]:
-  """The lines of a UTF-8 text file, split at "\\n" only (and a "\\r" before it dropped).
-
-  Not `str.splitlines()`: it also splits at form feeds, U+0085, U+2028 and other separators
-  that occur inside sentences of web-crawled corpora, which would break the alignment of two
-  files silently. A line that is not UTF-8 is an error naming the file and the line.
-  """
-  with open(path, "rb") as f:
-    data = f.read()
-  raw = data.split(b"\n")
-  if raw and raw[-1] == b"":
-    raw.pop()  # the newline that ends the last line
-  lines = []
-  for number, line in enumerate(raw, 1):
-    try:
-      text = line.decode("utf-8")
-    except UnicodeDecodeError as e:
-      raise ValueError(f"{path} line {number} is not UTF-8 ({e.reason} at byte {e.start} of "
-                       "the line): convert the file, e.g. `iconv -f LATIN1 -t UTF-8`") from None
-    lines.append(text[:-1] if text.endswith("\r") else text)
-  return lines
 
 
 def read_parallel_text(tsv_path: str | None, source_path: str | None,

@@ -1,0 +1,35 @@
+"""Reading text files a line at a time, the same way for corpora and for translation input.
+
+Lines end at "\n" only (a "\r" before it is dropped), not at everything `str.splitlines()`
+splits at: form feeds, U+0085 and U+2028 occur inside sentences of web-crawled corpora, and
+splitting there would silently shift one of two aligned files against the other. The bytes are
+decoded line by line, so a line that is not UTF-8 is an error naming the file and the line.
+"""
+from __future__ import annotations
+
+import sys
+
+
+class NotUTF8Error(ValueError):
+  """A line of an input file that does not decode as UTF-8 (the message names file and line)."""
+
+
+def read_lines(path: str) -> list[str]:
+  """The lines of a UTF-8 file, or of stdin for '-', without their line endings."""
+  if path == "-":
+    data, name = sys.stdin.buffer.read(), "stdin"
+  else:
+    with open(path, "rb") as f:
+      data, name = f.read(), path
+  raw = data.split(b"\n")
+  if raw and raw[-1] == b"":
+    raw.pop()  # the newline that ends the last line
+  lines = []
+  for number, line in enumerate(raw, 1):
+    try:
+      text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise NotUTF8Error(f"{name} line {number} is not UTF-8 ({e.reason} at byte {e.start} of "
+                       "the line): convert it, e.g. with `iconv -f LATIN1 -t UTF-8`") from None
+    lines.append(text[:-1] if text.endswith("\r") else text)
+  return lines
