@@ -211,6 +211,19 @@ def test_load_params_reads_only_the_parameters(workdir, monkeypatch):
 # ---------------------------------------------------------------- averaging
 
 
+def test_average_refuses_checkpoints_of_different_models():
+  a = {"dense": {"kernel": np.ones((2, 3), np.float32)}}
+  b = {"dense": {"kernel": np.zeros((2, 3), np.float32)}}
+  mean = translate_lib.average_params(iter([("step 1", a), ("step 2", b)]))
+  np.testing.assert_array_equal(mean["dense"]["kernel"], np.full((2, 3), 0.5, np.float32))
+  wide = {"dense": {"kernel": np.ones((1, 3), np.float32)}}  # would broadcast silently
+  with pytest.raises(translate_lib.RunError,
+                     match=r"\['dense'\]\['kernel'\] has shape \(1, 3\) in step 9 but \(2, 3\) in step 1"):
+    translate_lib.average_params([("step 1", a), ("step 9", wide)])
+  with pytest.raises(translate_lib.RunError, match="step 9 and step 1 have different parameter"):
+    translate_lib.average_params([("step 1", a), ("step 9", {"other": a["dense"]})])
+
+
 def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
   rc, out, err = run_main(average_script, ["--workdir", workdir, "--last", "2"], capsys)
   assert rc == 0, err

@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import jax
 import numpy as np
@@ -364,19 +364,33 @@ def _teacher_forced(model, params, inputs, targets):
 # ---------------------------------------------------------------- checkpoint averaging
 
 
-def average_params(trees: Sequence) -> object:
-  """Elementwise mean of parameter trees of one structure, in float32, cast back per leaf."""
-  if not trees:
+def average_params(trees: Iterable[tuple[str, object]]) -> object:
+  """Elementwise mean of `(name, parameter tree)` pairs, in float32, cast back per leaf.
+
+  Trees are consumed one at a time (a running sum), so averaging the paper's 20 checkpoints
+  of transformer-big holds three copies of the parameters (the sum, the first and the current
+  tree), not 20. Trees of another structure or
+  shape are refused, naming both trees and the parameter.
+  """
+  total, first, first_name, count = None, None, None, 0
+  for name, tree in trees:
+    if total is None:
+      first, first_name = tree, name
+      total = jax.tree.map(lambda x: np.asarray(x, np.float32).copy(), tree)
+    else:
+      if jax.tree.structure(tree) != jax.tree.structure(first):
+        raise RunError(f"{name} and {first_name} have different parameter structures: they "
+                       "are not checkpoints of one model")
+      for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(first), jax.tree.leaves(tree)):
+        if np.shape(a) != np.shape(b):
+          raise RunError(f"parameter {jax.tree_util.keystr(path)} has shape {np.shape(b)} in "
+                         f"{name} but {np.shape(a)} in {first_name}: they are not checkpoints "
+                         "of one model")
+      total = jax.tree.map(lambda a, b: a + np.asarray(b, np.float32), total, tree)
+    count += 1
+  if total is None:
     raise ValueError("nothing to average")
-  structure = jax.tree.structure(trees[0])
-  for t in trees[1:]:
-    if jax.tree.structure(t) != structure:
-      raise ValueError("the checkpoints have different parameter structures: they are not "
-                       "from one model")
-  total = jax.tree.map(lambda x: np.asarray(x, np.float32).copy(), trees[0])
-  for t in trees[1:]:
-    total = jax.tree.map(lambda a, b: a + np.asarray(b, np.float32), total, t)
-  return jax.tree.map(lambda s, x: (s / len(trees)).astype(np.asarray(x).dtype), total, trees[0])
+  return jax.tree.map(lambda s, x: (s / count).astype(np.asarray(x).dtype), total, first)
 
 
 def average_checkpoints(workdir: str, last: int, output: str | None = None,
@@ -401,12 +415,12 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
   output = os.path.abspath(output or os.path.join(workdir, AVERAGED_DIR))
   if output == os.path.abspath(source):
     raise RunError(f"refusing to write the average into {source}: training resumes from there")
-  trees = []
-  for s in chosen:
-    log(f"loading step {s}")
-    trees.append(checkpointing.load_params(source, s)[1])
-  params = average_params(trees)
-  del trees
+  def trees():
+    for s in chosen:
+      log(f"loading step {s}")
+      yield f"step {s}", checkpointing.load_params(source, s)[1]
+
+  params = average_params(trees())
   step = chosen[-1]
   meta = {"averaged_steps": chosen, "source": source, "last": last}
   options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
