@@ -59,10 +59,11 @@ def _default_workdir() -> str:
   return os.path.join(tempfile.gettempdir(), "transformer_jax_bench")
 
 
-def bench_data(args) -> list[dict]:
+def bench_data(args) -> dict:
   from transformer_jax.data import default_data_config, get_data  # Imports tfds and grain.
 
-  results = []
+  load_start = _load_average()
+  points = []
   for dataset in args.datasets.split(","):
     for batching in args.batching.split(","):
       c = default_data_config()
@@ -75,8 +76,9 @@ def bench_data(args) -> list[dict]:
       data = get_data(c, workdir)
       setup_s = time.perf_counter() - start
       it = iter(data.train_dataset())
-      next(it)  # Warm-up: threads started, first window read.
+      batch = next(it)  # Warm-up: threads started, first window read.
       batches = source_tokens = target_tokens = capacity = 0
+      shapes = set()
       start = time.perf_counter()
       while time.perf_counter() - start < args.seconds:
         batch = next(it)
@@ -84,10 +86,11 @@ def bench_data(args) -> list[dict]:
         source_tokens += int((batch["inputs_segmentation"] > 0).sum())
         target_tokens += int((batch["targets_segmentation"] > 0).sum())
         capacity += batch["targets"].size
+        shapes.add(tuple(batch["targets"].shape))
       elapsed = time.perf_counter() - start
       if hasattr(it, "close"):
         it.close()  # Stops grain's prefetch thread before the interpreter exits.
-      results.append({
+      points.append({
           "dataset": dataset, "batching": batching,
           "sizes": {s: len(data.sources[s]) for s in ("train", "validation", "test")},
           "vocab_size": data.tokenizer.vocab_size, "setup_s": round(setup_s, 2),
@@ -95,10 +98,26 @@ def bench_data(args) -> list[dict]:
           "source_tokens_per_s": round(source_tokens / elapsed),
           "target_tokens_per_s": round(target_tokens / elapsed),
           "target_fill": round(target_tokens / max(1, capacity), 3),
-          "batch_shape": list(batch["targets"].shape),
+          "batch_shapes": sorted(list(x) for x in shapes),
       })
-      print(json.dumps(results[-1]), flush=True)
-  return results
+      p = points[-1]
+      _print_table(f"input pipeline: {dataset}, {batching}, {args.batch_size} rows x "
+                   f"{args.max_len} tokens, {args.seconds:g} s timed", [
+          ("pairs (train/valid/test)", "/".join(f"{n:,}" for n in p["sizes"].values())),
+          ("vocabulary", f"{p['vocab_size']:,}"),
+          ("setup (build, tokenizer)", f"{p['setup_s']:.2f} s"),
+          ("batches/s", f"{p['batches_per_s']:,.1f}"),
+          ("source tokens/s", f"{p['source_tokens_per_s']:,}"),
+          ("target tokens/s", f"{p['target_tokens_per_s']:,}"),
+          ("target fill", f"{p['target_fill']:.3f}"),
+          ("batch shapes", ", ".join(f"{r} x {l}" for r, l in p["batch_shapes"])),
+      ])
+  return {"what": "data",
+          "config": {"datasets": args.datasets, "batching": args.batching,
+                     "batch_size": args.batch_size, "max_len": args.max_len,
+                     "seconds": args.seconds, "data_dir": args.data_dir},
+          **_environment(), "load_average_start": load_start,
+          "load_average_end": _load_average(), "figures": points}
 
 
 # ---------------------------------------------------------------------------- shared pieces
@@ -492,6 +511,8 @@ def _parse(argv):
   args, rest = parser.parse_known_args(argv)
   if args.warmup < 1 or args.steps < 1:
     parser.error("--warmup and --steps must be >= 1")
+  if not args.seconds > 0:
+    parser.error("--seconds must be > 0")
   config = None
   if args.what != "data":
     values, flag_argv = flags.FlagValues(), ["benchmark.py"] + rest
@@ -511,9 +532,7 @@ def _parse(argv):
 
 def main(argv=None):
   args, config = _parse(sys.argv[1:] if argv is None else argv)
-  if args.what == "data":
-    return MODES["data"](args)
-  result = MODES[args.what](args, config)
+  result = MODES["data"](args) if args.what == "data" else MODES[args.what](args, config)
   print(json.dumps(result), flush=True)
   return result
 

@@ -89,6 +89,26 @@ def last_json_line(text: str) -> dict:
   return json.loads(text.strip().splitlines()[-1])
 
 
+def test_benchmark_data_smoke(tmp_path, capsys):
+  result = benchmark.main(["--what", "data", "--datasets", "numbers", "--batching", "pack,pad",
+                           "--batch_size", "16", "--max_len", "32", "--seconds", "0.3",
+                           "--data_dir", str(tmp_path / "tfds"), "--workdir", str(tmp_path)])
+  out = capsys.readouterr().out
+  printed = last_json_line(out)
+  assert printed == json.loads(json.dumps(result))
+  assert printed["what"] == "data" and printed["config"]["batch_size"] == 16
+  for key in ("device_kind", "jax_version", "load_average_start", "load_average_end"):
+    assert printed[key] not in (None, ""), key
+  assert [(p["dataset"], p["batching"]) for p in printed["figures"]] == [
+      ("numbers", "pack"), ("numbers", "pad")]
+  for p in printed["figures"]:
+    assert p["target_tokens_per_s"] > 0 and 0 < p["target_fill"] <= 1
+    assert p["batch_shapes"] == [[16, 32]]
+  assert out.count("input pipeline: numbers") == 2
+  with pytest.raises(SystemExit):
+    benchmark.main(["--what", "data", "--seconds", "0"])
+
+
 def test_benchmark_train_smoke(capsys):
   result = benchmark.main(["--what", "train", "--config", TINY, "--steps", "2", "--warmup", "1",
                            "--matmul_n", "128", "--matmul_seconds", "0",

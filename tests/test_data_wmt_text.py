@@ -95,6 +95,8 @@ def test_text_corpus_errors_name_the_file(tmp_path):
     ("dataset", "wmt99", "data.dataset='wmt99': expected one of"),
     ("vocab_model_type", "char", "data.vocab_model_type='char'"),
     ("batch_size", 0, "data.batch_size=0: expected an integer > 0"),
+    ("bucket_boundaries", (0,), "data.bucket_boundaries=.0,.: expected a non-empty sequence"),
+    ("bucket_boundaries", (), "data.bucket_boundaries=.*positive integers"),
     ("target_lang", "en", "both 'en'"),
 ])
 def test_validation_names_the_field(field, value, message):

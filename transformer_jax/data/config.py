@@ -122,5 +122,10 @@ def validate(c) -> None:
     if not c.tsv_path and not (c.source_path and c.target_path):
       raise ValueError("data.dataset='text': data.source_path and data.target_path "
                        "must both be set")
+  boundaries = c.bucket_boundaries
+  if (not isinstance(boundaries, (tuple, list)) or not boundaries
+      or not all(isinstance(b, int) and b > 0 for b in boundaries)):
+    raise ValueError(f"data.bucket_boundaries={boundaries!r}: expected a non-empty sequence of "
+                     "positive integers (row lengths), e.g. (16, 32, 64)")
   if not 0 < c.held_out_per_mille < 500:
     raise ValueError(f"data.held_out_per_mille={c.held_out_per_mille!r}: expected 1..499")
