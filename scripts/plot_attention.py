@@ -4,8 +4,8 @@
     python scripts/plot_attention.py --workdir runs/default --source "..." --target "..." \
         --out_dir /tmp/attention
 
-The model is teacher-forced on the source and its own greedy (or `--beam_size`) translation, or
-on `--target` when given, and the attention weights every layer sows are drawn, one PNG per
+The model is teacher-forced on the source and its own translation (the run's configured search,
+or `--beam_size`), or on `--target` when given, and the attention weights every layer sows are drawn, one PNG per
 kind and layer with a grid of heads: `encoder_self_layer<i>.png` (source x source),
 `decoder_self_layer<i>.png` (predicted piece x decoder input: `<s>` then the target shifted
 right), `cross_layer<i>.png` (predicted piece x source), and `summary.png`, the last decoder
