@@ -249,4 +249,4 @@ def test_a_metrics_line_cut_by_a_crash_is_skipped(tmp_path):
     f.write(json.dumps({"step": 2, "bleu": 7.5}) + "\n")
     f.write('{"step": 3, "train_lo')  # the process died mid-write
   assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [1, 2]
-  assert sweeps.last_values(str(tmp_path))["bleu"] == 7.5
+  assert metrics.last_values(str(tmp_path))["bleu"] == 7.5

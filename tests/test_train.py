@@ -260,10 +260,11 @@ def test_killed_in_the_final_evaluation_keeps_the_checkpoint_and_finishes_on_res
   assert result["step"] == 3 and "bleu" in result and "eval_loss" in result
   assert metrics.evaluated(workdir, 3)
   assert [r["step"] for r in metrics.read_metrics(workdir) if "train_loss" in r] == [1, 2, 3]
-  # Once done, running it again changes nothing.
+  # Once done, running it again changes nothing, and reports the run's last figures.
   before = metrics.read_metrics(workdir)
-  train.train_and_evaluate(c, workdir)
+  again = train.train_and_evaluate(c, workdir)
   assert metrics.read_metrics(workdir) == before
+  assert again["step"] == 3 and again["bleu"] == result["bleu"]
 
 
 def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, data_dir):

@@ -103,6 +103,16 @@ def evaluated(workdir: str, step: int) -> bool:
   return any(r.get("step") == step and "bleu" in r for r in read_metrics(workdir))
 
 
+def last_values(workdir: str) -> dict:
+  """The last logged value of every numeric metric in `metrics.jsonl`, and the last step."""
+  out: dict = {}
+  for record in read_metrics(workdir):
+    for k, v in record.items():
+      if k != "time" and isinstance(v, (int, float)) and not isinstance(v, bool):
+        out[k] = v
+  return out
+
+
 def read_metrics(workdir: str) -> list[dict]:
   """The records of `<workdir>/metrics.jsonl`; a line cut short by a crash is skipped."""
   path = os.path.join(workdir, "metrics.jsonl")

@@ -210,19 +210,9 @@ def lower_is_better(metric: str) -> bool:
   return any(word in metric for word in ("loss", "nll", "perplexity", "time", "error"))
 
 
-def last_values(workdir: str) -> dict[str, Any]:
-  """The last logged value of every metric in `metrics.jsonl`, and the last step."""
-  from transformer_jax.metrics import read_metrics  # no JAX import there
-  out: dict[str, Any] = {}
-  for record in read_metrics(workdir):
-    for k, v in record.items():
-      if k != "time" and isinstance(v, (int, float)) and not isinstance(v, bool):
-        out[k] = v
-  return out
-
-
 def collect(sweep_dir: str, points: list[Point]) -> tuple[list[dict], list[str]]:
   """One row per point: its fields, status and last metrics; and the swept field names."""
+  from transformer_jax.metrics import last_values  # no JAX import there
   fields: list[str] = []
   for p in points:
     fields += [k for k in p if k not in fields]

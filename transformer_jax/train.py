@@ -441,6 +441,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     trainer.checkpointer.close()
     writer.close()
     progress.close()
+  if not last:  # nothing left to do: a finished run, run again
+    last = metrics_lib.last_values(workdir)
   last["step"] = step
   return last
 
