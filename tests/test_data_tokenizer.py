@@ -68,3 +68,7 @@ def test_trains_in_a_directory_named_like_a_sweep_point(tmp_path):
   made = tok_lib.train_tokenizer(TEXTS, str(path), vocab_size=120, max_chars=100_000)
   assert os.path.exists(path) and made.decode(made.encode(TEXTS[0])) == TEXTS[0]
   assert os.listdir(path.parent) == ["spm.model"]
+  # Readable as the umask says (a shared vocab_path), not only by its owner.
+  umask = os.umask(0)
+  os.umask(umask)
+  assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask

@@ -376,3 +376,6 @@ def test_a_data_record_this_code_did_not_write_is_refused():
     train.own_data_state({"process_count": 2, "processes": {"0": {}}}, None)
   with pytest.raises(checkpointing.CheckpointError, match="move this one aside"):
     train.own_data_state({"parent": {"next_index": 3}}, None)
+  # The one-record format of older checkpoints still resumes a single process.
+  old = {"parent": {"next_index": 3}, "window": 2, "next": 1}
+  assert train.own_data_state(old, None) == old

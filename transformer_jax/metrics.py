@@ -45,7 +45,7 @@ class MetricsWriter:
     if enabled and tensorboard:
       from tensorboardX import SummaryWriter  # imported lazily: only the writer needs it
       # purge_step: TensorBoard hides the events of this step and later from earlier sessions.
-      purge = resume_step + 1 if resume_step else None
+      purge = resume_step + 1 if resume_step is not None else None
       self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
 
   def write(self, step: int, values: dict):

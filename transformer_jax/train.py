@@ -100,6 +100,14 @@ def own_data_state(saved: dict, data) -> dict | None:
   """
   if not saved:
     return None
+  if "process_count" not in saved and {"parent", "window", "next"} <= set(saved):
+    # Written before every process's position was saved (one record, process 0's).
+    if jax.process_count() == 1:
+      return saved
+    log.warning("the checkpoint holds one data position from an older version of this code; "
+                "with %d processes each starts its shard from the beginning",
+                jax.process_count())
+    return None
   count = saved.get("process_count")
   processes = saved.get("processes", {})
   if not isinstance(count, int) or sorted(processes) != sorted(map(str, range(count))):

@@ -367,30 +367,34 @@ def _teacher_forced(model, params, inputs, targets):
 def average_params(trees: Iterable[tuple[str, object]]) -> object:
   """Elementwise mean of `(name, parameter tree)` pairs, in float32, cast back per leaf.
 
-  Trees are consumed one at a time (a running sum), so averaging the paper's 20 checkpoints
-  of transformer-big holds three copies of the parameters (the sum, the first and the current
-  tree), not 20. Trees of another structure or
-  shape are refused, naming both trees and the parameter.
+  Trees are consumed one at a time into a running float32 sum, so averaging the paper's 20
+  checkpoints of transformer-big holds the sum and one checkpoint, not 20. Trees of another
+  structure or shape are refused, naming both trees and the parameter.
   """
-  total, first, first_name, count = None, None, None, 0
+  treedef, count = None, 0
   for name, tree in trees:
-    if total is None:
-      first, first_name = tree, name
-      total = jax.tree.map(lambda x: np.asarray(x, np.float32).copy(), tree)
+    leaves, structure = jax.tree.flatten(tree)
+    if treedef is None:
+      treedef, first_name = structure, name
+      paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(tree)]
+      shapes = [np.shape(x) for x in leaves]
+      dtypes = [np.asarray(x).dtype for x in leaves]
+      total = [np.array(x, np.float32) for x in leaves]  # a copy, even of float32 leaves
     else:
-      if jax.tree.structure(tree) != jax.tree.structure(first):
+      if structure != treedef:
         raise RunError(f"{name} and {first_name} have different parameter structures: they "
                        "are not checkpoints of one model")
-      for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(first), jax.tree.leaves(tree)):
-        if np.shape(a) != np.shape(b):
-          raise RunError(f"parameter {jax.tree_util.keystr(path)} has shape {np.shape(b)} in "
-                         f"{name} but {np.shape(a)} in {first_name}: they are not checkpoints "
-                         "of one model")
-      total = jax.tree.map(lambda a, b: a + np.asarray(b, np.float32), total, tree)
+      for path, shape, x in zip(paths, shapes, leaves):
+        if np.shape(x) != shape:
+          raise RunError(f"parameter {path} has shape {np.shape(x)} in {name} but {shape} in "
+                         f"{first_name}: they are not checkpoints of one model")
+      for t, x in zip(total, leaves):
+        np.add(t, np.asarray(x, np.float32), out=t)
     count += 1
-  if total is None:
+    del tree, leaves  # before the next one is loaded
+  if treedef is None:
     raise ValueError("nothing to average")
-  return jax.tree.map(lambda s, x: (s / count).astype(np.asarray(x).dtype), total, first)
+  return jax.tree.unflatten(treedef, [(t / count).astype(d) for t, d in zip(total, dtypes)])
 
 
 def average_checkpoints(workdir: str, last: int, output: str | None = None,

@@ -13,7 +13,7 @@ import io
 import logging
 import os
 import random
-import tempfile
+import uuid
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
@@ -115,13 +115,16 @@ def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int, model_t
       num_threads=os.cpu_count() or 1, minloglevel=2)
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  with tempfile.NamedTemporaryFile(dir=directory, suffix=".model.tmp", delete=False) as f:
-    try:
+  # A unique name opened with open() (not tempfile's 0600 files): the umask decides who may read
+  # it, as for any file the run writes.
+  tmp = os.path.join(directory, f"tmp.{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex}")
+  try:
+    with open(tmp, "xb") as f:
       f.write(model.getvalue())
-    except BaseException:
-      os.unlink(f.name)
-      raise
-  os.replace(f.name, path)  # A reader never sees half a file.
+    os.replace(tmp, path)  # A reader never sees half a file.
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
   return Tokenizer(path)
 
 
