@@ -370,6 +370,42 @@ def test_sigterm_saves_a_loadable_checkpoint(tmp_path, data_dir):
   assert step >= 4 and jax.tree.leaves(params)
 
 
+def _tensorboard_purges(workdir) -> list[int]:
+  """Steps of the SessionLog START events (purge_step) in a workdir's TensorBoard files."""
+  import glob
+  import struct
+  from tensorboardX.proto import event_pb2
+  steps = []
+  for path in sorted(glob.glob(os.path.join(workdir, "tensorboard", "events.*"))):
+    data, i = open(path, "rb").read(), 0
+    while i < len(data):  # TFRecord framing: length, its CRC, the record, its CRC
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      event = event_pb2.Event()
+      event.ParseFromString(data[i + 12:i + 12 + n])
+      i += 16 + n
+      if event.HasField("session_log") and event.session_log.status == 1:  # START
+        steps.append(event.step)
+  return steps
+
+
+@pytest.mark.parametrize("resume_step", [0, 2])
+def test_metrics_writer_on_resume_drops_the_records_after_it(tmp_path, resume_step):
+  workdir = str(tmp_path)
+  writer = metrics.MetricsWriter(workdir)       # the session that crashed after step 3
+  for step in (1, 2, 3):
+    writer.write(step, {"train_loss": float(step)})
+  writer.close()
+  with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+    f.write('{"step": 4, "train_lo')            # cut mid-write
+  time.sleep(1.1)                               # TensorBoard names its files by the second
+  metrics.MetricsWriter(workdir, resume_step=resume_step).close()
+  kept = [r["step"] for r in metrics.read_metrics(workdir)]
+  assert kept == [s for s in (1, 2, 3) if s <= resume_step]
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    assert f.read().count("\n") == len(kept)   # the cut line is gone too
+  assert _tensorboard_purges(workdir) == [resume_step + 1]
+
+
 def test_a_data_record_this_code_did_not_write_is_refused():
   assert train.own_data_state({}, None) is None
   with pytest.raises(checkpointing.CheckpointError, match="not one this codebase wrote"):
