@@ -31,6 +31,7 @@ def test_other_number_forms():
 def test_word_order_rules():
   rng = random.Random(0)
   participles = {v[2] for v in numbers.VERBS} | {numbers.PAY[2]}
+  finite = set(numbers._HABEN.values()) | {f for v in numbers.VERBS + [numbers.PAY] for f in v[1]}
   checked = {"fronted_past": 0, "subordinate": 0, "digits": 0}
   for _ in range(3000):
     en, de = numbers.sentence(rng)
@@ -41,8 +42,12 @@ def test_word_order_rules():
       assert words[-1] in participles
       checked["fronted_past"] += 1
     if " that " in en:
-      # Subordinate clause: the finite verb is the last word.
+      # Subordinate clause: the finite verb is the last word, after the participle if past.
       assert ", dass " in de
+      clause = de[:-1].split(", dass ")[1].split()
+      assert clause[-1] in finite, de
+      assert [i for i, w in enumerate(clause[:-1]) if w in participles] in (
+          [], [len(clause) - 2]), de
       checked["subordinate"] += 1
     if " 27 " in en:
       assert "siebenundzwanzig" in de

@@ -210,6 +210,14 @@ def test_long_pairs_are_dropped_in_training_only(base):
   for batch in take(iter(data.train_dataset()), 5):
     for side in ("inputs", "targets"):
       assert batch[side].shape[1] == 12
+  # One epoch of training pairs: exactly the train pairs that fit (ids + eos <= 12 a side),
+  # whole and unchanged (dropped, not truncated).
+  tok, train = data.tokenizer, data.raw_examples("train")
+  read = pipeline.ReadChunk(data.sources["train"], tok, data.config, 0, 1)
+  epoch = [p for k in range(read.chunks_per_epoch) for p in read(k)]
+  fits = [(s, t) for s, t in train if len(tok.encode(s)) < 12 and len(tok.encode(t)) < 12]
+  assert 0 < len(fits) < len(train)  # some pairs are too long (the test could fail)
+  assert sorted((tok.decode(s[:-1]), tok.decode(t[:-1])) for s, t in epoch) == sorted(fits)
   pairs = data.raw_examples("validation")
   batches = list(data.eval_batches("validation"))
   assert sum(b["num_real"] for b in batches) == len(pairs) == 150

@@ -102,6 +102,32 @@ def test_translate_arguments_to_file_with_overrides(workdir, tmp_path, capsys):
   assert "'step': 3" in err and "'beam_size': 2" in err and "sentences/s" in err
 
 
+def test_the_chosen_step_is_the_one_translated_with(workdir):
+  """`--step` (through the flags, as the scripts parse them) loads that step's parameters."""
+  import argparse
+  parser = argparse.ArgumentParser()
+  translate_lib.add_checkpoint_flags(parser)
+  t3 = translate_lib.translator_from_args(parser.parse_args(["--workdir", workdir, "--step", "3"]))
+  _, p3 = checkpointing.load_params(workdir, 3)
+  _, p6 = checkpointing.load_params(workdir, 6)
+  leaves = jax.tree.leaves
+  assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(leaves(p3), leaves(t3.params)))
+  assert not all(np.array_equal(a, b) for a, b in zip(leaves(p3), leaves(p6)))
+
+
+def test_translate_ids_keeps_the_input_order(translator, monkeypatch):
+  """With a search that echoes its source, every output must be its own line's source: the
+  length-sorted batches are put back in input order (the tiny model's outputs all look alike,
+  so this cannot be checked through real translations)."""
+  def echo(inputs):
+    return inputs.copy(), (inputs != translator.config.pad_id).sum(1).astype(np.int32)
+
+  monkeypatch.setattr(translator, "_search", echo)
+  eos = translator.config.eos_id
+  sources = [[5, 6, eos], [7, eos], [], [8, 9, 10, 11, eos], [12, eos], [13, 14, eos]]
+  assert translator.translate_ids(sources) == [s[:-1] for s in sources]
+
+
 def test_translation_order_and_batching(translator):
   """Results come back in input order whatever the batching; empty sources are not searched."""
   lines = ["one", "two hundred and three", "four thousand", "", "ninety nine", "six", "seventy"]
