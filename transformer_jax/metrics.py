@@ -41,7 +41,7 @@ class MetricsWriter:
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.tb = None
     if enabled and resume_step is not None:
-      _truncate(self.path, resume_step)
+      _truncate(workdir, resume_step)
     if enabled and tensorboard:
       from tensorboardX import SummaryWriter  # imported lazily: only the writer needs it
       # purge_step: TensorBoard hides the events of this step and later from earlier sessions.
@@ -71,30 +71,23 @@ def _plain(v):
   return v
 
 
-def _truncate(path: str, last_step: int) -> None:
-  """Rewrite metrics.jsonl (atomically) without records after `last_step` or cut lines."""
+def _truncate(workdir: str, last_step: int) -> None:
+  """Rewrite metrics.jsonl (atomically) without records after `last_step` or cut lines.
+
+  The kept records are written back as `write` wrote them (`json.dumps` of what `read_metrics`
+  parsed gives the same line), so the parsing rules stay `read_metrics`' alone.
+  """
+  path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return
+  text = "".join(json.dumps(r) + "\n" for r in read_metrics(workdir)
+                 if int(r.get("step", 0)) <= last_step)
   with open(path) as f:
-    lines = f.readlines()
-  keep, changed = [], False
-  for line in lines:
-    try:
-      record = json.loads(line)
-    except ValueError:
-      changed = True
-      continue
-    if isinstance(record, dict) and int(record.get("step", 0)) <= last_step:
-      # A last line without its newline would run into the next record.
-      keep.append(line if line.endswith("\n") else line + "\n")
-      changed |= keep[-1] is not line
-    else:
-      changed = True
-  if not changed:
-    return
+    if f.read() == text:
+      return
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
-    f.writelines(keep)
+    f.write(text)
   os.replace(tmp, path)
 
 
