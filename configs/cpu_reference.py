@@ -1,7 +1,8 @@
 """The CPU reference setting of the throughput target (docs/benchmarks.md), as a benchmark config.
 
     python scripts/benchmark.py --what train --config configs/cpu_reference.py
-    python scripts/benchmark.py --what train --config configs/cpu_reference.py --config.model.fused_qkv=True
+    python scripts/benchmark.py --what train --config configs/cpu_reference.py \
+        --config.model.fused_qkv=True
 
 A pre-LN Transformer with one shared, tied vocabulary of 8,000, d_model 256, 4 heads, d_ff 1,024,
 3+3 layers, dropout 0.1 (residual and attention weights), float32, and batches of 16 rows of 64

@@ -5,6 +5,7 @@
 Trains a pre-LN Transformer (d_model 128, 3+3 layers) on 50,000 generated sentence pairs for
 1,000 steps of 64 packed rows of 32 tokens; see README.md for the time and BLEU it reaches.
 """
+from transformer_jax import sweeps
 from transformer_jax.experiment import base_config
 
 
@@ -35,5 +36,4 @@ def sweep():
       python scripts/sweep.py --config configs/default.py --workdir runs/default_lr_warmup
       python scripts/sweep.py --workdir runs/default_lr_warmup --report --metric bleu
   """
-  from transformer_jax import sweeps
   return sweeps.product(learning_rate=[1.0, 2.0], warmup_steps=[200, 400])

@@ -10,44 +10,40 @@ which training resumes from. The checkpoint holds `state` = {"params": ...}, the
 evaluate.py and plot_attention.py load it with `--averaged` or `--checkpoint <dir>`. Keep enough
 checkpoints while training: `--config.keep_checkpoints=N` (default 3).
 """
-from __future__ import annotations
-
-import argparse
 import json
-import logging
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from absl import flags
 
-from transformer_jax import translate as translate_lib  # noqa: E402
+from transformer_jax import cli
+from transformer_jax.run.averaging import average_checkpoints
+from transformer_jax.run.workdir import load_run_config
 
 
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--workdir", required=True, help="the training run's directory")
-  parser.add_argument("--last", type=int, default=None, help="how many of the latest "
-                      "checkpoints (default: the run's config.average_last_checkpoints)")
-  parser.add_argument("--output", default=None,
-                      help="directory for the average (default: <workdir>/averaged)")
-  args = parser.parse_args(argv)
-  logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax's read-only notices
+def define(values):
+  flags.DEFINE_string("workdir", None, "the training run's directory", flag_values=values)
+  flags.mark_flag_as_required("workdir", flag_values=values)
+  flags.DEFINE_integer("last", None, "how many of the latest checkpoints (default: the run's "
+                       "config.average_last_checkpoints)", flag_values=values)
+  flags.DEFINE_string("output", None, "directory for the average (default: <workdir>/averaged)",
+                      flag_values=values)
 
-  try:
-    last = args.last
-    if last is None:
-      last = int(translate_lib.load_run_config(args.workdir).get("average_last_checkpoints", 1))
-    output, step, steps = translate_lib.average_checkpoints(
-        args.workdir, last, args.output,
-        log=lambda m: print(f"average_checkpoints: {m}", file=sys.stderr, flush=True))
-  except translate_lib.USER_ERRORS as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+
+def body(values, args):
+  last = values.last
+  if last is None:
+    last = int(load_run_config(values.workdir).get("average_last_checkpoints", 1))
+  output, step, steps = average_checkpoints(
+      values.workdir, last, values.output,
+      log=lambda m: print(f"average_checkpoints: {m}", file=sys.stderr, flush=True))
   print(json.dumps({"output": output, "step": step, "averaged_steps": steps}), flush=True)
   print(f"average_checkpoints: use it with --checkpoint {output}"
-        + (" (or --averaged)" if args.output is None else ""), file=sys.stderr)
+        + (" (or --averaged)" if values.output is None else ""), file=sys.stderr)
   return 0
+
+
+def main(argv=None):
+  return cli.run(body, argv, doc=__doc__, define=define)
 
 
 if __name__ == "__main__":

@@ -3,272 +3,52 @@
     python scripts/check_accelerator.py                    # base-size model; on a GPU uses cuDNN
     python scripts/check_accelerator.py --size tiny --json /tmp/check.json
 
-Two groups of checks, each on fresh random inputs:
-
-1. The attention kernel (`layers._fused_attention`, `attention_impl="cudnn"`) in bfloat16 against
-   `attention.scaled_dot_product_attention` computed in float32 on the same (upcast) inputs, at
-   `highest` matmul precision: the output and the gradients with respect to Q, K and V, for eight
-   masks: none, padding, causal + padding, packed self-attention (causal + segments + padding),
-   packed cross-attention (segments, query and key lengths differ), cross-attention with no mask
-   and with padding (lengths differ), and packed cross-attention with equal lengths. The XLA path in bfloat16 is measured
-   alongside, so the cuDNN error can be read against what bfloat16 itself costs.
-2. The whole model on a packed batch, dropout off: logits, loss and the parameter gradient of
-   the bfloat16 model (XLA attention, then cuDNN) against the float32 model.
-
-Errors are relative, ||out - ref|| / ||ref||. A check passes below `--tolerance` (bfloat16 operands
-land between 1e-3 and 1e-2) and when nothing is NaN. On a GPU the compiled attention must contain
-cuDNN's fused kernel (a `__cudnn$fmha` custom call), else the check fails: a silent fallback to
-XLA would make the comparison vacuous. On CPU `jax.nn.dot_product_attention` runs XLA's version.
-Exits 1 when any check fails.
+The attention kernel (eight masks: output and gradients) and the whole model on a packed batch
+(logits, loss, parameter gradient), in bfloat16 against float32; the checks and their tolerances
+are described in transformer_jax/bench/accelerator.py. On a GPU the compiled attention must
+contain cuDNN's fused kernel, else the check fails; on CPU `jax.nn.dot_product_attention` runs
+XLA's version. Prints one row per check and a JSON summary; exits 1 when any check fails.
 """
-from __future__ import annotations
-
-import argparse
+import functools
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from absl import flags
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from transformer_jax import layers, losses  # noqa: E402
-from transformer_jax.attention import (causal_mask, combine_masks, padding_mask,  # noqa: E402
-                                       scaled_dot_product_attention, segment_mask)
-from transformer_jax.config import model_config  # noqa: E402
-from transformer_jax.model import Transformer  # noqa: E402
+from transformer_jax import cli
+from transformer_jax.bench.accelerator import run_checks
 
 
-def rel_err(out, ref) -> float:
-  out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-  if not np.all(np.isfinite(out)):
-    return float("nan")
-  return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+def define(values):
+  string, integer, number = (functools.partial(d, flag_values=values) for d in (
+      flags.DEFINE_string, flags.DEFINE_integer, flags.DEFINE_float))
+  string("size", "base", "model size for the checks (tiny, small, base, big)")
+  integer("batch", 8, "rows for the attention checks")
+  integer("length", 256, "query length (keys: 5/4 of it for cross-attention)")
+  integer("model_rows", 8, "rows of the whole-model check")
+  integer("vocab", 8000, "vocabulary of the whole-model check")
+  number("tolerance", 1e-2, "relative error a kernel check passes below (model logits: 5x, "
+         "gradients: 10x)")
+  integer("seed", 0, "seed of the random inputs")
+  flags.DEFINE_bool("skip_model", False, "only the attention-kernel checks", flag_values=values)
+  string("json", "", "also write the results to this file")
 
 
-def tree_rel_err(out, ref) -> float:
-  outs, refs = jax.tree.leaves(out), jax.tree.leaves(ref)
-  if not all(np.all(np.isfinite(np.asarray(o, np.float32))) for o in outs):
-    return float("nan")
-  num = sum(float(np.sum((np.asarray(o, np.float64) - np.asarray(r, np.float64)) ** 2))
-            for o, r in zip(outs, refs))
-  den = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for r in refs)
-  return float(np.sqrt(num / max(den, 1e-30)))
-
-
-def packed_segments(rng, rows: int, length: int, max_segments: int = 6):
-  """Segment ids `[rows, length]`: 1..k for k random-length sentences, then 0 (padding)."""
-  out = np.zeros((rows, length), np.int32)
-  for r in range(rows):
-    cuts = np.sort(rng.choice(np.arange(1, length), size=max_segments, replace=False))
-    used = cuts[-1] if r % 2 else length  # every other row ends in padding
-    start = 0
-    for s, end in enumerate(list(cuts[:-1]) + [used], start=1):
-      out[r, start:end] = s
-      start = end
-  return out
-
-
-def positions_of(segments):
-  pos = np.zeros_like(segments)
-  for r in range(segments.shape[0]):
-    for c in range(1, segments.shape[1]):
-      pos[r, c] = pos[r, c - 1] + 1 if segments[r, c] == segments[r, c - 1] else 0
-  return np.where(segments > 0, pos, 0)
-
-
-# ------------------------------------------------------------------------- attention kernel
-
-
-def attention_cases(rng, batch: int, q_len: int, kv_len: int):
-  """(name, q_len, kv_len, boolean mask [batch, 1, q, kv] or None)."""
-  lengths = rng.integers(q_len // 4, q_len + 1, batch)
-  valid = np.arange(q_len)[None] < lengths[:, None]
-  seg_q = packed_segments(rng, batch, q_len)
-  seg_kv = packed_segments(rng, batch, kv_len)
-  # Cross-attention between packed rows: query sentence s attends to source sentence s.
-  seg_kv = np.where(seg_kv > seg_q.max(axis=1, keepdims=True), 0, seg_kv)
-  valid, seg_q, seg_kv = jnp.asarray(valid), jnp.asarray(seg_q), jnp.asarray(seg_kv)
-  return [
-      ("no mask", q_len, q_len, None),
-      ("padding", q_len, q_len, padding_mask(valid, valid)),
-      ("causal + padding", q_len, q_len, combine_masks(causal_mask(q_len), padding_mask(valid, valid))),
-      ("packed self (causal)", q_len, q_len,
-       combine_masks(causal_mask(q_len), segment_mask(seg_q, seg_q))),
-      ("packed cross", q_len, kv_len, segment_mask(seg_q, seg_kv)),
-      ("cross, no mask", q_len, kv_len, None),
-      ("cross, padding", q_len, kv_len, padding_mask(valid, jnp.ones((batch, kv_len), bool))),
-      ("packed cross, equal lengths", q_len, q_len, segment_mask(seg_q, seg_kv[:, :q_len])),
-  ]
-
-
-def check_attention(cfg, rng, batch: int, q_len: int, kv_len: int, tolerance: float,
-                    require_cudnn: bool) -> list[dict]:
-  heads, depth = cfg.num_heads, cfg.head_dim
-
-  def reference(q, k, v, mask):
-    # [batch, length, heads, depth] -> head-batched, in float32 at full matmul precision.
-    with jax.default_matmul_precision("highest"):
-      out, _ = scaled_dot_product_attention(
-          *(x.astype(jnp.float32).swapaxes(1, 2) for x in (q, k, v)), mask=mask)
-    return out.swapaxes(1, 2)
-
-  def xla_bf16(q, k, v, mask):
-    out, _ = scaled_dot_product_attention(*(x.swapaxes(1, 2) for x in (q, k, v)), mask=mask)
-    return out.swapaxes(1, 2)
-
-  def fused(q, k, v, mask):
-    return layers._fused_attention(cfg, q, k, v, mask)
-
-  results = []
-  for name, tq, tk, mask in attention_cases(rng, batch, q_len, kv_len):
-    keys = jax.random.split(jax.random.key(int(rng.integers(1 << 30))), 4)
-    q = jax.random.normal(keys[0], (batch, tq, heads, depth), jnp.float32)
-    k = jax.random.normal(keys[1], (batch, tk, heads, depth), jnp.float32)
-    v = jax.random.normal(keys[2], (batch, tk, heads, depth), jnp.float32)
-    cot = jax.random.normal(keys[3], (batch, tq, heads, depth), jnp.float32)
-    qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
-    row = {"check": f"attention: {name}", "shape": [batch, tq, tk, heads, depth]}
-
-    def value_and_grads(fn, dtype):
-      def out_and_grads(q, k, v):
-        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, mask).astype(jnp.float32), q, k, v)
-        return out, vjp(cot)
-      args = tuple(x.astype(dtype) for x in (qb, kb, vb))
-      compiled = jax.jit(out_and_grads).lower(*args).compile()  # one compile: output and VJP
-      out, grads = compiled(*args)
-      return out, grads, compiled.as_text()
-
-    ref_out, ref_grads, _ = value_and_grads(reference, jnp.float32)
-    xla_out, xla_grads, _ = value_and_grads(xla_bf16, jnp.bfloat16)
-    out, grads, hlo = value_and_grads(fused, jnp.bfloat16)
-    row["cudnn_kernel"] = "__cudnn$fmha" in hlo
-    row["output_err"] = rel_err(out, ref_out)
-    row["grad_err"] = max(rel_err(g, r) for g, r in zip(grads, ref_grads))
-    row["xla_bf16_output_err"] = rel_err(xla_out, ref_out)
-    row["xla_bf16_grad_err"] = max(rel_err(g, r) for g, r in zip(xla_grads, ref_grads))
-    if mask is not None:
-      # Queries that may attend nowhere (padding) must come out as exact zeros.
-      dead = ~np.asarray(jnp.any(mask, axis=-1))[:, 0]
-      dead = np.broadcast_to(dead, (batch, tq))
-      row["dead_rows_zero"] = bool(np.all(np.asarray(out, np.float32)[dead] == 0))
-    else:
-      row["dead_rows_zero"] = True
-    errors = (row["output_err"], row["grad_err"])
-    row["passed"] = bool(all(np.isfinite(e) and e < tolerance for e in errors)
-                         and row["dead_rows_zero"]
-                         and (row["cudnn_kernel"] or not require_cudnn))
-    results.append(row)
-    print(_line(row), flush=True)
-  return results
-
-
-# ------------------------------------------------------------------------------ whole model
-
-
-def packed_batch(rng, rows: int, length: int, vocab: int) -> dict:
-  seg_in, seg_tgt = packed_segments(rng, rows, length), packed_segments(rng, rows, length)
-  seg_in = np.where(seg_in > seg_tgt.max(axis=1, keepdims=True), 0, seg_in)
-  seg_tgt = np.where(seg_tgt > seg_in.max(axis=1, keepdims=True), 0, seg_tgt)
-  tok = lambda seg: np.where(seg > 0, rng.integers(4, vocab, seg.shape), 0).astype(np.int32)  # noqa: E731
-  return {"inputs": tok(seg_in), "targets": tok(seg_tgt),
-          "inputs_positions": positions_of(seg_in), "targets_positions": positions_of(seg_tgt),
-          "inputs_segmentation": seg_in, "targets_segmentation": seg_tgt}
-
-
-def check_model(size: str, rng, rows: int, length: int, vocab: int, tolerance: float,
-                require_cudnn: bool) -> list[dict]:
-  base = model_config(size, vocab_size=vocab, max_len=length, deterministic=True,
-                      attention_dropout_rate=0.0)
-  batch = {k: jnp.asarray(v) for k, v in packed_batch(rng, rows, length, vocab).items()}
-  weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
-  params = jax.jit(Transformer(base).init)(jax.random.key(int(rng.integers(1 << 30))),
-                                           batch["inputs"][:1, :8], batch["targets"][:1, :8])["params"]
-
-  def run(cfg):
-    model = Transformer(cfg)
-
-    def loss_fn(p):
-      logits = model.apply({"params": p}, **batch)
-      sums = losses.loss_sums(logits, batch["targets"], weights, 0.1)
-      return sums["loss"] / sums["tokens"], logits
-
-    fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
-    compiled = fn.lower(params).compile()
-    (loss, logits), grads = compiled(params)
-    return float(loss), np.asarray(logits, np.float32), grads, compiled.as_text()
-
-  with jax.default_matmul_precision("highest"):
-    ref_loss, ref_logits, ref_grads, _ = run(base)
-  valid = np.asarray(weights, bool)
-  results = []
-  for label, impl in (("bfloat16, XLA attention", "xla"), ("bfloat16, cuDNN attention", "cudnn")):
-    loss, logits, grads, hlo = run(base.replace(dtype="bfloat16", attention_impl=impl))
-    row = {"check": f"model {size}: {label}", "shape": [rows, length],
-           "loss": loss, "reference_loss": ref_loss,
-           "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
-           "logits_err": rel_err(logits[valid], ref_logits[valid]),
-           "grad_err": tree_rel_err(grads, ref_grads)}
-    row["cudnn_kernel"] = "__cudnn$fmha" in hlo
-    needs_kernel = impl == "cudnn" and require_cudnn
-    # Logits pass through every layer and the gradient through all of them twice: bfloat16's
-    # 8-bit mantissa compounds, so logits get 5x and the gradient 10x the kernel tolerance.
-    row["passed"] = bool(np.isfinite(loss) and row["loss_rel_diff"] < tolerance
-                         and row["logits_err"] < 5 * tolerance and row["grad_err"] < 10 * tolerance
-                         and (row["cudnn_kernel"] or not needs_kernel))
-    results.append(row)
-    print(_line(row), flush=True)
-  return results
-
-
-_HEADER = (f"{'check':<42} {'cuDNN':>5} {'output err':>11} {'grad err':>10} "
-           f"{'XLA bf16 out/grad':>20}  ok")
-
-
-def _line(r: dict) -> str:
-  out = r.get("output_err", r.get("logits_err"))
-  xla = (f"{r['xla_bf16_output_err']:.2e}/{r['xla_bf16_grad_err']:.2e}"
-         if "xla_bf16_output_err" in r else f"loss {r['loss']:.5f} vs {r['reference_loss']:.5f}")
-  return (f"{r['check']:<42} {str(r['cudnn_kernel']):>5} {out:>11.2e} {r['grad_err']:>10.2e} "
-          f"{xla:>20}  {'PASS' if r['passed'] else 'FAIL'}")
-
-
-def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--size", default="base", help="model size for the checks (tiny, small, base, big)")
-  p.add_argument("--batch", type=int, default=8, help="rows for the attention checks")
-  p.add_argument("--length", type=int, default=256, help="query length (keys: 5/4 of it for cross)")
-  p.add_argument("--model_rows", type=int, default=8)
-  p.add_argument("--vocab", type=int, default=8000)
-  p.add_argument("--tolerance", type=float, default=1e-2)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--skip_model", action="store_true", help="only the attention-kernel checks")
-  p.add_argument("--json", default="", help="also write the results to this file")
-  args = p.parse_args(argv)
-
-  on_gpu = jax.default_backend() == "gpu"
-  rng = np.random.default_rng(args.seed)
-  cfg = model_config(args.size, dtype="bfloat16", attention_impl="cudnn", attention_dropout_rate=0.0)
-  device = jax.devices()[0]
-  print(f"{device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, tolerance "
-        f"{args.tolerance:g} (model logits: {5 * args.tolerance:g}, gradients: "
-        f"{10 * args.tolerance:g})\n{_HEADER}", flush=True)
-  results = check_attention(cfg, rng, args.batch, args.length, args.length * 5 // 4,
-                            args.tolerance, require_cudnn=on_gpu)
-  if not args.skip_model:
-    results += check_model(args.size, rng, args.model_rows, args.length, args.vocab,
-                           args.tolerance, require_cudnn=on_gpu)
-  summary = {"what": "check_accelerator", "device_kind": device.device_kind,
-             "platform": jax.default_backend(), "jax_version": jax.__version__,
-             "tolerance": args.tolerance, "passed": all(r["passed"] for r in results),
-             "results": results}
-  if args.json:
-    with open(args.json, "w") as f:
+def body(v, args):
+  if args:
+    print(f"error: unexpected arguments {args}", file=sys.stderr)
+    return 2
+  summary = run_checks(v.size, batch=v.batch, length=v.length, model_rows=v.model_rows,
+                       vocab=v.vocab, tolerance=v.tolerance, seed=v.seed, skip_model=v.skip_model)
+  if v.json:
+    with open(v.json, "w") as f:
       json.dump(summary, f, indent=1)
   print(json.dumps(summary))
   return 0 if summary["passed"] else 1
+
+
+def main(argv=None):
+  return cli.run(body, argv, doc=__doc__, define=define)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python scripts/evaluate.py --workdir runs/default --split test
     python scripts/evaluate.py --workdir runs/default --split test --averaged --beam_size 4
+    python scripts/evaluate.py --workdir runs/default --split test --baseline copy
 
 Every pair of the split is decoded (nothing dropped or truncated for length: sinusoidal
 positions extend past max_len; with a learned position table sources are cut to max_len - 1
@@ -10,91 +11,73 @@ pair in the split's order, and the result, printed as one JSON object on stdout,
 `<checkpoint>/eval.<split>.json`, where <checkpoint> is the step directory used (e.g.
 runs/default/checkpoints/1000 or runs/default/averaged/1000).
 
+`--baseline copy` needs no checkpoint: it scores each source copied as its translation, the
+floor that names, numbers and other unchanged tokens give for free, into
+`<workdir>/baselines/eval.<split>.copy.json`.
+
 BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the raw references;
 the signatures are in the output. `sentences_per_sec` and `target_tokens_per_sec` (output tokens,
 EOS included) time the compiled search only: each batch shape is compiled first on an
 all-padding batch whose search loop ends at once, and that time is `compile_seconds`.
 """
-from __future__ import annotations
-
-import argparse
 import json
-import logging
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from absl import flags
+import ml_collections
 
-from transformer_jax import translate as translate_lib  # noqa: E402
-
-
-def evaluate(translator, data, split: str, output_dir: str | None = None) -> dict:
-  """Decode every pair of `split`, write the hypotheses, return the scores and throughput."""
-  from transformer_jax import bleu as bleu_lib
-
-  pairs = data.raw_examples(split)
-  if not pairs:
-    raise translate_lib.RunError(f"the {split} split is empty")
-  sources = [s for s, _ in pairs]
-  references = [t for _, t in pairs]
-  warnings: list[str] = []
-  hypotheses = translator.translate(sources, warnings.append,
-                                    names=[f"{split} pair {i + 1}" for i in range(len(pairs))])
-  for w in warnings[:10]:
-    translate_lib.warn_stderr(w)
-  if len(warnings) > 10:
-    translate_lib.warn_stderr(f"... and {len(warnings) - 10} more truncated sources")
-  hypotheses = [" ".join(h.splitlines()) for h in hypotheses]  # one line per pair, always
-  bleu, bleu_signature = bleu_lib.corpus_bleu(hypotheses, references)
-  chrf, chrf_signature = bleu_lib.corpus_chrf(hypotheses, references)
-  output_dir = output_dir or translator.step_dir
-  os.makedirs(output_dir, exist_ok=True)
-  hyp_path = os.path.join(output_dir, f"hypotheses.{split}.txt")
-  with open(hyp_path, "w", encoding="utf-8") as f:
-    f.writelines(h + "\n" for h in hypotheses)
-  result = {"split": split, "sentences": len(pairs), "bleu": bleu, "chrf": chrf,
-            "bleu_signature": bleu_signature, "chrf_signature": chrf_signature,
-            **translator.settings(),
-            "averaged_steps": translate_lib.averaged_steps(translator.checkpoint_dir,
-                                                           translator.step),
-            "truncated_sources": len(warnings), "hypotheses": hyp_path,
-            **translator.stats.as_dict()}
-  with open(os.path.join(output_dir, f"eval.{split}.json"), "w") as f:
-    json.dump(result, f, indent=2)
-  return result
+from transformer_jax import cli
+from transformer_jax.data import get_data
+from transformer_jax.inference import evaluation
+from transformer_jax.inference import translator as translator_lib
+from transformer_jax.inference.flags import define_checkpoint_flags, translator_from_flags
+from transformer_jax.run.workdir import load_run_config
 
 
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  translate_lib.add_checkpoint_flags(parser)
-  parser.add_argument("--split", default="test", choices=("validation", "test"))
-  parser.add_argument("--data_dir", default=None,
-                      help="TFDS data dir (default: the run's config.data.data_dir)")
-  parser.add_argument("--output_dir", default=None,
-                      help="where the hypotheses go (default: the checkpoint's step directory)")
-  args = parser.parse_args(argv)
-  logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax's read-only notices
+def define(values):
+  define_checkpoint_flags(values)
+  flags.DEFINE_enum("split", "test", ["validation", "test"], "the split to score",
+                    flag_values=values)
+  flags.DEFINE_string("data_dir", None, "TFDS data dir (default: the run's config.data.data_dir)",
+                      flag_values=values)
+  flags.DEFINE_string("output_dir", None, "where the hypotheses go (default: the checkpoint's "
+                      "step directory; <workdir>/baselines for --baseline)", flag_values=values)
+  flags.DEFINE_enum("baseline", None, list(evaluation.BASELINES),
+                    "score a baseline instead of the model: 'copy' = the source as translation",
+                    flag_values=values)
 
-  import ml_collections
 
-  try:
-    translator = translate_lib.translator_from_args(args, truncate=None)
-    data_config = ml_collections.ConfigDict(translator.run["data"])
-    if args.data_dir:
-      data_config.data_dir = args.data_dir
-    from transformer_jax.data import get_data  # tfds and grain: imported only when needed
+def _data(values, run: dict):
+  data_config = ml_collections.ConfigDict(run["data"])
+  if values.data_dir:
+    data_config.data_dir = values.data_dir
+  return get_data(data_config, values.workdir)
 
-    data = get_data(data_config, args.workdir)
-    result = evaluate(translator, data, args.split, args.output_dir)
-  except translate_lib.USER_ERRORS as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  print(f"evaluate: {args.split}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} on "
-        f"{result['sentences']} sentences; {translate_lib.throughput_line(translator.stats)}; "
-        f"hypotheses in {result['hypotheses']}", file=sys.stderr)
+
+def body(values, args):
+  if args:
+    print(f"error: unexpected arguments {args}", file=sys.stderr)
+    return 2
+  if values.baseline:
+    data = _data(values, load_run_config(values.workdir))
+    output_dir = values.output_dir or os.path.join(values.workdir, "baselines")
+    result = evaluation.copy_baseline(data, values.split, output_dir)
+    print(f"evaluate: {values.split}: baseline {values.baseline}: BLEU {result['bleu']:.2f}, "
+          f"chrF {result['chrf']:.2f} on {result['sentences']} sentences", file=sys.stderr)
+  else:
+    translator = translator_from_flags(values, truncate=None)
+    result = evaluation.evaluate(translator, _data(values, translator.run), values.split,
+                                 values.output_dir)
+    print(f"evaluate: {values.split}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} on "
+          f"{result['sentences']} sentences; {translator_lib.throughput_line(translator.stats)}; "
+          f"hypotheses in {result['hypotheses']}", file=sys.stderr)
   print(json.dumps(result), flush=True)
   return 0
+
+
+def main(argv=None):
+  return cli.run(body, argv, doc=__doc__, define=define)
 
 
 if __name__ == "__main__":

@@ -1,56 +1,75 @@
-"""Builds a dataset and its SentencePiece model ahead of training, and prints their sizes.
+r"""Build a run's dataset and SentencePiece model ahead of training, and print their sizes.
 
-    python scripts/prepare_data.py --workdir runs/numbers                      # built-in task
-    python scripts/prepare_data.py --workdir runs/locale --set dataset=locale target_lang=fr
-    python scripts/prepare_data.py --workdir runs/wmt14 --set dataset=wmt14 vocab_size=32000
+    python scripts/prepare_data.py --config configs/default.py --workdir runs/default
+    python scripts/prepare_data.py --config configs/locale.py:enfr --workdir runs/locale_enfr
+    python scripts/prepare_data.py --workdir runs/wmt14 --config configs/wmt14_ende.py:base \
+        --config.data.vocab_size=32000
 
-`--set` overrides fields of `default_data_config()` (values parsed as Python literals where
-they parse). Training does the same on first use; this only moves the wait ahead of time and
-lets several processes start from ready files.
+Takes the config and workdir that scripts/train.py will get (default config:
+configs/default.py), so training finds the tokenizer ready. Training does the same on first
+use; this only moves the wait ahead of time and lets several processes start from ready files.
+The printed JSON has the split sizes and, for the corpora this codebase splits itself (locale,
+text), the train/test leakage figures (see docs/data.md).
+
+`--set FIELD=VALUE ...` (data fields) still works for one release; use --config.data.FIELD=VALUE.
 """
-from __future__ import annotations
-
-import argparse
 import ast
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from absl import flags
+
+from transformer_jax import cli
+from transformer_jax.data import get_data, leakage
+
+LOCAL_CORPORA = ("numbers", "locale", "text")
 
 
-def parse_overrides(items):
-  out = {}
+def define(values):
+  flags.DEFINE_string("workdir", None, "the run's directory (spm.model goes here)",
+                      flag_values=values)
+  flags.mark_flag_as_required("workdir", flag_values=values)
+  flags.DEFINE_multi_string("set", [], "deprecated: FIELD=VALUE data overrides; use "
+                            "--config.data.FIELD=VALUE", flag_values=values)
+
+
+def _apply_deprecated_set(data_config, items: list[str]) -> None:
   for item in items:
-    key, _, value = item.partition("=")
+    key, sep, text = item.partition("=")
+    if not sep or key not in data_config:
+      raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD among "
+                       f"{', '.join(sorted(data_config))}")
     try:
-      out[key] = ast.literal_eval(value)
+      value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
-      out[key] = value
-  return out
+      value = text
+    cli.deprecated(f"--set {item}", f"--config.data.{key}={text}")
+    data_config[key] = value
+
+
+def body(values, args):
+  config = values.config
+  # The old spelling `--set a=1 b=2` leaves `b=2` as a positional argument.
+  extra = [a for a in args if "=" in a] if values.set else []
+  if len(extra) != len(args):
+    print(f"error: unexpected arguments {[a for a in args if a not in extra]}", file=sys.stderr)
+    return 2
+  _apply_deprecated_set(config.data, list(values.set) + extra)
+  data = get_data(config.data, values.workdir)
+  c = config.data
+  splits = ("train", "validation", "test")
+  result = {"dataset": c.dataset, "direction": f"{c.source_lang}->{c.target_lang}",
+            "sizes": {s: len(data.sources[s]) for s in splits},
+            "tokenizer": data.tokenizer.path, "vocab_size": data.tokenizer.vocab_size}
+  if c.dataset in LOCAL_CORPORA:  # WMT's millions of pairs would take minutes to compare
+    result["leakage"] = leakage.report({s: data.raw_examples(s) for s in splits})
+  print(json.dumps(result, indent=2))
+  return 0
 
 
 def main(argv=None):
-  from transformer_jax.data import default_data_config, get_data
-
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--workdir", required=True, help="the run's directory (spm.model goes here)")
-  parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
-                      help="data config overrides, e.g. dataset=locale target_lang=fr")
-  args = parser.parse_args(argv)
-  c = default_data_config()
-  for key, value in parse_overrides(args.set).items():
-    if key not in c:
-      parser.error(f"unknown data field {key!r}; fields: {', '.join(sorted(c))}")
-    c[key] = value
-  data = get_data(c, args.workdir)
-  print(json.dumps({
-      "dataset": c.dataset, "direction": f"{c.source_lang}->{c.target_lang}",
-      "sizes": {s: len(data.sources[s]) for s in ("train", "validation", "test")},
-      "tokenizer": data.tokenizer.path, "vocab_size": data.tokenizer.vocab_size,
-  }, indent=2))
+  return cli.run(body, argv, doc=__doc__, define=define, config=cli.repo_config("default.py"))
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -1,33 +1,44 @@
-"""Train a Transformer: `python scripts/train.py --config configs/default.py --workdir runs/default`.
+"""Train a Transformer.
+
+    python scripts/train.py --config configs/default.py --workdir runs/default
+
 
 Any config field can be overridden: `--config.num_train_steps=500 --config.model.d_model=256`.
 Re-running the same command resumes from the workdir's latest checkpoint.
 """
-import logging
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
-from transformer_jax.train import shutdown_distributed, train_and_evaluate
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (path[:arg]).",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the "
-                               "tokenizer; resumed from when it holds checkpoints.")
-flags.mark_flags_as_required(["config", "workdir"])
+from transformer_jax import cli
+from transformer_jax.run import distributed
+from transformer_jax.run.loop import train_and_evaluate
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.getLogger("absl").setLevel(logging.WARNING)
-  result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  summary = {k: v for k, v in result.items() if isinstance(v, (int, float, str))}
-  print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()},
-        file=sys.stderr)
-  shutdown_distributed()  # multi-process runs: the coordinator's service stops last
+def define(values):
+  flags.DEFINE_string("workdir", None, "directory for checkpoints, metrics and the tokenizer; "
+                      "resumed from when it holds checkpoints", flag_values=values)
+  flags.mark_flag_as_required("workdir", flag_values=values)
+
+
+def body(values, args):
+  if args:
+    print(f"error: unexpected arguments {args}", file=sys.stderr)
+    return 2
+  if values.config is None:
+    print("error: --config is required, e.g. --config configs/default.py", file=sys.stderr)
+    return 2
+  result = train_and_evaluate(values.config, values.workdir)
+  summary = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()
+             if isinstance(v, (int, float, str))}
+  print(summary, file=sys.stderr)
+  distributed.shutdown()  # multi-process runs: the coordinator's service stops last
+  return 0
+
+
+def main(argv=None):
+  return cli.run(body, argv, doc=__doc__, define=define, config=None)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  sys.exit(main())

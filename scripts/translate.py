@@ -1,4 +1,4 @@
-"""Translate text with a trained run: one output line per input line, in order.
+r"""Translate text with a trained run: one output line per input line, in order.
 
     python scripts/translate.py --workdir runs/default "one hundred and two" "seven"
     python scripts/translate.py --workdir runs/default < sources.txt > translations.txt
@@ -12,56 +12,51 @@ directory, or one checkpoints/<step> directory). The search defaults to the run'
 than the model's max_len - 1 pieces is truncated with a warning on stderr naming the line;
 characters never seen in training become SentencePiece's unknown piece.
 """
-from __future__ import annotations
-
-import argparse
-import logging
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from absl import flags
 
-from transformer_jax import translate as translate_lib  # noqa: E402
+from transformer_jax import cli
+from transformer_jax.data.lines import read_lines
+from transformer_jax.inference import translator as translator_lib
+from transformer_jax.inference.flags import define_checkpoint_flags, translator_from_flags
 
 
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("sentences", nargs="*", help="sentences to translate (default: --input)")
-  translate_lib.add_checkpoint_flags(parser)
-  parser.add_argument("--input", default="-", help="file of sentences, one a line; '-' = stdin")
-  parser.add_argument("--output", default="-", help="file for the translations; '-' = stdout")
-  parser.add_argument("--verbose", action="store_true",
-                      help="print the checkpoint, settings and search throughput on stderr")
-  args = parser.parse_args(argv)
-  logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax's read-only notices
+def define(values):
+  define_checkpoint_flags(values)
+  flags.DEFINE_string("input", "-", "file of sentences, one a line; '-' = stdin",
+                      flag_values=values)
+  flags.DEFINE_string("output", "-", "file for the translations; '-' = stdout",
+                      flag_values=values)
+  flags.DEFINE_bool("verbose", False, "print the checkpoint, settings and search throughput "
+                    "on stderr", flag_values=values)
 
-  try:
-    translator = translate_lib.translator_from_args(args)
-    if args.sentences:
-      lines = list(args.sentences)
-      names = [f"argument {i + 1}" for i in range(len(lines))]
-    else:
-      lines = translate_lib.read_lines(args.input)
-      where = "stdin" if args.input == "-" else args.input
-      names = [f"{where} line {i + 1}" for i in range(len(lines))]
-    # Opened before translating: a bad path fails now, not after the whole search.
-    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
-  except translate_lib.USER_ERRORS as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  if args.verbose:
+
+def body(values, sentences):
+  translator = translator_from_flags(values)
+  if sentences:
+    names = [f"argument {i + 1}" for i in range(len(sentences))]
+  else:
+    sentences = read_lines(values.input)
+    where = "stdin" if values.input == "-" else values.input
+    names = [f"{where} line {i + 1}" for i in range(len(sentences))]
+  # Opened before translating: a bad path fails now, not after the whole search.
+  out = sys.stdout if values.output == "-" else open(values.output, "w", encoding="utf-8")
+  if values.verbose:
     print(f"translate: {translator.settings()}", file=sys.stderr)
   try:
-    outputs = translator.translate(lines, names=names)
-    out.write("".join(line + "\n" for line in outputs))
+    out.write("".join(line + "\n" for line in translator.translate(sentences, names=names)))
     out.flush()
   finally:
     if out is not sys.stdout:
       out.close()
-  if args.verbose:
-    print(f"translate: {translate_lib.throughput_line(translator.stats)}", file=sys.stderr)
+  if values.verbose:
+    print(f"translate: {translator_lib.throughput_line(translator.stats)}", file=sys.stderr)
   return 0
+
+
+def main(argv=None):
+  return cli.run(body, argv, doc=__doc__, define=define)
 
 
 if __name__ == "__main__":

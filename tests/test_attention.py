@@ -61,7 +61,8 @@ def test_attention_dropout_is_seeded_and_rescaled(qkv):
   assert not np.allclose(a, c)
   np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)  # weights are pre-dropout
   # Inverted dropout keeps the expectation: averaged over many keys it approaches the reference.
-  outs = [tj.scaled_dot_product_attention(q, k, v, dropout_rate=0.5, dropout_rng=jax.random.key(i))[0]
+  outs = [tj.scaled_dot_product_attention(q, k, v, dropout_rate=0.5,
+                                          dropout_rng=jax.random.key(i))[0]
           for i in range(200)]
   np.testing.assert_allclose(np.mean(outs, 0), ref, atol=0.15)
 
@@ -111,7 +112,8 @@ def test_masks():
   sm = tj.segment_mask(seg, seg)[0, 0]
   np.testing.assert_array_equal(sm, [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
   assert tj.combine_masks(None, None) is None
-  np.testing.assert_array_equal(tj.combine_masks(tj.causal_mask(4), tj.segment_mask(seg, seg))[0, 0],
+  combined = tj.combine_masks(tj.causal_mask(4), tj.segment_mask(seg, seg))
+  np.testing.assert_array_equal(combined[0, 0],
                                 [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
 
 

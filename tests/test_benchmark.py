@@ -1,5 +1,6 @@
-"""The train step compiles once (alone and in the training loop); the benchmark's modes run and
-report what they say; `--what train` needs neither tensorflow-datasets nor grain."""
+"""The train step compiles once (alone and in the training loop); the benchmarks
+(`transformer_jax.bench`) run and report what they say, and `scripts/benchmark.py` maps its
+flags onto them; `--what train` needs neither tensorflow-datasets nor grain."""
 import json
 import os
 import subprocess
@@ -10,16 +11,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from scripts_under_test import load_script
 
 import transformer_jax as tj
-from transformer_jax import steps, train
+from transformer_jax import steps
+from transformer_jax.bench import decode as bench_decode
+from transformer_jax.bench import train as bench_train
+from transformer_jax.run import loop
+from transformer_jax.run import trainer as trainer_lib
+
+import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_config.py")
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-sys.path.insert(0, os.path.join(REPO, "tests"))
-import benchmark  # noqa: E402
-import tiny_config  # noqa: E402
+benchmark = load_script("benchmark")
+
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
@@ -69,16 +75,16 @@ def test_train_step_compiles_once_for_batches_of_one_shape():
 def test_training_loop_compiles_the_train_step_once(tmp_path, monkeypatch):
   trainers = []
 
-  class RecordingTrainer(train.Trainer):
+  class RecordingTrainer(trainer_lib.Trainer):
     def __init__(self, *args, **kwargs):
       super().__init__(*args, **kwargs)
       trainers.append(self)
 
-  monkeypatch.setattr(train, "Trainer", RecordingTrainer)
+  monkeypatch.setattr(loop, "Trainer", RecordingTrainer)
   c = tiny_config.get_config()
   c.data.data_dir = str(tmp_path / "tfds")
   c.num_train_steps = 4
-  result = train.train_and_evaluate(c, str(tmp_path / "run"))
+  result = loop.train_and_evaluate(c, str(tmp_path / "run"))
   assert result["step"] == 4
   (trainer,) = trainers
   assert trainer.train_step._cache_size() == 1
@@ -89,14 +95,21 @@ def last_json_line(text: str) -> dict:
   return json.loads(text.strip().splitlines()[-1])
 
 
+def tiny_config_with(**model_fields):
+  c = tiny_config.get_config()
+  c.model.update(**model_fields)
+  return c
+
+
 def test_benchmark_data_smoke(tmp_path, capsys):
-  result = benchmark.main(["--what", "data", "--datasets", "numbers", "--batching", "pack,pad",
-                           "--batch_size", "16", "--max_len", "32", "--seconds", "0.3",
-                           "--data_dir", str(tmp_path / "tfds"), "--workdir", str(tmp_path)])
+  code = benchmark.main(["--what", "data", "--datasets", "numbers", "--batching", "pack,pad",
+                         "--batch_size", "16", "--max_len", "32", "--seconds", "0.3",
+                         "--data_dir", str(tmp_path / "tfds"), "--workdir", str(tmp_path)])
   out = capsys.readouterr().out
+  assert code == 0
   printed = last_json_line(out)
-  assert printed == json.loads(json.dumps(result))
   assert printed["what"] == "data" and printed["config"]["batch_size"] == 16
+  assert printed["config"]["datasets"] == "numbers" and printed["config"]["batching"] == "pack,pad"
   for key in ("device_kind", "jax_version", "load_average_start", "load_average_end"):
     assert printed[key] not in (None, ""), key
   assert [(p["dataset"], p["batching"]) for p in printed["figures"]] == [
@@ -105,16 +118,18 @@ def test_benchmark_data_smoke(tmp_path, capsys):
     assert p["target_tokens_per_s"] > 0 and 0 < p["target_fill"] <= 1
     assert p["batch_shapes"] == [[16, 32]]
   assert out.count("input pipeline: numbers") == 2
-  with pytest.raises(SystemExit):
-    benchmark.main(["--what", "data", "--seconds", "0"])
+  assert benchmark.main(["--what", "data", "--seconds", "0"]) == 2
+  assert "--seconds=0.0: must be > 0" in capsys.readouterr().err
 
 
 def test_benchmark_train_smoke(capsys):
-  result = benchmark.main(["--what", "train", "--config", TINY, "--steps", "2", "--warmup", "1",
-                           "--matmul_n", "128", "--matmul_seconds", "0",
-                           "--config.model.fused_qkv=True"])
-  printed = last_json_line(capsys.readouterr().out)
-  assert printed == json.loads(json.dumps(result))
+  code = benchmark.main(["--what", "train", "--config", TINY, "--steps", "2", "--warmup", "1",
+                         "--matmul_n", "128", "--matmul_seconds", "0",
+                         "--config.model.fused_qkv=True"])
+  out = capsys.readouterr().out
+  assert code == 0
+  printed = last_json_line(out)
+  assert "train step: 32d, 1+1 layers, vocab 200, float32, batches synthetic" in out
   assert printed["what"] == "train" and printed["batches"] == "synthetic"
   assert printed["shapes"] == {"inputs": [8, 32], "targets": [8, 32]}
   assert printed["model"]["fused_qkv"] is True and printed["model"]["d_model"] == 32
@@ -130,17 +145,20 @@ def test_benchmark_train_smoke(capsys):
   assert f["back_to_back_step_time_s"] > 0 and 0 < f["back_to_back_mfu"] < 10
 
 
-def test_benchmark_profile_summary(tmp_path, capsys):
-  result = benchmark.main(["--what", "train", "--config", TINY, "--steps", "1", "--warmup", "1",
-                           "--matmul_n", "64", "--matmul_seconds", "0",
-                           "--profile_dir", str(tmp_path)])
+def test_benchmark_profile_summary(tmp_path):
+  options = bench_train.TrainOptions(steps=1, warmup=1, matmul_n=64, matmul_seconds=0,
+                                     profile_dir=str(tmp_path))
+  result = bench_train.run(tiny_config_with(), options)
+  # What the script prints as its JSON line: the result must survive it unchanged.
+  assert json.loads(json.dumps(result)) == result
+  assert result["figures"]["steps_timed"] == 1 and result["figures"]["compilations"] == 1
   profile = result["figures"]["profile"]
   assert profile["kernel_ms_per_step"] > 0 and profile["top"], profile
   assert sum(profile["categories"].values()) == pytest.approx(1.0, abs=1e-3)
 
 
 def test_check_accelerator_runs_and_passes_on_cpu(tmp_path):
-  import check_accelerator
+  check_accelerator = load_script("check_accelerator")
   out = tmp_path / "check.json"
   code = check_accelerator.main(["--size", "tiny", "--length", "16", "--batch", "2",
                                  "--model_rows", "2", "--vocab", "64", "--json", str(out)])
@@ -148,24 +166,42 @@ def test_check_accelerator_runs_and_passes_on_cpu(tmp_path):
   assert code == 0 and result["passed"], result
   assert len(result["results"]) == 10
   # On CPU there is no cuDNN: the fused path is XLA's and must still match the reference.
-  assert all(r["output_err" if "output_err" in r else "logits_err"] < 0.05 for r in result["results"])
+  assert all(r["output_err" if "output_err" in r else "logits_err"] < 0.05
+             for r in result["results"])
 
 
 def test_benchmark_decode_smoke(capsys):
-  benchmark.main(["--what", "decode", "--config", TINY, "--steps", "1", "--beams", "1,2",
-                  "--decode_rows", "2", "--decode_len", "5"])
-  printed = last_json_line(capsys.readouterr().out)
-  assert printed["what"] == "decode" and "random parameters" in printed["parameters"]
+  options = bench_decode.DecodeOptions(beams=(1, 2), steps=1, rows=2, decode_len=5)
+  result = bench_decode.run(tiny_config_with(), options)
+  assert json.loads(json.dumps(result)) == result
+  assert "decode: 2 sources x 32 tokens, up to 5 output tokens" in capsys.readouterr().out
+  assert result["what"] == "decode" and "random parameters" in result["parameters"]
   for name in ("greedy", "beam 2"):
-    f = printed["figures"][name]
+    f = result["figures"][name]
     # EOS is disabled with random parameters: every sentence runs to its 5-token limit.
     assert f["target_tokens_per_batch"] == 2 * 5, name
     assert f["sentences_per_s"] > 0 and f["target_tokens_per_s"] > 0
 
 
-def test_benchmark_rejects_unknown_flags():
-  with pytest.raises(SystemExit):
-    benchmark.main(["--what", "data", "--config.model.d_model=8"])
+@pytest.mark.parametrize("argv, message", [
+    (["--what", "data", "--config.model.d_model=8"], "--config.model.d_model: --config and"),
+    (["--what", "data", "--config", TINY], "--config: --config and --config.* apply to"),
+    (["--what", "train", "--warmup", "0"], "--warmup=0"),
+    (["--what", "decode", "--beams", "1,0"], "--beams=1,0: must be beam sizes >= 1"),
+    (["--what", "train", "--bogus"], "bogus"),
+])
+def test_benchmark_rejects_bad_flags(argv, message, capsys):
+  assert benchmark.main(argv) == 2
+  assert message in capsys.readouterr().err
+
+
+def test_benchmark_options_check_their_ranges():
+  with pytest.raises(ValueError, match="must be >= 1"):
+    bench_train.TrainOptions(warmup=0)
+  with pytest.raises(ValueError, match="batches"):
+    bench_train.TrainOptions(batches="fake")
+  with pytest.raises(ValueError, match="beam sizes"):
+    bench_decode.DecodeOptions(beams=(0,))
 
 
 BLOCKER = r"""
@@ -187,10 +223,10 @@ def test_train_benchmark_needs_neither_tfds_nor_grain(tmp_path):
   # leave tensorflow-datasets and grain to the modules that read data.
   code = f"REPO = {REPO!r}\n" + BLOCKER + r"""
 import benchmark
-from transformer_jax import decode, flops, model, steps
-result = benchmark.main(["--what", "train", "--config", {tiny!r}, "--steps", "1",
-                         "--warmup", "1", "--matmul_n", "64", "--matmul_seconds", "0"])
-assert result["figures"]["compilations"] == 1
+from transformer_jax import flops, model, search, steps
+code = benchmark.main(["--what", "train", "--config", {tiny!r}, "--steps", "1",
+                       "--warmup", "1", "--matmul_n", "64", "--matmul_seconds", "0"])
+assert code == 0, code
 assert not any(m.split(".")[0] in ("tensorflow_datasets", "grain") for m in sys.modules)
 print("OK")
 """.replace("{tiny!r}", repr(TINY))
@@ -199,7 +235,9 @@ print("OK")
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert out.stdout.strip().endswith("OK")
+  lines = out.stdout.strip().splitlines()
+  assert lines[-1] == "OK"
+  assert json.loads(lines[-2])["figures"]["compilations"] == 1
 
 
 def _fuse_params(params):
@@ -210,7 +248,8 @@ def _fuse_params(params):
       if not isinstance(sub, dict):
         out[name] = sub
       elif {"query", "key", "value"} <= set(sub):
-        parts = ("key", "value") if cross or name == "cross_attention" else ("query", "key", "value")
+        parts = (("key", "value") if cross or name == "cross_attention"
+                 else ("query", "key", "value"))
         fused = {p: jnp.stack([sub[n][p] for n in parts], axis=1 if p == "kernel" else 0)
                  for p in ("kernel", "bias") if p in sub[parts[0]]}
         rest = {n: v for n, v in sub.items() if n not in parts}
@@ -222,7 +261,7 @@ def _fuse_params(params):
 
 
 def test_fused_qkv_computes_the_same_function():
-  from transformer_jax.decode import greedy_search
+  from transformer_jax.search import greedy_search
 
   cfg = tj.model_config("tiny", vocab_size=40, norm_position="pre")
   fused_cfg = cfg.replace(fused_qkv=True)

@@ -4,6 +4,8 @@ import pytest
 
 from transformer_jax.data import default_data_config, get_data, locale
 
+from gettext_catalogs import write_mo
+
 
 def test_cleaning_rules():
   keep = {
@@ -34,8 +36,8 @@ def make_catalogs(root):
               "Änderungen speichern?", "Cannot open %s": "Kann %s nicht öffnen",
               "menu\x04_Quit": "_Beenden", "Untranslated": ""}
   messages.update({f"Message number {i}": f"Meldung Nummer {i}" for i in range(300)})
-  locale.write_mo(str(root / "de" / "LC_MESSAGES" / "app.mo"), messages)
-  locale.write_mo(str(root / "de" / "LC_MESSAGES" / "iso_3166.mo"),
+  write_mo(str(root / "de" / "LC_MESSAGES" / "app.mo"), messages)
+  write_mo(str(root / "de" / "LC_MESSAGES" / "iso_3166.mo"),
                   {"": header, "Germany": "Deutschland"})
   with open(root / "de" / "LC_MESSAGES" / "broken.mo", "wb") as f:
     f.write(b"not a catalog")

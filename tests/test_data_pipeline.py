@@ -5,9 +5,10 @@ import grain
 import numpy as np
 import pytest
 
+from transformer_jax import batch as batch_lib
 from transformer_jax.data import default_data_config, get_data, pipeline
 
-KEYS = pipeline.KEYS
+KEYS = batch_lib.KEYS
 
 
 def small_config(tmp, **overrides):
@@ -65,7 +66,7 @@ def test_packing_keeps_segments_apart(base):
     for row in range(batch["inputs"].shape[0]):
       for side in ("inputs", "targets"):
         seg = batch[f"{side}_segmentation"][row]
-        pos = batch[f"{side}_position"][row]
+        pos = batch[f"{side}_positions"][row]
         ids = batch[side][row]
         real = seg > 0
         assert (ids[~real] == 0).all() and (pos[~real] == 0).all()
@@ -93,7 +94,7 @@ def test_packed_pairs_are_real_pairs(base):
   for row in range(4):
     src, tgt = segments(batch, row, "inputs"), segments(batch, row, "targets")
     for s in src:
-      assert train[tok.decode(src[s])] == tok.decode(tgt[s])
+      assert train[tok.detokenize(src[s])] == tok.detokenize(tgt[s])
 
 
 def test_unpacked_modes_use_the_same_format(base):
@@ -103,7 +104,7 @@ def test_unpacked_modes_use_the_same_format(base):
     assert set(np.unique(seg)) <= {0, 1}
     lengths = seg.sum(1)
     for row in range(seg.shape[0]):
-      assert batch["targets_position"][row, :lengths[row]].tolist() == list(
+      assert batch["targets_positions"][row, :lengths[row]].tolist() == list(
           range(lengths[row]))
 
 
@@ -217,14 +218,14 @@ def test_long_pairs_are_dropped_in_training_only(base):
   epoch = [p for k in range(read.chunks_per_epoch) for p in read(k)]
   fits = [(s, t) for s, t in train if len(tok.encode(s)) < 12 and len(tok.encode(t)) < 12]
   assert 0 < len(fits) < len(train)  # some pairs are too long (the test could fail)
-  assert sorted((tok.decode(s[:-1]), tok.decode(t[:-1])) for s, t in epoch) == sorted(fits)
+  assert sorted((tok.detokenize(s[:-1]), tok.detokenize(t[:-1])) for s, t in epoch) == sorted(fits)
   pairs = data.raw_examples("validation")
   batches = list(data.eval_batches("validation"))
   assert sum(b["num_real"] for b in batches) == len(pairs) == 150
   got = [t for b in batches for t in b["target_text"]]
   assert got == [t for _, t in pairs]
   tok = data.tokenizer
-  decoded = [tok.decode(row) for b in batches for row in b["targets"][:b["num_real"]]]
+  decoded = [tok.detokenize(row) for b in batches for row in b["targets"][:b["num_real"]]]
   assert decoded == got  # Nothing truncated, even sentences longer than 12 pieces.
   assert max(len(tok.encode(t)) for t in got) >= 12
 
@@ -257,4 +258,4 @@ def test_grain_first_fit_packer_matches_our_format():
   ours, _ = pipeline.pack_rows([(list(a), list(b)) for a, b in pairs[:2]], 8, 8)
   # Longest pair (by source + target) first: (3, 5) before (4, 2).
   assert ours["inputs_segmentation"][0].tolist() == [1, 1, 1, 2, 2, 2, 2, 0]
-  assert ours["targets_position"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 0]
+  assert ours["targets_positions"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 0]

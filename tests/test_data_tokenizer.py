@@ -37,10 +37,10 @@ def test_round_trip(tokenizer):
     ids = tokenizer.encode(text)
     assert tok_lib.EOS_ID not in ids and tok_lib.BOS_ID not in ids
     expected = " ".join(text.split())  # SentencePiece collapses repeated spaces.
-    assert tokenizer.decode(ids) == expected
+    assert tokenizer.detokenize(ids) == expected
   # decode stops at eos and skips pad and bos.
   ids = tokenizer.encode(TEXTS[0])
-  assert tokenizer.decode([2] + ids + [3] + ids + [0, 0]) == TEXTS[0]
+  assert tokenizer.detokenize([2] + ids + [3] + ids + [0, 0]) == TEXTS[0]
   assert tokenizer.encode_batch(TEXTS[:2]) == [tokenizer.encode(t) for t in TEXTS[:2]]
 
 
@@ -66,7 +66,7 @@ def test_trains_in_a_directory_named_like_a_sweep_point(tmp_path):
   commas, so training must not pass it paths."""
   path = tmp_path / "learning_rate=1.0,warmup_steps=200" / "spm.model"
   made = tok_lib.train_tokenizer(TEXTS, str(path), vocab_size=120, max_chars=100_000)
-  assert os.path.exists(path) and made.decode(made.encode(TEXTS[0])) == TEXTS[0]
+  assert os.path.exists(path) and made.detokenize(made.encode(TEXTS[0])) == TEXTS[0]
   assert os.listdir(path.parent) == ["spm.model"]
   # Readable as the umask says (a shared vocab_path), not only by its owner.
   umask = os.umask(0)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import transformer_jax as tj
-from transformer_jax import decode
+from transformer_jax import search
 
 VOCAB = 40
 MARGIN = 5
@@ -75,13 +75,13 @@ def tiny():
 @pytest.fixture(scope="module")
 def greedy(tiny):
   cfg, params, src = tiny
-  return decode.greedy_search(cfg, params, src, max_len_margin=MARGIN)
+  return search.greedy_search(cfg, params, src, max_len_margin=MARGIN)
 
 
 @pytest.fixture(scope="module")
 def beam4(tiny):
   cfg, params, src = tiny
-  return decode.beam_search(cfg, params, src, beam_size=4, alpha=0.6, max_len_margin=MARGIN,
+  return search.beam_search(cfg, params, src, beam_size=4, alpha=0.6, max_len_margin=MARGIN,
                             return_all=True)
 
 
@@ -112,14 +112,14 @@ def test_greedy_equals_uncached_reference(tiny, greedy):
 
 def test_beam_size_one_equals_greedy(tiny, greedy):
   cfg, params, src = tiny
-  tokens, scores = decode.beam_search(cfg, params, src, beam_size=1, alpha=0.6,
+  tokens, scores = search.beam_search(cfg, params, src, beam_size=1, alpha=0.6,
                                       max_len_margin=MARGIN)
   np.testing.assert_array_equal(tokens, greedy[0])
   lengths = np.asarray(greedy[1])
   expected = log_probs_of(cfg, params, src, greedy[0], lengths) / ((5 + lengths) / 6) ** 0.6
   np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-5)
-  # decode_batch dispatches to greedy search and hands back numpy.
-  np_tokens, np_lengths = decode.decode_batch(cfg, params, src, beam_size=1, max_len_margin=MARGIN)
+  # search_batch dispatches to greedy search and hands back numpy.
+  np_tokens, np_lengths = search.search_batch(cfg, params, src, beam_size=1, max_len_margin=MARGIN)
   assert isinstance(np_tokens, np.ndarray) and isinstance(np_lengths, np.ndarray)
   np.testing.assert_array_equal(np_tokens, greedy[0])
   np.testing.assert_array_equal(np_lengths, greedy[1])
@@ -149,8 +149,8 @@ def test_beam_scores_match_teacher_forcing(tiny, beam4):
   expected = log_probs_of(cfg, params, jnp.repeat(src, beam, 0), jnp.asarray(flat), lengths)
   expected = expected / ((5 + lengths) / 6) ** 0.6
   np.testing.assert_allclose(scores.reshape(-1)[finite], expected[finite], rtol=1e-5, atol=1e-5)
-  # decode_batch (best hypothesis only) agrees with the full finished set.
-  np_tokens, np_lengths = decode.decode_batch(cfg, params, src, beam_size=4, alpha=0.6,
+  # search_batch (best hypothesis only) agrees with the full finished set.
+  np_tokens, np_lengths = search.search_batch(cfg, params, src, beam_size=4, alpha=0.6,
                                               max_len_margin=MARGIN)
   np.testing.assert_array_equal(np_tokens, seqs[:, 0])
   np.testing.assert_array_equal(np_lengths, (seqs[:, 0] != cfg.pad_id).sum(1))
@@ -165,7 +165,7 @@ def test_eos_ends_sentences_and_pads_after(tiny, greedy):
   assert eos not in (cfg.pad_id, cfg.bos_id)
   ecfg = cfg.replace(eos_id=eos)
   new_tokens, new_lengths = (np.asarray(x) for x in
-                             decode.greedy_search(ecfg, params, src, max_len_margin=MARGIN))
+                             search.greedy_search(ecfg, params, src, max_len_margin=MARGIN))
   assert new_lengths[0] == 1 and new_tokens[0, 0] == eos and (new_tokens[0, 1:] == 0).all()
   limits = expected_limits(SOURCE_LENGTHS, MARGIN, tokens.shape[1])
   for row, new_row, n, limit in zip(tokens, new_tokens, new_lengths, limits):
@@ -174,7 +174,7 @@ def test_eos_ends_sentences_and_pads_after(tiny, greedy):
     np.testing.assert_array_equal(new_row[:n], row[:n])
   check_well_formed(new_tokens, new_lengths, limits, eos)
   # Beam search: outputs are well formed; sentence 0's best is either the immediate EOS or longer.
-  seqs, scores = decode.beam_search(ecfg, params, src, beam_size=4, alpha=0.6,
+  seqs, scores = search.beam_search(ecfg, params, src, beam_size=4, alpha=0.6,
                                     max_len_margin=MARGIN, return_all=True)
   seqs, scores = np.asarray(seqs), np.asarray(scores)
   for k in range(4):
@@ -187,7 +187,7 @@ def test_length_limits(tiny, greedy, margin):
   cfg, params, src = tiny
   buffer_len = src.shape[1] + margin
   limits = expected_limits(SOURCE_LENGTHS, margin, buffer_len)
-  tokens, lengths = decode.greedy_search(cfg, params, src, max_len_margin=margin)
+  tokens, lengths = search.greedy_search(cfg, params, src, max_len_margin=margin)
   assert tokens.shape == (4, buffer_len)
   check_well_formed(tokens, lengths, limits, cfg.eos_id)
   # A shorter limit truncates the same greedy output.
@@ -197,7 +197,7 @@ def test_length_limits(tiny, greedy, margin):
   # The all-padding row has no room, whatever the margin (filler rows of a bucketed batch
   # must not keep the loop running); beam search keeps to the same limits.
   assert lengths[3] == 0 and (np.asarray(tokens)[3] == cfg.pad_id).all()
-  seqs, scores = decode.beam_search(cfg, params, src, beam_size=3, max_len_margin=margin)
+  seqs, scores = search.beam_search(cfg, params, src, beam_size=3, max_len_margin=margin)
   check_well_formed(seqs, (np.asarray(seqs) != 0).sum(1), limits, cfg.eos_id)
   assert scores[3] == 0.0 and (np.asarray(seqs)[3] == cfg.pad_id).all()
 
@@ -205,20 +205,20 @@ def test_length_limits(tiny, greedy, margin):
 def test_buffer_caps(tiny, greedy):
   cfg, params, src = tiny
   # An explicit buffer shorter than source + margin caps every sentence.
-  tokens, lengths = decode.greedy_search(cfg, params, src, max_len_margin=MARGIN, max_decode_len=3)
+  tokens, lengths = search.greedy_search(cfg, params, src, max_len_margin=MARGIN, max_decode_len=3)
   assert tokens.shape == (4, 3)
   np.testing.assert_array_equal(tokens, np.asarray(greedy[0])[:, :3])
   # So does the model's longest position: the decoder has no position beyond it.
-  assert decode.buffer_length(cfg.replace(max_len=8), 7, MARGIN) == 8
-  assert decode.buffer_length(cfg, 7, MARGIN) == 12
-  assert decode.buffer_length(cfg, 7, MARGIN, max_decode_len=100) == cfg.max_len
+  assert search.buffer_length(cfg.replace(max_len=8), 7, MARGIN) == 8
+  assert search.buffer_length(cfg, 7, MARGIN) == 12
+  assert search.buffer_length(cfg, 7, MARGIN, max_decode_len=100) == cfg.max_len
   with pytest.raises(ValueError, match="no room to decode"):
-    decode.greedy_search(cfg, params, src, max_decode_len=0)
+    search.greedy_search(cfg, params, src, max_decode_len=0)
 
 
 def test_output_ids_strips_eos_and_padding():
   tokens = np.array([[5, 6, 3, 0], [5, 6, 7, 8], [3, 0, 0, 0], [0, 0, 0, 0]])
-  assert decode.output_ids(tokens, [3, 4, 1, 0], eos_id=3) == [[5, 6], [5, 6, 7, 8], [], []]
+  assert search.output_ids(tokens, [3, 4, 1, 0], eos_id=3) == [[5, 6], [5, 6, 7, 8], [], []]
 
 
 # --- Exhaustive search on a tiny vocabulary ---------------------------------------------------
@@ -253,9 +253,9 @@ def all_outputs(cfg, limit):
 def test_wide_beam_equals_exhaustive_search(peaked):
   cfg, params, src = peaked
   alpha, limits = 0.6, [4, 3]
-  seqs, scores = decode.beam_search(cfg, params, src, beam_size=WIDE_BEAM, alpha=alpha,
+  seqs, scores = search.beam_search(cfg, params, src, beam_size=WIDE_BEAM, alpha=alpha,
                                     max_len_margin=SMALL_MARGIN)
-  greedy_tokens, _ = decode.greedy_search(cfg, params, src, max_len_margin=SMALL_MARGIN)
+  greedy_tokens, _ = search.greedy_search(cfg, params, src, max_len_margin=SMALL_MARGIN)
   # Score every output of both sentences in one teacher-forced batch, as beam search scores them:
   # sum of log-probabilities / ((5 + length) / 6) ** alpha.
   outputs = [all_outputs(cfg, limit) for limit in limits]
@@ -277,6 +277,6 @@ def test_wide_beam_equals_exhaustive_search(peaked):
   assert any(differs), "greedy already finds the best output: the test would not test search"
   # Here the best output is not greedy's, yet beam size 1 still is greedy search (EOS candidates
   # ranked below the beam are not finished: see beam_search).
-  one, _ = decode.beam_search(cfg, params, src, beam_size=1, alpha=alpha,
+  one, _ = search.beam_search(cfg, params, src, beam_size=1, alpha=alpha,
                               max_len_margin=SMALL_MARGIN)
   np.testing.assert_array_equal(one, greedy_tokens)

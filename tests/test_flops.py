@@ -1,4 +1,4 @@
-"""Analytic FLOPs: a hand count, packing, XLA's own count of the compiled program, the peak table."""
+"""Analytic FLOPs: a hand count, packing, XLA's count of the compiled program, the peak table."""
 import types
 
 import jax
@@ -18,7 +18,8 @@ def small_config(**overrides):
 
 
 def test_forward_flops_against_a_hand_count():
-  # Two sentences: (s, t) = (3, 2) and (1, 4). d = 8, d_ff = 16, V = 10, 2 encoder layers, 1 decoder.
+  # Two sentences: (s, t) = (3, 2) and (1, 4). d = 8, d_ff = 16, V = 10, 2 encoder layers,
+  # 1 decoder layer.
   cfg = small_config()
   d, f, v = 8, 16, 10
   src_tokens, tgt_tokens = 3 + 1, 2 + 4
@@ -125,7 +126,8 @@ def test_peak_table_lookup_by_device_kind(kind, dtype, expected, key):
 def test_peak_for_unknown_devices_and_cpu():
   assert flops.peak_flops_for_kind("Some Future Chip", "bfloat16") is None
   # An unknown accelerator gives NaN (MFU shows NaN) rather than stopping a training run.
-  peak, source = flops.peak_flops("bfloat16", types.SimpleNamespace(device_kind="X9", platform="gpu"))
+  unknown = types.SimpleNamespace(device_kind="X9", platform="gpu")
+  peak, source = flops.peak_flops("bfloat16", unknown)
   assert np.isnan(peak) and "PEAK_FLOPS" in source
   # V100 has no bfloat16 units.
   assert np.isnan(flops.peak_flops_for_kind("Tesla V100-SXM2-16GB", "bfloat16")[0])

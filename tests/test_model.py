@@ -1,4 +1,4 @@
-"""The Transformer's structural guarantees: causality, padding, packing, decoding, gradients, sizes."""
+"""The Transformer's guarantees: causality, padding, packing, decoding, gradients, sizes."""
 import dataclasses
 
 import flax.linen as nn
@@ -71,7 +71,10 @@ def test_packed_equals_separate(setup):
   s2, t2 = random_tokens(10, (1, 5)), random_tokens(11, (1, 4))
   alone1 = apply(params, s1, t1)
   alone2 = apply(params, s2, t2)
-  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n)))  # noqa: E731
+
+  def pad(x, n):
+    return jnp.pad(x, ((0, 0), (0, n)))
+
   src = pad(jnp.concatenate([s1, s2], 1), 2)          # 4 + 5 + 2 padding
   tgt = pad(jnp.concatenate([t1, t2], 1), 1)          # 3 + 4 + 1 padding
   src_seg = jnp.array([[1] * 4 + [2] * 5 + [0] * 2])
@@ -124,7 +127,7 @@ def test_cached_decoding_equals_teacher_forcing(setup):
   stepwise, cache = greedy_cached_logits(cfg, params, src, tj.shift_right(tgt, cfg.bos_id))
   np.testing.assert_allclose(stepwise, full, atol=1e-5)
   # The encoder-decoder keys/values were computed once (prime) and are only read afterwards.
-  cross = cache["decoder"]["layer_0"]["cross_attention"]
+  cross = cache["decoder"]["layer_0"]["cross_attention"]["kv_cache"]
   assert cross["cross_key"].shape == (3, 9, cfg.num_heads, cfg.head_dim)
   assert not np.asarray(cross["cross_valid"])[1, 5:].any()
 
@@ -215,7 +218,7 @@ def test_fused_attention_never_gives_the_kernel_an_empty_row(monkeypatch):
   seg_q = jnp.array([[1, 1, 2, 0, 0], [1, 2, 2, 2, 0]])
   seg_k = jnp.array([[1, 2, 2, 0, 0, 0, 0], [1, 1, 1, 2, 2, 2, 0]])
   mask = tj.segment_mask(seg_q, seg_k)
-  out, vjp = jax.vjp(lambda q, k: layers._fused_attention(cfg, q, k, k, mask), q, k)
+  out, vjp = jax.vjp(lambda q, k: layers.fused_attention(cfg, q, k, k, mask), q, k)
   assert seen and all(m.any(axis=-1).all() for m in seen)
   np.testing.assert_array_equal(np.asarray(out)[np.asarray(seg_q) == 0], 0.0)
   grads = vjp(jnp.ones_like(out))
@@ -238,7 +241,8 @@ def test_variants_run():
   for overrides in [dict(position_encoding="learned"), dict(activation="gelu", use_bias=False),
                     dict(attention_bias=True),
                     dict(kernel_init="normal", scale_embeddings=False),
-                    dict(share_embeddings=False, tie_output_embedding=False, target_vocab_size=VOCAB + 7),
+                    dict(share_embeddings=False, tie_output_embedding=False,
+                         target_vocab_size=VOCAB + 7),
                     dict(remat="layer", attention_dropout_rate=0.1, relu_dropout_rate=0.1)]:
     cfg, _ = make("pre", num_encoder_layers=1, num_decoder_layers=1, **overrides)
     model = tj.Transformer(cfg)

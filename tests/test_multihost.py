@@ -14,11 +14,13 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import checkpointing, metrics, train
+from transformer_jax import batch as batch_lib
+from transformer_jax.run import checkpointing, distributed, metrics
+from transformer_jax.run.trainer import Trainer
+
+import tiny_config as tiny_config_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
-import tiny_config as tiny_config_module  # noqa: E402
 
 STEPS = 3
 TIMEOUT = 300
@@ -41,7 +43,7 @@ def _config(data_dir):
 
 def _summary(output: str) -> dict:
   """The result dict scripts/train.py prints last (on stderr) when it finishes."""
-  lines = [l for l in output.splitlines() if l.startswith("{") and l.endswith("}")]
+  lines = [line for line in output.splitlines() if line.startswith("{") and line.endswith("}")]
   assert lines, output[-3000:]
   return ast.literal_eval(lines[-1])
 
@@ -106,9 +108,9 @@ def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_
 
   # Step 1's loss is that of one process holding both shards (with the same initial state).
   single = _config(data_dir)
-  trainer = train.Trainer(single, str(workdir))
-  state = trainer.init_state(jax.random.key(single.seed))
-  batch = {k: np.concatenate([s[k] for s in shards]) for k in train.ARRAY_KEYS if k in shards[0]}
+  trainer = Trainer.create(single, str(workdir))
+  state = trainer.setup.init_state(jax.random.key(single.seed))
+  batch = {k: np.concatenate([s[k] for s in shards]) for k in batch_lib.KEYS if k in shards[0]}
   with trainer.context():
     _, m = trainer.train_step(state, trainer.put(batch))
   assert float(m["loss"] / m["tokens"]) == pytest.approx(logged[1]["train_loss"], rel=1e-5)
@@ -123,7 +125,7 @@ def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_
   assert data_state["process_count"] == 2 and sorted(data_state["processes"]) == ["0", "1"]
   saved = [data_state["processes"][i] for i in ("0", "1")]
   assert [(s["parent"]["next_index"], s["window"]) for s in saved] == [(0, 0), (0, 0)]
-  assert train.own_data_state(data_state, trainer.data) == {
+  assert distributed.own_data_state(data_state, trainer.data) == {
       "parent": {"next_index": 0}, "window": 1, "next": 0}
   kernel = state.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"]
   assert len(kernel.sharding.device_set) == 8

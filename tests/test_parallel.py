@@ -9,7 +9,6 @@ change to the model or the rules moves a parameter on purpose, regenerate and re
 import functools
 import json
 import os
-import sys
 
 import flax.linen as nn
 import jax
@@ -18,12 +17,14 @@ import optax
 import pytest
 
 import transformer_jax as tj
-from transformer_jax import checkpointing, experiment, sharding, steps, train
+from transformer_jax import experiment, sharding, steps
+from transformer_jax.run import checkpointing
+from transformer_jax.run.trainer import Trainer
+
+import tiny_config as tiny_config_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(REPO, "tests", "golden")
-sys.path.insert(0, os.path.join(REPO, "tests"))
-import tiny_config as tiny_config_module  # noqa: E402
 
 RULES = sharding.DEFAULT_RULES
 # A tiny model whose sharded dimensions divide every mesh axis below (at most 8): vocab 64,
@@ -129,15 +130,17 @@ def test_constraints_shard_activations():
         text = apply.lower(params, x, x).as_text()
     else:
       text = apply.lower(params, x, x).as_text()
-    return [l for l in text.splitlines() if "sharding_constraint" in l]
+    return [line for line in text.splitlines() if "sharding_constraint" in line]
 
   assert constraints(False) == []
   lines = constraints(True)
   heads = f"tensor<{ROWS}x8x{MODEL.num_heads}x{MODEL.head_dim}x"
   # [batch, length, heads, kv] activations: rows over data (x fsdp), heads over tensor.
-  assert any(heads in l and '[{"data", "fsdp"}, {}, {"tensor"}, {}]' in l for l in lines), lines
+  assert any(heads in line and '[{"data", "fsdp"}, {}, {"tensor"}, {}]' in line
+             for line in lines), lines
   # [batch, length, embed] activations: rows over data (x fsdp).
-  assert any(f"tensor<{ROWS}x8x{MODEL.d_model}x" in l and '{"data", "fsdp"}' in l for l in lines)
+  assert any(f"tensor<{ROWS}x8x{MODEL.d_model}x" in line and '{"data", "fsdp"}' in line
+             for line in lines)
 
 
 # ---------------------------------------------------------------- golden partition specs
@@ -238,7 +241,7 @@ def test_trainer_resumes_a_workdir_under_another_mesh(tmp_path):
   c = tiny_config_module.get_config()
   c.data.data_dir = str(tmp_path / "tfds")
   workdir = str(tmp_path / "run")
-  first = train.Trainer(c, workdir)
+  first = Trainer.create(c, workdir)
   assert dict(first.mesh.shape) == {"data": 8, "fsdp": 1, "tensor": 1}
   state, _, origin = first.initial_state()
   assert origin == "scratch"
@@ -250,7 +253,7 @@ def test_trainer_resumes_a_workdir_under_another_mesh(tmp_path):
 
   moved = c.copy_and_resolve_references()
   moved.mesh = ml_collections.ConfigDict({"data": 2, "fsdp": 1, "tensor": 4})
-  second = train.Trainer(moved, workdir)
+  second = Trainer.create(moved, workdir)
   state, data_state, origin = second.initial_state()
   assert origin == "resumed from step 3"
   kernel = state.params["decoder"]["layer_0"]["feed_forward"]["wi"]["kernel"]

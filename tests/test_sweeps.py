@@ -1,17 +1,33 @@
 """Sweeps: point helpers, names, skip/fail/resume bookkeeping, SLURM script, report, end to end."""
 import csv
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
 
+from absl import flags
+import matplotlib
+from ml_collections import config_flags
 import pytest
 
 from transformer_jax import sweeps
+from transformer_jax.data import get_data
+from transformer_jax.run import metrics
+
+import tiny_config  # tests/ is on sys.path: pytest puts a test file's directory there
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_config.py")
+
+
+def load_sweep_script():
+  spec = importlib.util.spec_from_file_location("script_sweep",
+                                                os.path.join(REPO, "scripts", "sweep.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def test_product_zipped_cross_chain():
@@ -40,8 +56,16 @@ def test_names_flags_and_values():
                                 "learning_rate": 2.0}) == [
       "--config.model.norm_position=pre", "--config.async_checkpointing=false",
       "--config.learning_rate=2.0"]
-  assert sweeps.flags_to_point(["--config.num_train_steps=3", "--config.schedule=constant"]) == {
-      "num_train_steps": 3, "schedule": "constant"}
+  # The flags parse back, through ml_collections' config flags as scripts/train.py reads them,
+  # into the values they came from.
+  point = {"num_train_steps": 3, "schedule": "constant", "async_checkpointing": True,
+           "learning_rate": 2e-05, "data.bucket_boundaries": (8, 16), "mesh.data": 2,
+           "data.data_dir": "/tmp/x"}
+  argv = ["train.py", "--config", TINY, *sweeps.override_flags(point)]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+  values(argv)
+  assert config_flags.get_override_values(values["config"]) == point
   env = sweeps.slot_env(1, 2, {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo"})
   assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
   assert env["XLA_FLAGS"] == "--foo --xla_force_host_platform_device_count=2"
@@ -94,7 +118,7 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
   fake = tmp_path / "fake_train.py"
   fake.write_text(FAKE_TRAIN)
   sweep_dir = str(tmp_path / "sweep")
-  runner = sweeps.Runner(TINY, sweep_dir, str(fake), ["--config.num_train_steps=3"])
+  runner = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3})
   assert runner.num_steps == [3, 3, 3, 3]
   # Stopped (exit 0) after step 2 of 3: no marker, and the next run resumes it.
   monkeypatch.setenv("FAKE_STOP_AT", "2")
@@ -115,7 +139,7 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
     assert [r["status"] for r in json.load(f)] == [r["status"] for r in results]
 
   # Re-run: done points are skipped, the failed one runs again.
-  again = sweeps.Runner(TINY, sweep_dir, str(fake), ["--config.num_train_steps=3"])
+  again = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3})
   results = again.run(log=lambda s: None)
   assert [r["status"] for r in results].count("skipped (done)") == 3
   assert _calls(sweep_dir, {"learning_rate": 1.0, "warmup_steps": 5}) == 2  # stopped, then done
@@ -135,7 +159,7 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
   metrics_path = os.path.join(done_dir, "metrics.jsonl")
   lines = open(metrics_path).readlines()
   with open(metrics_path, "w") as f:
-    f.writelines(l for l in lines if "bleu" not in l)
+    f.writelines(line for line in lines if "bleu" not in line)
   assert again.status(1) == "partial"
   with open(metrics_path, "w") as f:
     f.writelines(lines)
@@ -152,6 +176,57 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
   assert os.path.getsize(os.path.join(sweep_dir, "report_bleu.png")) > 1000
   # Losses sort ascending.
   assert sweeps.report(sweep_dir, metric="eval_loss")["rows"][0]["learning_rate"] == 2.0
+
+
+def test_report_plot_leaves_the_matplotlib_backend_alone(tmp_path):
+  original = matplotlib.get_backend()
+  matplotlib.use("svg")  # not Agg, so a plot that switched to Agg would show
+  try:
+    rows = [{"learning_rate": 1.0, "schedule": "rsqrt", "bleu": 3.0},
+            {"learning_rate": 20.0, "schedule": "constant", "bleu": 5.0}]
+    path = sweeps.plot(rows, ["learning_rate", "schedule"], "bleu", str(tmp_path / "p.png"))
+    assert os.path.getsize(path) > 1000
+    assert matplotlib.get_backend().lower() == "svg"
+  finally:
+    matplotlib.use(original)
+
+
+def test_config_overrides_reach_every_point(tmp_path, monkeypatch, capsys):
+  """`--config.X=V` given to scripts/sweep.py reaches each point's train command after the
+  point's own fields, and sets the number of steps the driver checks a point against."""
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(textwrap.dedent("""
+      import json, os, sys
+      workdir = sys.argv[sys.argv.index("--workdir") + 1]
+      os.makedirs(workdir, exist_ok=True)
+      with open(os.path.join(workdir, "argv.json"), "w") as f:
+        json.dump(sys.argv[1:], f)
+  """))
+  script = load_sweep_script()
+  monkeypatch.setattr(script, "TRAIN", str(fake))
+  sweep_dir = tmp_path / "sweep"
+  overrides = ["--config.num_train_steps=7", "--config.model.d_model=16",
+               "--config.async_checkpointing=true"]
+  assert script.main(["--config", TINY + ":x", "--workdir", str(sweep_dir), *overrides]) == 0
+  for point in sweeps.points_from_config(TINY):
+    argv = json.loads((sweep_dir / sweeps.point_name(point) / "argv.json").read_text())
+    assert argv[:2] == ["--config", TINY + ":x"]
+    assert argv[-5:] == sweeps.override_flags(point) + overrides
+  assert json.loads((sweep_dir / "sweep.json").read_text())["extra_flags"] == overrides
+  # Where an override sets a swept field it wins (it comes last), also for the step the
+  # driver checks a point's end against.
+  swept = tmp_path / "steps.py"
+  swept.write_text("from tiny_config import get_config\n"
+                   "def sweep():\n  return [{'num_train_steps': 2}, {'num_train_steps': 4}]\n")
+  assert sweeps.Runner(str(swept), str(tmp_path / "s0"), str(fake)).num_steps == [2, 4]
+  runner = sweeps.Runner(str(swept), str(tmp_path / "s1"), str(fake), {"num_train_steps": 7})
+  assert runner.num_steps == [7, 7]
+  assert runner.command(0)[-2:] == ["--config.num_train_steps=2", "--config.num_train_steps=7"]
+  # A misspelt override fails before any point runs, naming the field.
+  assert script.main(["--config", TINY, "--workdir", str(tmp_path / "bad"),
+                      "--config.num_train_stepz=7"]) == 2
+  assert "num_train_stepz" in capsys.readouterr().err
+  assert not (tmp_path / "bad").exists()
 
 
 def test_parallel_slots_get_disjoint_devices(tmp_path):
@@ -200,8 +275,6 @@ def test_slurm_script(tmp_path):
 
 def test_sweep_end_to_end(tmp_path):
   """2 learning rates x 2 warmups of the tiny config, 3 steps each, through scripts/train.py."""
-  from transformer_jax.data import get_data
-  import tiny_config  # noqa: F401  (tests/ is on sys.path through conftest's directory)
   data_dir = tmp_path / "tfds"
   c = tiny_config.get_config()
   c.data.data_dir = str(data_dir)
@@ -221,9 +294,10 @@ def test_sweep_end_to_end(tmp_path):
   # The learning rate reached the run: at step 3 the rate is lr * d^-0.5 * 3 * warmup^-1.5.
   lrs = {}
   for name in names:
-    records = [json.loads(l) for l in open(sweep_dir / name / "metrics.jsonl")]
+    records = [json.loads(line) for line in open(sweep_dir / name / "metrics.jsonl")]
     lrs[name] = [r["learning_rate"] for r in records if "learning_rate" in r][-1]
-  expected = lambda lr, w: lr * 32**-0.5 * 3 * w**-1.5  # noqa: E731  (count 2 -> step 3)
+  def expected(lr, w):
+    return lr * 32**-0.5 * 3 * w**-1.5  # the schedule's count is 2 at step 3
   assert lrs["learning_rate=2,warmup_steps=5"] == pytest.approx(expected(2.0, 5), rel=1e-5)
   assert lrs["learning_rate=1,warmup_steps=10"] == pytest.approx(expected(1.0, 10), rel=1e-5)
 
@@ -243,7 +317,6 @@ def test_sweep_end_to_end(tmp_path):
 
 
 def test_a_metrics_line_cut_by_a_crash_is_skipped(tmp_path):
-  from transformer_jax import metrics
   with open(tmp_path / "metrics.jsonl", "w") as f:
     f.write(json.dumps({"step": 1, "train_loss": 2.0}) + "\n")
     f.write(json.dumps({"step": 2, "bleu": 7.5}) + "\n")

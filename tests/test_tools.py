@@ -3,7 +3,6 @@
 One tiny run is trained once for the module (steps 3 and 6 saved); the scripts' `main` functions
 are called in-process (one subprocess smoke test checks the command line itself).
 """
-import importlib.util
 import io
 import json
 import os
@@ -14,24 +13,20 @@ import sys
 import jax
 import numpy as np
 import pytest
+from scripts_under_test import load_script
 
-from transformer_jax import checkpointing, train
-from transformer_jax import translate as translate_lib
+from transformer_jax.inference import attention_maps
+from transformer_jax.inference import flags as tool_flags
+from transformer_jax.inference import translator as translator_lib
+from transformer_jax.run import averaging, checkpointing, loop
+from transformer_jax.run import workdir as workdir_lib
+
+import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
-import tiny_config  # noqa: E402
 
 EVAL_SIZE = 24
 LONG = " ".join(["one hundred and twenty three thousand"] * 12)  # well over max_len=32 pieces
-
-
-def load_script(name):
-  spec = importlib.util.spec_from_file_location(f"script_{name}",
-                                                os.path.join(REPO, "scripts", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 translate_script = load_script("translate")
@@ -51,14 +46,14 @@ def workdir(tmp_path_factory):
   c.num_train_steps = 6
   c.checkpoint_every_steps = 3
   path = str(root / "run")
-  train.train_and_evaluate(c, path)
-  assert translate_lib.checkpoint_steps(os.path.join(path, "checkpoints")) == [3, 6]
+  loop.train_and_evaluate(c, path)
+  assert checkpointing.checkpoint_steps(os.path.join(path, "checkpoints")) == [3, 6]
   return path
 
 
 @pytest.fixture(scope="module")
 def translator(workdir):
-  return translate_lib.Translator(workdir, batch_size=4)
+  return translator_lib.Translator(workdir, batch_size=4)
 
 
 def run_main(module, argv, capsys, stdin=None, monkeypatch=None):
@@ -104,10 +99,11 @@ def test_translate_arguments_to_file_with_overrides(workdir, tmp_path, capsys):
 
 def test_the_chosen_step_is_the_one_translated_with(workdir):
   """`--step` (through the flags, as the scripts parse them) loads that step's parameters."""
-  import argparse
-  parser = argparse.ArgumentParser()
-  translate_lib.add_checkpoint_flags(parser)
-  t3 = translate_lib.translator_from_args(parser.parse_args(["--workdir", workdir, "--step", "3"]))
+  from absl import flags
+  values = flags.FlagValues()
+  tool_flags.define_checkpoint_flags(values)
+  values(["translate.py", "--workdir", workdir, "--step", "3"])
+  t3 = tool_flags.translator_from_flags(values)
   _, p3 = checkpointing.load_params(workdir, 3)
   _, p6 = checkpointing.load_params(workdir, 6)
   leaves = jax.tree.leaves
@@ -138,7 +134,7 @@ def test_translation_order_and_batching(translator):
   assert forward == backward
   assert forward[3] == ""
   # Search settings default to the run's config.json.
-  run = translate_lib.load_run_config(translator.workdir)
+  run = workdir_lib.load_run_config(translator.workdir)
   assert (translator.beam_size, translator.alpha, translator.max_len_margin) == (
       run["beam_size"], run["length_penalty_alpha"], run["max_len_margin"])
 
@@ -240,14 +236,15 @@ def test_load_params_reads_only_the_parameters(workdir, monkeypatch):
 def test_average_refuses_checkpoints_of_different_models():
   a = {"dense": {"kernel": np.ones((2, 3), np.float32)}}
   b = {"dense": {"kernel": np.zeros((2, 3), np.float32)}}
-  mean = translate_lib.average_params(iter([("step 1", a), ("step 2", b)]))
+  mean = averaging.average_params(iter([("step 1", a), ("step 2", b)]))
   np.testing.assert_array_equal(mean["dense"]["kernel"], np.full((2, 3), 0.5, np.float32))
   wide = {"dense": {"kernel": np.ones((1, 3), np.float32)}}  # would broadcast silently
-  with pytest.raises(translate_lib.RunError,
-                     match=r"\['dense'\]\['kernel'\] has shape \(1, 3\) in step 9 but \(2, 3\) in step 1"):
-    translate_lib.average_params([("step 1", a), ("step 9", wide)])
-  with pytest.raises(translate_lib.RunError, match="step 9 and step 1 have different parameter"):
-    translate_lib.average_params([("step 1", a), ("step 9", {"other": a["dense"]})])
+  with pytest.raises(workdir_lib.RunError,
+                     match=r"\['dense'\]\['kernel'\] has shape \(1, 3\) in step 9 but "
+                           r"\(2, 3\) in step 1"):
+    averaging.average_params([("step 1", a), ("step 9", wide)])
+  with pytest.raises(workdir_lib.RunError, match="step 9 and step 1 have different parameter"):
+    averaging.average_params([("step 1", a), ("step 9", {"other": a["dense"]})])
 
 
 def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
@@ -257,7 +254,7 @@ def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
   averaged_dir = os.path.join(workdir, "averaged")
   assert result == {"output": averaged_dir, "step": 6, "averaged_steps": [3, 6]}
   # Training's own directory is untouched.
-  assert translate_lib.checkpoint_steps(os.path.join(workdir, "checkpoints")) == [3, 6]
+  assert checkpointing.checkpoint_steps(os.path.join(workdir, "checkpoints")) == [3, 6]
   _, p3 = checkpointing.load_params(workdir, 3)
   _, p6 = checkpointing.load_params(workdir, 6)
   step, avg = checkpointing.load_params(averaged_dir)
@@ -267,7 +264,7 @@ def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
     np.testing.assert_allclose(m, (a.astype(np.float32) + b.astype(np.float32)) / 2, rtol=1e-6,
                                atol=1e-7)
   assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p3), jax.tree.leaves(p6)))
-  assert translate_lib.averaged_steps(averaged_dir, 6) == [3, 6]
+  assert averaging.averaged_steps(averaged_dir, 6) == [3, 6]
   # Loadable by the tools; running it again replaces the average.
   rc, out, err = run_main(translate_script, ["--workdir", workdir, "--averaged"], capsys,
                           stdin="seven\n\n", monkeypatch=monkeypatch)
@@ -285,7 +282,7 @@ def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
 
 
 def test_attention_rows_sum_to_one(translator):
-  maps = translate_lib.attention_maps(translator, "one hundred and two", "einhundertzwei")
+  maps = attention_maps.attention_maps(translator, "one hundred and two", "einhundertzwei")
   s, t = len(maps["source_pieces"]), len(maps["target_pieces"])
   assert maps["target_pieces"][-1] == "</s>" and maps["decoder_input_pieces"][0] == "<s>"
   cfg = translator.config

@@ -1,4 +1,5 @@
 """A tiny config for subprocess tests: `scripts/train.py --config tests/tiny_config.py`."""
+from transformer_jax import sweeps
 from transformer_jax.experiment import base_config
 
 
@@ -18,5 +19,4 @@ def get_config(arg=None):
 
 def sweep():
   """Two learning rates x two warmups (tests/test_sweeps.py runs them for a few steps each)."""
-  from transformer_jax import sweeps
   return sweeps.product(learning_rate=[1.0, 2.0], warmup_steps=[5, 10])

@@ -59,13 +59,13 @@ class TransformerConfig:
   max_len: int = 256                   # longest position the model (and a learned table) covers
   activation: str = "relu"
   use_bias: bool = True                # FFN biases b_1, b_2 (and an untied output layer's)
-  attention_bias: bool = False         # the paper's W^Q, W^K, W^V, W^O have none (tensor2tensor too)
+  attention_bias: bool = False         # the paper's W^Q, W^K, W^V, W^O have none (nor t2t's)
   kernel_init: str = "xavier_uniform"  # the paper's implementation; "normal" is N(0, 0.02)
   dtype: str = "float32"               # compute dtype
   param_dtype: str = "float32"
-  attention_impl: str = "xla"          # "xla": our einsum reference; "cudnn": jax.nn.dot_product_attention
-  remat: str = "none"                  # "layer": recompute each layer's activations in the backward pass
-  fused_qkv: bool = False              # one [embed, 3, heads, kv] matmul for Q, K, V (K, V for cross)
+  attention_impl: str = "xla"          # "xla": our einsum; "cudnn": jax.nn.dot_product_attention
+  remat: str = "none"                  # "layer": recompute each layer's activations backward
+  fused_qkv: bool = False              # one [embed, 3, heads, kv] matmul for Q, K, V (cross: K, V)
   pad_id: int = 0
   bos_id: int = 2                      # decoder start token inserted by the right shift
   eos_id: int = 3
@@ -85,7 +85,8 @@ class TransformerConfig:
         raise ValueError(f"TransformerConfig.{name}={getattr(self, name)}: need at least 1 layer")
     if self.d_model % self.num_heads:
       raise ValueError(
-          f"TransformerConfig.d_model={self.d_model} is not divisible by num_heads={self.num_heads}: "
+          f"TransformerConfig.d_model={self.d_model} is not divisible by "
+          f"num_heads={self.num_heads}: "
           f"choose num_heads among the divisors of d_model "
           f"{[h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]}")
     for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
@@ -101,7 +102,8 @@ class TransformerConfig:
           "TransformerConfig.attention_impl='cudnn' has no attention-weight dropout: set "
           "attention_dropout_rate=0.0 or attention_impl='xla'")
     if self.position_encoding == "sinusoidal" and self.d_model % 2:
-      raise ValueError(f"TransformerConfig.d_model={self.d_model}: sinusoidal encoding needs it even")
+      raise ValueError(f"TransformerConfig.d_model={self.d_model}: sinusoidal encoding needs it "
+                       "even")
 
   @property
   def head_dim(self) -> int:
@@ -127,11 +129,13 @@ class TransformerConfig:
 
 
 def model_config(size: str = "base", **overrides) -> TransformerConfig:
-  """A named size from `SIZES`, with any field overridden: `model_config("big", vocab_size=32000)`."""
+  """A named size from `SIZES` with any field overridden, e.g.
+  `model_config("big", vocab_size=32000)`."""
   if size not in SIZES:
     raise ValueError(f"model size {size!r}: expected one of {tuple(SIZES)}")
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   unknown = sorted(set(overrides) - fields)
   if unknown:
-    raise ValueError(f"unknown TransformerConfig field(s) {unknown}: expected among {sorted(fields)}")
+    raise ValueError(f"unknown TransformerConfig field(s) {unknown}: expected among "
+                     f"{sorted(fields)}")
   return TransformerConfig(**{**SIZES[size], **overrides})

@@ -10,7 +10,8 @@ import dataclasses
 
 import ml_collections
 
-from transformer_jax.config import SIZES, TransformerConfig, model_config
+from transformer_jax.config import TransformerConfig, model_config
+from transformer_jax.data import config as data_config
 from transformer_jax.optim import SCHEDULES
 from transformer_jax.sharding import DEFAULT_RULES, MESH_AXES
 
@@ -29,15 +30,14 @@ def model_fields(size: str) -> ml_collections.ConfigDict:
 
 
 def base_config(size: str = "small") -> ml_collections.ConfigDict:
-  from transformer_jax.data.config import default_data_config  # no tfds/grain import there
-
+  """Every field of a run with the model fields of a named size (`config.SIZES`: tiny, small,
+  base, big); a config file picks the size here and overrides what its experiment changes."""
   c = ml_collections.ConfigDict()
-  # The model: a named size (tiny, small, base, big) and every TransformerConfig field of it;
-  # override any, e.g. --config.model.norm_position=pre. vocab_size comes from the tokenizer.
-  c.model_size = size
+  # The model: every TransformerConfig field, starting from the named size; override any, e.g.
+  # --config.model.norm_position=pre. vocab_size comes from the tokenizer.
   c.model = model_fields(size)
   # The data pipeline: dataset, tokenizer, lengths, batching (see transformer_jax/data/config.py).
-  c.data = default_data_config()
+  c.data = data_config.default_data_config()
 
   c.seed = 0                      # parameter init, dropout and (through data.shuffle_seed) order
   c.num_train_steps = 2000        # optimizer updates
@@ -92,8 +92,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
   def bad(field, value, allowed):
     raise ValueError(f"config.{field}={value!r}: {allowed}")
 
-  if c.model_size not in SIZES:
-    bad("model_size", c.model_size, f"expected one of {tuple(SIZES)}")
   known = {f.name for f in dataclasses.fields(TransformerConfig)}
   unknown = sorted(set(c.model.keys()) - known)
   if unknown:
@@ -127,10 +125,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     bad("mesh", dict(c.mesh), f"unknown axes {unknown_axes}; expected among {MESH_AXES}")
   if c.distributed not in ("auto", "on", "off"):
     bad("distributed", c.distributed, "expected 'auto', 'on' or 'off'")
-  from transformer_jax.data import global_rows  # the data package loads tfds/grain lazily
-  from transformer_jax.data.config import validate as validate_data
-  validate_data(c.data)
-  rows = global_rows(c.data)
+  data_config.validate(c.data)
+  rows = data_config.global_rows(c.data)
   if rows % c.grad_accum_steps:
     bad("grad_accum_steps", c.grad_accum_steps,
         f"must divide the {rows} rows of a global batch (data.batch_size, or data.batch_tokens "

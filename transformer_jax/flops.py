@@ -28,6 +28,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
 # Dense peak FLOP/s per chip (no structured sparsity), from the vendors' data sheets, in the
@@ -134,7 +135,6 @@ def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 9,
   if len(devices) > 1 and devices[0].platform == "cpu":
     # Fake CPU devices (--xla_force_host_platform_device_count) split the host's cores: one
     # matmul per device at once measures the whole host, as the sharded step uses it.
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
     copies = len(devices)
     mesh = Mesh(np.array(devices), ("d",))
     a = jax.device_put(jnp.stack([a] * copies), NamedSharding(mesh, PartitionSpec("d")))

@@ -98,111 +98,103 @@ class Projection(nn.Module):
     return y
 
 
+class KVCache(nn.Module):
+  """Cache variables of one attention module in decode mode, written by `store`.
+
+  A module of its own because Flax creates variables only in `setup` or in the one `compact`
+  method of a module, while attention writes its cache from two methods (`prime` and a step).
+  The cache is never part of a checkpoint.
+  """
+
+  @nn.compact
+  def __call__(self, **values):
+    for name, value in values.items():
+      self.variable("cache", name, jnp.zeros, value.shape, value.dtype).value = value
+
+  def read(self, *names):
+    return tuple(self.get_variable("cache", name) for name in names)
+
+
 class MultiHeadAttention(nn.Module):
-  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
+  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
   `cache` says how it behaves when `config.decode` is True:
     "none": never cached (encoder self-attention);
     "self": decoder self-attention; keys and values are appended one position per call;
     "cross": encoder-decoder attention; `prime` computes the keys and values of the encoder output
-      once per sentence, and every decoding step reads them from the cache.
+      once per batch of sentences, and every decoding step reads them from the cache.
+
+  With `fused_qkv`, self-attention computes Q, K and V in one matmul ("qkv") and cross-attention
+  K and V in one ("kv"): its queries come from the decoder and its keys from the encoder.
   """
 
   config: TransformerConfig
   cache: str = "none"
 
-  def _dense(self, names, axis, features, name):
+  def setup(self):
     cfg = self.config
-    if isinstance(axis, int):  # [embed] -> [heads, kv]
-      return Projection(cfg, (cfg.d_model,) + features, 1, names, name=name)
-    return Projection(cfg, (cfg.num_heads, cfg.head_dim, features), 2, names, name=name)
-
-  def _fused(self, x, num: int, name: str):
-    """`num` stacked projections in one matmul: `[batch, length, num, heads, kv]` -> num arrays.
-
-    One `[d_model, num * d_model]` matmul instead of `num` of `[d_model, d_model]`: larger
-    matrices keep the matmul units busier and read `x` once.
-    """
-    cfg = self.config
-    y = Projection(cfg, (cfg.d_model, num, cfg.num_heads, cfg.head_dim), 1,
-                   ("embed", None, "heads", "kv"), stacked=(1,), name=name)(x)
-    return tuple(constrain(y[:, :, i], ("batch", "length", "heads", "kv")) for i in range(num))
+    heads = (cfg.num_heads, cfg.head_dim)
+    in_names = ("embed", "heads", "kv")
+    self.fused_self = cfg.fused_qkv and self.cache != "cross"
+    if self.fused_self:
+      self.qkv = _stacked_projection(cfg, 3)
+    else:
+      self.query = Projection(cfg, (cfg.d_model,) + heads, 1, in_names)
+      if cfg.fused_qkv:
+        self.kv = _stacked_projection(cfg, 2)
+      else:
+        self.key = Projection(cfg, (cfg.d_model,) + heads, 1, in_names)
+        self.value = Projection(cfg, (cfg.d_model,) + heads, 1, in_names)
+    self.out = Projection(cfg, heads + (cfg.d_model,), 2, ("heads", "kv", "embed"))
+    if cfg.decode and self.cache != "none":
+      self.kv_cache = KVCache()
 
   def _project_kv(self, inputs_kv):
     if self.config.fused_qkv:
-      return self._fused(inputs_kv, 2, "kv")
-    heads = (self.config.num_heads, self.config.head_dim)
-    k = self._dense(("embed", "heads", "kv"), -1, heads, "key")(inputs_kv)
-    v = self._dense(("embed", "heads", "kv"), -1, heads, "value")(inputs_kv)
-    return (constrain(k, ("batch", "length", "heads", "kv")),
-            constrain(v, ("batch", "length", "heads", "kv")))
+      return _split_heads(self.kv(inputs_kv), 2)
+    return (_constrain_heads(self.key(inputs_kv)), _constrain_heads(self.value(inputs_kv)))
 
-  def _store_cross(self, inputs_kv, kv_valid):
+  def prime(self, inputs_kv, kv_valid):
+    """Cross-attention in decode mode: compute and cache the keys and values of `inputs_kv`
+    (`[batch, kv_len, d_model]`, the encoder output) and which of them are real (`kv_valid`,
+    `[batch, kv_len]`). Done once per batch of source sentences."""
+    if not (self.config.decode and self.cache == "cross"):
+      raise ValueError("prime is only for cross-attention in decode mode")
     k, v = self._project_kv(inputs_kv)
-    self.variable("cache", "cross_key", jnp.zeros, k.shape, k.dtype).value = k
-    self.variable("cache", "cross_value", jnp.zeros, v.shape, v.dtype).value = v
-    self.variable("cache", "cross_valid", jnp.zeros, kv_valid.shape, jnp.bool_).value = (
-        kv_valid.astype(jnp.bool_))
+    self.kv_cache(cross_key=k, cross_value=v, cross_valid=kv_valid.astype(jnp.bool_))
 
-  @nn.compact
-  def __call__(self, inputs_q, inputs_kv=None, mask=None, prime_valid=None):
+  def __call__(self, inputs_q, inputs_kv=None, mask=None):
     """inputs_q `[batch, q_len, d_model]`; inputs_kv defaults to inputs_q (self-attention).
 
     `mask` is boolean, broadcastable to `[batch, heads, q_len, kv_len]`. In decode mode the
-    cache supplies the masks. `prime_valid` (`[batch, kv_len]`, cross-attention in decode mode
-    only) stores the keys and values of `inputs_kv` in the cache and returns None: this is done
-    once per batch of source sentences.
+    cache supplies the masks.
     """
     cfg = self.config
-    if prime_valid is not None:
-      if not (cfg.decode and self.cache == "cross"):
-        raise ValueError("prime_valid is only for cross-attention in decode mode")
-      self._store_cross(inputs_kv, prime_valid)
-      return None
-    # Self-attention with fused_qkv: Q, K and V from one matmul ("qkv"); cross-attention fuses
-    # K and V only ("kv"), since its queries come from the decoder and its keys from the encoder.
-    fused_self = cfg.fused_qkv and self.cache != "cross"
-    if fused_self and inputs_kv is not None and inputs_kv is not inputs_q:
+    if self.fused_self and inputs_kv is not None and inputs_kv is not inputs_q:
       raise ValueError("fused_qkv: a self-attention module takes inputs_kv=None")
     inputs_kv = inputs_q if inputs_kv is None else inputs_kv
-    heads = (cfg.num_heads, cfg.head_dim)
-    if fused_self:
-      q, k_new, v_new = self._fused(inputs_q, 3, "qkv")
+    if self.fused_self:
+      q, k, v = _split_heads(self.qkv(inputs_q), 3)
     else:
-      q = self._dense(("embed", "heads", "kv"), -1, heads, "query")(inputs_q)
-      q = constrain(q, ("batch", "length", "heads", "kv"))
+      q = _constrain_heads(self.query(inputs_q))
     if cfg.decode and self.cache == "cross":
-      if not self.has_variable("cache", "cross_key"):
+      if not self.kv_cache.has_variable("cache", "cross_key"):
         # Model initialisation in decode mode: create the cache from the encoder output's shape.
-        self._store_cross(inputs_kv, jnp.ones(inputs_kv.shape[:2], jnp.bool_))
-      k = self.get_variable("cache", "cross_key")
-      v = self.get_variable("cache", "cross_value")
-      mask = self.get_variable("cache", "cross_valid")[:, None, None, :]
-    elif cfg.decode and self.cache == "self":
-      k, v = (k_new, v_new) if fused_self else self._project_kv(inputs_kv)
-      initialised = self.has_variable("cache", "cached_key")
-      cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-      cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
-      index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-      if initialised:
-        if inputs_q.shape[1] != 1:
-          raise ValueError(f"decode mode takes one target position per call, got "
-                           f"{inputs_q.shape[1]}")
-        i = index.value
-        cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, i, 0, 0))
-        cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, i, 0, 0))
-        index.value = i + 1
-        k, v = cached_k.value, cached_v.value
-        # The new query sees every cached position up to and including its own.
-        mask = (jnp.arange(k.shape[1]) <= i)[None, None, None, :]
+        self.prime(inputs_kv, jnp.ones(inputs_kv.shape[:2], jnp.bool_))
+      k, v, valid = self.kv_cache.read("cross_key", "cross_value", "cross_valid")
+      mask = valid[:, None, None, :]
     else:
-      k, v = (k_new, v_new) if fused_self else self._project_kv(inputs_kv)
+      if not self.fused_self:
+        k, v = self._project_kv(inputs_kv)
+      if cfg.decode and self.cache == "self":
+        k, v, mask = self._append_to_cache(inputs_q, k, v)
 
     dropout_rng = None
     if not cfg.deterministic and cfg.attention_dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
     if cfg.attention_impl == "cudnn":
-      x = _fused_attention(cfg, q, k, v, mask)
+      x = fused_attention(cfg, q, k, v, mask)
     else:
       # [batch, length, heads, kv] -> [batch, heads, length, kv] for the head-batched formula.
       x, weights = scaled_dot_product_attention(
@@ -210,13 +202,49 @@ class MultiHeadAttention(nn.Module):
           dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng)
       self.sow("intermediates", "attention_weights", weights)
       x = x.swapaxes(1, 2)
-    x = constrain(x, ("batch", "length", "heads", "kv"))
-    x = self._dense(("heads", "kv", "embed"), (-2, -1), cfg.d_model, "out")(x)
+    x = self.out(_constrain_heads(x))
     return constrain(x, ("batch", "length", "embed"))
 
+  def _append_to_cache(self, inputs_q, k, v):
+    """Decoder self-attention in decode mode: (all keys, all values, mask) after writing this
+    position's key and value. The first call (model initialisation) creates the cache, sized by
+    the target length it is given."""
+    if not self.kv_cache.has_variable("cache", "cached_key"):
+      self.kv_cache(cached_key=jnp.zeros_like(k), cached_value=jnp.zeros_like(v),
+                    cache_index=jnp.array(0, jnp.int32))
+      return k, v, None
+    if inputs_q.shape[1] != 1:
+      raise ValueError(f"decode mode takes one target position per call, got {inputs_q.shape[1]}")
+    cached_k, cached_v, i = self.kv_cache.read("cached_key", "cached_value", "cache_index")
+    cached_k = jax.lax.dynamic_update_slice(cached_k, k, (0, i, 0, 0))
+    cached_v = jax.lax.dynamic_update_slice(cached_v, v, (0, i, 0, 0))
+    self.kv_cache(cached_key=cached_k, cached_value=cached_v, cache_index=i + 1)
+    # The new query sees every cached position up to and including its own.
+    return cached_k, cached_v, (jnp.arange(cached_k.shape[1]) <= i)[None, None, None, :]
 
-def _fused_attention(cfg: TransformerConfig, q, k, v, mask):
-  """`jax.nn.dot_product_attention`: cuDNN's fused kernel on GPUs for 16-bit inputs, else XLA."""
+
+def _stacked_projection(cfg: TransformerConfig, num: int) -> "Projection":
+  """`num` projections in one `[d_model, num * d_model]` matmul instead of `num` of
+  `[d_model, d_model]`: larger matrices keep the matmul units busier and read `x` once."""
+  return Projection(cfg, (cfg.d_model, num, cfg.num_heads, cfg.head_dim), 1,
+                    ("embed", None, "heads", "kv"), stacked=(1,))
+
+
+def _constrain_heads(x):
+  return constrain(x, ("batch", "length", "heads", "kv"))
+
+
+def _split_heads(y, num: int):
+  """`[batch, length, num, heads, kv]` -> `num` arrays of `[batch, length, heads, kv]`."""
+  return tuple(_constrain_heads(y[:, :, i]) for i in range(num))
+
+
+def fused_attention(cfg: TransformerConfig, q, k, v, mask):
+  """`jax.nn.dot_product_attention`: cuDNN's fused kernel on GPUs for 16-bit inputs, else XLA.
+
+  The `attention_impl="cudnn"` path of `MultiHeadAttention`, on `[batch, length, heads, kv]`
+  arrays; `scripts/check_accelerator.py` checks it against the float32 reference on GPUs.
+  """
   implementation = None
   if jax.default_backend() == "gpu" and cfg.compute_dtype in (jnp.bfloat16, jnp.float16):
     implementation = "cudnn"
@@ -247,17 +275,20 @@ class Dropout(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (or GELU), with optional dropout after the activation."""
+  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (or GELU), optional dropout after the activation."""
 
   config: TransformerConfig
 
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    dense = lambda features, names, name: nn.Dense(  # noqa: E731
-        features, use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-        kernel_init=nn.with_logical_partitioning(kernel_init(cfg), names),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[1:]), name=name)
+
+    def dense(features, names, name):
+      return nn.Dense(
+          features, use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+          kernel_init=nn.with_logical_partitioning(kernel_init(cfg), names),
+          bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[1:]), name=name)
+
     h = dense(cfg.d_ff, ("embed", "mlp"), "wi")(x)
     h = nn.relu(h) if cfg.activation == "relu" else nn.gelu(h)
     h = constrain(h, ("batch", "length", "mlp"))

@@ -1,4 +1,4 @@
-"""Label-smoothed cross-entropy and accuracy, as sums over non-pad tokens (normalised on the host)."""
+"""Label-smoothed cross-entropy and accuracy, as sums over non-pad tokens (averaged on the host)."""
 from __future__ import annotations
 
 import jax

@@ -4,9 +4,11 @@ Batches may be packed: several sentence pairs share one row, told apart by segme
 0 for padding) and positions that restart at 0 in each segment. Packed sentences never attend
 across segments (all three attentions) and the decoder's right shift restarts in each segment.
 
-Decoding: build the model from `config.replace(decode=True, deterministic=True)`, make a zero
-cache with `init_cache`, call `prime_cache` once per batch of source sentences (the encoder-decoder
-keys and values are computed there, once), then `decode_step` one target token at a time.
+Decode mode (one target token at a time, for search): build the model from
+`config.replace(decode=True, deterministic=True)`, make a zero cache with `init_cache`, call
+`prime_cache` once per batch of source sentences (the encoder-decoder keys and values are
+computed there, once), then `decode_step` one target token at a time. `transformer_jax.search`
+does this; `teacher_forced_logits` is the training-time pass over whole target sequences.
 """
 from __future__ import annotations
 
@@ -15,11 +17,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.attention import (causal_mask, combine_masks, padding_mask, segment_mask,
-                                       sinusoidal_position_encoding)
+from transformer_jax.attention import (
+  causal_mask,
+  combine_masks,
+  padding_mask,
+  segment_mask,
+  sinusoidal_position_encoding,
+)
 from transformer_jax.config import TransformerConfig
-from transformer_jax.layers import (Dropout, Embed, FeedForward, LayerNorm, MultiHeadAttention,
-                                    Residual, constrain, kernel_init)
+from transformer_jax.layers import (
+  Dropout,
+  Embed,
+  FeedForward,
+  LayerNorm,
+  MultiHeadAttention,
+  Residual,
+  constrain,
+  kernel_init,
+)
 
 
 def shift_right(targets, bos_id: int, segment_ids=None):
@@ -93,7 +108,7 @@ class DecoderLayer(nn.Module):
     self.feed_forward_block = Residual(self.config)
 
   def prime(self, encoded, encoded_valid):
-    self.cross_attention(None, encoded, prime_valid=encoded_valid)
+    self.cross_attention.prime(encoded, encoded_valid)
 
   def __call__(self, x, encoded, self_mask, cross_mask):
     x = self.self_attention_block(x, lambda h: self.self_attention(h, mask=self_mask))
@@ -155,7 +170,8 @@ class Decoder(_Stack):
     if cfg.decode:
       # How many tokens this cache has seen: the position of the next one.
       self.cache_ready = self.has_variable("cache", "decode_position")
-      self.next_position = self.variable("cache", "decode_position", lambda: jnp.array(0, jnp.int32))
+      self.next_position = self.variable("cache", "decode_position",
+                                         lambda: jnp.array(0, jnp.int32))
     if not cfg.tie_output_embedding:
       self.logits_dense = nn.Dense(
           cfg.output_vocab_size, use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
@@ -184,7 +200,7 @@ class Decoder(_Stack):
 
 
 class Transformer(nn.Module):
-  """The encoder-decoder Transformer. `__call__(inputs, targets)` returns logits `[batch, len, vocab]`.
+  """The encoder-decoder Transformer: `__call__(inputs, targets)` -> logits `[batch, len, vocab]`.
 
   `targets` are the labels (ending in EOS, no BOS): the decoder sees them shifted right.
   """
@@ -206,9 +222,10 @@ class Transformer(nn.Module):
   def encode(self, inputs, inputs_positions=None, inputs_segmentation=None):
     return self.encoder(inputs, inputs_positions, inputs_segmentation)
 
-  def decode(self, encoded, inputs, targets, targets_positions=None, inputs_segmentation=None,
-             targets_segmentation=None):
-    """Teacher-forced decoder logits given the encoder output (training and scoring)."""
+  def teacher_forced_logits(self, encoded, inputs, targets, targets_positions=None,
+                            inputs_segmentation=None, targets_segmentation=None):
+    """The decoder's logits for every target position at once, given the encoder output and
+    the reference `targets` (shifted right): training, evaluation and scoring."""
     cfg = self.config
     target_valid = token_validity(targets, targets_segmentation, cfg.pad_id)
     input_valid = token_validity(inputs, inputs_segmentation, cfg.pad_id)
@@ -229,15 +246,16 @@ class Transformer(nn.Module):
       encoded = self.encode(inputs)
       return self.decoder(encoded, targets)
     encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
-    return self.decode(encoded, inputs, targets, targets_positions, inputs_segmentation,
-                       targets_segmentation)
+    return self.teacher_forced_logits(encoded, inputs, targets, targets_positions,
+                                      inputs_segmentation, targets_segmentation)
 
   def prime_cache(self, encoded, inputs):
     """Decode mode: compute every layer's encoder-decoder keys/values once for these sources."""
     self.decoder.prime(encoded, inputs != self.config.pad_id)
 
   def decode_step(self, tokens):
-    """Decode mode: logits `[batch, 1, vocab]` for the next position, given the last token `[batch, 1]`."""
+    """Decode mode: logits `[batch, 1, vocab]` for the next position, given the last token
+    `[batch, 1]`."""
     return self.decoder(None, tokens)
 
 

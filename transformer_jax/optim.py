@@ -34,7 +34,7 @@ def make_schedule(config, d_model: int):
 
 
 def make_optimizer(config, d_model: int):
-  """Adam (or AdamW when weight_decay > 0), optional global-norm clipping; returns (tx, schedule)."""
+  """Adam (AdamW when weight_decay > 0), optional global-norm clipping; returns (tx, schedule)."""
   schedule = make_schedule(config, d_model)
   if config.weight_decay > 0:
     adam = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,

@@ -13,9 +13,10 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
-import numpy as np
 from jax.experimental import mesh_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -90,7 +91,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def global_batch(local_batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+def global_batch(local_batch: dict[str, np.ndarray],
+                 sharding: NamedSharding) -> dict[str, jax.Array]:
   """Assemble each process's rows into global arrays (one process: just a device_put)."""
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in local_batch.items()}

@@ -1,8 +1,8 @@
 """The train state, the pure train/eval steps, and `TrainSetup`, which jits the train step on a
 mesh. No I/O, no data loading: feed batches.
 
-A batch is a dict of `[rows, length]` int32 arrays: `inputs`, `targets` and, for packed rows,
-`inputs_segmentation`, `targets_segmentation`, `inputs_position`, `targets_position`.
+A batch is a dict of `[rows, length]` int32 arrays keyed as `transformer_jax.batch` says, which
+are the model's keyword arguments.
 """
 from __future__ import annotations
 
@@ -39,16 +39,6 @@ def init_train_state(model: Transformer, tx: optax.GradientTransformation, rng, 
                     rng=jax.random.key_data(train_rng))
 
 
-# Batch key -> Transformer.__call__ argument.
-_MODEL_ARGS = {"inputs_position": "inputs_positions", "targets_position": "targets_positions",
-               "inputs_segmentation": "inputs_segmentation",
-               "targets_segmentation": "targets_segmentation"}
-
-
-def model_kwargs(batch) -> dict:
-  return {arg: batch[key] for key, arg in _MODEL_ARGS.items() if key in batch}
-
-
 def target_weights(batch, pad_id: int):
   return token_validity(batch["targets"], batch.get("targets_segmentation"), pad_id).astype(
       jnp.float32)
@@ -74,8 +64,7 @@ def make_train_step(model: Transformer, tx: optax.GradientTransformation, schedu
 
   def micro_grads(params, micro, denominator, rng):
     def loss_fn(p):
-      logits = model.apply({"params": p}, micro["inputs"], micro["targets"],
-                           **model_kwargs(micro), rngs={"dropout": rng})
+      logits = model.apply({"params": p}, **micro, rngs={"dropout": rng})
       sums = loss_sums(logits, micro["targets"], target_weights(micro, pad_id), label_smoothing)
       return sums["loss"] / denominator, sums
     return jax.grad(loss_fn, has_aux=True)(params)
@@ -116,8 +105,7 @@ def make_eval_step(model: Transformer, label_smoothing: float):
   pad_id = model.config.pad_id
 
   def eval_step(params, batch):
-    logits = model.apply({"params": params}, batch["inputs"], batch["targets"],
-                         **model_kwargs(batch))
+    logits = model.apply({"params": params}, **batch)
     # Rows that only fill the last batch have segment id 0 everywhere: weight 0.
     return loss_sums(logits, batch["targets"], target_weights(batch, pad_id), label_smoothing)
 
@@ -131,8 +119,8 @@ def unbox(tree):
 class TrainSetup:
   """The mesh, model, optimizer, state shardings, initialiser and jitted train step of a config.
 
-  What `train.Trainer` runs and `scripts/benchmark.py --what train` times, built in one place so
-  the two cannot drift apart. Trace and call the step inside `context()`.
+  What `run.trainer.Trainer` runs and `scripts/benchmark.py --what train` times, built in one
+  place so the two cannot drift apart. Trace and call the step inside `context()`.
   """
 
   def __init__(self, config, model_cfg: TransformerConfig):
@@ -140,9 +128,7 @@ class TrainSetup:
     self.rules = sharding.rules_from_config(config.logical_axis_rules)
     self.model = Transformer(model_cfg)
     self.tx, self.schedule = make_optimizer(config, model_cfg.d_model)
-    # Initialised outside the mesh context: `nn.DenseGeneral` unboxes its kernel while still
-    # flattened to 2-D, where a 3-axis logical constraint would not apply. The out_shardings
-    # place every parameter where the rules say.
+    # The out_shardings place every parameter where the logical rules say.
     init = functools.partial(init_train_state, self.model, self.tx, batch_shape=(1, 8))
     boxed = jax.eval_shape(init, jax.random.key(config.seed))
     self.state_shapes = unbox(boxed)

@@ -5,7 +5,7 @@
     it = iter(data.train_dataset())       # endless; it.get_state() goes into the checkpoint
     batch = next(it)                      # dict of int32 [rows_per_process, max_len] arrays
     for batch in data.eval_batches("validation"): ...
-    data.tokenizer.decode(ids)
+    data.tokenizer.detokenize(ids)
 
 Modules: config (settings), numbers (the built-in task's grammar), locale (gettext corpus),
 builders / datasets (TFDS), tokenizer (SentencePiece), pipeline (grain). This package imports
@@ -20,18 +20,11 @@ import numpy as np
 # datasets (tensorflow-datasets) and pipeline (grain) are imported where they are used, so that
 # importing `transformer_jax.data.config` (experiment.base_config does) does not load them.
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.data.config import default_data_config, validate
+from transformer_jax.data.config import default_data_config, global_rows, validate
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 __all__ = ["Data", "get_data", "default_data_config", "validate", "Tokenizer", "PAD_ID",
            "UNK_ID", "BOS_ID", "EOS_ID"]
-
-
-def global_rows(c) -> int:
-  """Rows per global batch: batch_tokens // longest row length when batch_tokens > 0."""
-  if c.batch_tokens > 0:
-    return max(1, c.batch_tokens // max(c.max_source_len, c.max_target_len))
-  return c.batch_size
 
 
 class Data:

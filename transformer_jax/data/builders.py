@@ -20,22 +20,24 @@ import os
 
 import tensorflow_datasets as tfds
 
-from transformer_jax.data import locale, numbers
+from transformer_jax.data import leakage, locale, numbers
 from transformer_jax.data.lines import read_lines
 from transformer_jax.data.tokenizer import file_lock
 
 SPLITS = ("train", "validation", "test")
 
 
-def split_of(source: str, held_out_per_mille: int) -> str:
-  """validation / test / train by a hash of the source: a source never changes split."""
-  return numbers.split_of(source, held_out_per_mille)
+# Bumped when the split assignment changes, so a cached build of the old split is not reused.
+SPLIT_VERSION = "grouped-1"
 
 
 def split_pairs(pairs, held_out_per_mille: int) -> dict[str, list[tuple[str, str]]]:
+  """validation / test / train by a hash of each pair's near-duplicate group
+  (`leakage.group_keys`): a group never straddles two splits, so no held-out pair shares a
+  normalized source or target with a training pair."""
   out = {split: [] for split in SPLITS}
-  for source, target in pairs:
-    out[split_of(source, held_out_per_mille)].append((source, target))
+  for pair, key in zip(pairs, leakage.group_keys(pairs)):
+    out[numbers.split_of(key, held_out_per_mille)].append(pair)
   return out
 
 
@@ -190,13 +192,14 @@ def make_builder(data_config, data_dir: str) -> _PairsBuilder:
       inputs.append(_file_signature(ding_path))
     params = {"locale_dir": locale_dir, "lang": lang, "reverse": reverse,
               "include_ding": c.locale_include_ding, "ding_path": ding_path,
-              "held_out_per_mille": c.held_out_per_mille, "inputs": _digest(inputs)}
+              "held_out_per_mille": c.held_out_per_mille, "split": SPLIT_VERSION,
+              "inputs": _digest(inputs)}
   elif c.dataset == "text":
     cls = TextTranslate
     paths = [c.tsv_path] if c.tsv_path else [c.source_path, c.target_path]
     params = {"tsv_path": c.tsv_path, "source_path": c.source_path,
               "target_path": c.target_path, "held_out_per_mille": c.held_out_per_mille,
-              "inputs": _digest([_file_signature(p) for p in paths])}
+              "split": SPLIT_VERSION, "inputs": _digest([_file_signature(p) for p in paths])}
   else:
     raise ValueError(f"data.dataset={c.dataset!r} has no local builder")
   name = f"{src}-{tgt}-{_digest(params)}"

@@ -86,6 +86,13 @@ def default_data_config() -> ml_collections.ConfigDict:
   return c
 
 
+def global_rows(c) -> int:
+  """Rows per global batch: batch_tokens // longest row length when batch_tokens > 0."""
+  if c.batch_tokens > 0:
+    return max(1, c.batch_tokens // max(c.max_source_len, c.max_target_len))
+  return c.batch_size
+
+
 def _check_choice(c, field, allowed):
   value = c[field]
   if value not in allowed:

@@ -27,9 +27,9 @@ def make_builder(data_config):
   if data_config.dataset in WMT_NAMES:
     # Importing the module registers the builder with TFDS.
     if data_config.dataset == "wmt14":
-      import tensorflow_datasets.translate.wmt14  # noqa: F401
+      import tensorflow_datasets.translate.wmt14  # noqa: F401 - registers the builder
     else:
-      import tensorflow_datasets.translate.wmt17  # noqa: F401
+      import tensorflow_datasets.translate.wmt17  # noqa: F401 - registers the builder
     return tfds.builder(WMT_NAMES[data_config.dataset], data_dir=data_dir,
                         file_format="array_record")
   return builders.make_builder(data_config, data_dir)

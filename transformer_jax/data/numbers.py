@@ -186,7 +186,8 @@ _HABEN = {"1s": "habe", "3s": "hat", "1p": "haben", "3p": "haben"}
 
 # Verbs of saying and thinking that introduce "that"-clauses (present tense only).
 REPORTING = [
-    (("says", "say"), ("sage", "sagt", "sagen")), (("thinks", "think"), ("denke", "denkt", "denken")),
+    (("says", "say"), ("sage", "sagt", "sagen")),
+    (("thinks", "think"), ("denke", "denkt", "denken")),
     (("knows", "know"), ("weiß", "weiß", "wissen")), (("hears", "hear"), ("höre", "hört", "hören")),
     (("believes", "believe"), ("glaube", "glaubt", "glauben")),
 ]

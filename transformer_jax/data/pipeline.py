@@ -29,6 +29,7 @@ many are real.
 """
 from __future__ import annotations
 
+from fractions import Fraction
 import random
 import threading
 from typing import Iterator, Sequence
@@ -39,8 +40,6 @@ import numpy as np
 from transformer_jax.data.datasets import as_text, get_items
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
-KEYS = ("inputs", "targets", "inputs_segmentation", "targets_segmentation", "inputs_position",
-        "targets_position")
 CHUNK = 1024  # Pairs read and tokenized per call.
 
 
@@ -93,7 +92,7 @@ class ReadChunk:
 def _empty_batch(rows: int, source_len: int, target_len: int) -> dict:
   batch = {}
   for key, length in (("inputs", source_len), ("targets", target_len)):
-    for suffix in ("", "_segmentation", "_position"):
+    for suffix in ("", "_segmentation", "_positions"):
       batch[key + suffix] = np.zeros((rows, length), np.int32)
   return batch
 
@@ -102,7 +101,7 @@ def _place(batch: dict, row: int, key: str, offset: int, ids, segment: int) -> N
   n = len(ids)
   batch[key][row, offset:offset + n] = ids
   batch[key + "_segmentation"][row, offset:offset + n] = segment
-  batch[key + "_position"][row, offset:offset + n] = np.arange(n, dtype=np.int32)
+  batch[key + "_positions"][row, offset:offset + n] = np.arange(n, dtype=np.int32)
 
 
 def _cut(rows: dict, num_rows: int, batch_rows: int) -> list[dict]:
@@ -295,7 +294,6 @@ def resharded_state(states: Sequence[dict], num_examples: int, process_index: in
   some of its pairs are seen twice and others not until the next epoch; every later epoch is
   whole, and the run neither replays nor skips epochs.
   """
-  from fractions import Fraction
   progress = []
   for index, state in enumerate(states):
     try:
@@ -326,7 +324,7 @@ def eval_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, *, batc
   """All `pairs` in order, in batches of `batch_size` rows padded to one length per split.
 
   The length is the longest sentence (with eos) rounded up to a multiple of 8, or `min_len`
-  if that is larger: nothing is ever truncated. Keys: the six training keys, `source_text`,
+  if that is larger: nothing is ever truncated. Keys: `batch.KEYS`, `source_text`,
   `target_text` (raw references for sacreBLEU) and `num_real` (rows before the padding rows).
   """
   sources = [s for s, _ in pairs]

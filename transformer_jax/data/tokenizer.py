@@ -13,8 +13,8 @@ import io
 import logging
 import os
 import random
-import uuid
 from typing import Iterable, Sequence
+import uuid
 
 import sentencepiece as spm
 
@@ -52,7 +52,7 @@ class Tokenizer:
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return self._sp.encode(list(texts))
 
-  def decode(self, ids: Iterable[int]) -> str:
+  def detokenize(self, ids: Iterable[int]) -> str:
     """Text of `ids`, stopping at the first eos and skipping pad and bos."""
     out = []
     for i in ids:
@@ -80,7 +80,8 @@ def file_lock(path: str):
       fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int, model_type: str = "unigram",
+def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int,
+                    model_type: str = "unigram",
                     max_chars: int = 10_000_000, split_digits: bool = True,
                     byte_fallback: bool = False, seed: int = 0) -> Tokenizer:
   """Trains a SentencePiece model on `texts` and writes it atomically to `path`.

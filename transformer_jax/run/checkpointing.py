@@ -12,18 +12,17 @@ import os
 from typing import Any
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
+
+from transformer_jax.run.workdir import AVERAGED, CHECKPOINTS, TRAIN_HINT, CheckpointError, RunError
 
 log = logging.getLogger(__name__)
 
 
-class CheckpointError(RuntimeError):
-  pass
-
-
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), "checkpoints")
+  return os.path.join(os.path.abspath(workdir), CHECKPOINTS)
 
 
 def abstract_like(tree, shardings=None):
@@ -47,9 +46,6 @@ class Checkpointer:
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
-
-  def latest_step(self) -> int | None:
-    return self.manager.latest_step()
 
   def save(self, step: int, state, data_state: dict | None = None, meta: dict | None = None,
            force: bool = False) -> bool:
@@ -105,7 +101,6 @@ class Checkpointer:
         os.rename(path, target)
         log.warning("moved damaged checkpoint %s to %s", path, target)
     if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices("transformer_jax: damaged checkpoints set aside")
     self.manager.reload()
 
@@ -121,8 +116,8 @@ def manager_directory(path: str) -> tuple[str, int | None]:
   """(Orbax manager directory, step or None) for a workdir, its checkpoints (or averaged)
   directory, or one `<step>` directory of either."""
   path = os.path.abspath(path)
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    path = os.path.join(path, "checkpoints")
+  if os.path.isdir(os.path.join(path, CHECKPOINTS)):
+    path = os.path.join(path, CHECKPOINTS)
   if os.path.isdir(os.path.join(path, "state")) and os.path.basename(path).isdigit():
     return os.path.dirname(path), int(os.path.basename(path))
   return path, None
@@ -166,3 +161,67 @@ def load_params(path: str, step: int | None = None):
         item=target, restore_args=restore_args, partial_restore=True)))
   params = restored["state"]["params"]
   return step, jax.tree.map(np.asarray, params)
+
+
+def checkpoint_steps(directory: str) -> list[int]:
+  """Finished steps of an Orbax manager directory (unfinished ones have a temporary name)."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(n) for n in os.listdir(directory)
+                if n.isdigit() and os.path.isdir(os.path.join(directory, n, "state")))
+
+
+def resolve_checkpoint(workdir: str, checkpoint: str | None = None, step: int | None = None,
+                       averaged: bool = False) -> tuple[str, int]:
+  """(Orbax manager directory, step) that `load_params` will read, or a RunError saying why not.
+
+  `checkpoint` may be a workdir, a checkpoints/averaged directory or one step's directory; by
+  default the run's own `<workdir>/checkpoints`, or `<workdir>/averaged` with `averaged=True`.
+  """
+  if checkpoint and averaged:
+    raise RunError("pass either --checkpoint or --averaged, not both")
+  if averaged:
+    checkpoint = os.path.join(workdir, AVERAGED)
+    if not os.path.isdir(checkpoint):
+      raise RunError(f"no averaged checkpoint in {checkpoint}: run scripts/average_checkpoints.py "
+                     f"--workdir {workdir} --last N first")
+  path, step_dir = manager_directory(checkpoint or workdir)
+  if step_dir is not None:
+    if step is not None and step != step_dir:
+      raise RunError(f"--step {step} contradicts the step directory {path}/{step_dir}")
+    return path, step_dir
+  steps = checkpoint_steps(path)
+  if not steps:
+    where = path if checkpoint else checkpoint_dir(workdir)
+    raise RunError(f"no checkpoint in {where}: " + (
+        TRAIN_HINT.format(workdir) if not checkpoint else
+        "pass a workdir, its checkpoints or averaged directory, or one checkpoints/<step> "
+        "directory"))
+  if step is None:
+    return path, steps[-1]
+  if step not in steps:
+    raise RunError(f"step {step} is not in {path}: available steps {steps}")
+  return path, step
+
+
+def save_params(directory: str, step: int, params, meta: dict) -> None:
+  """Parameters alone (`state` = {"params": ...}, the layout `load_params` reads) and a JSON
+  `meta` item as `<directory>/<step>`, replacing an earlier save of that step (synchronous)."""
+  options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+  with ocp.CheckpointManager(directory, options=options) as manager:
+    if step in manager.all_steps():
+      manager.delete(step)
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params}),
+                                               meta=ocp.args.JsonSave(meta)), force=True)
+    manager.wait_until_finished()
+
+
+def load_meta(directory: str, step: int) -> dict | None:
+  """The `meta` item of one step (None where the step has none)."""
+  options = ocp.CheckpointManagerOptions(read_only=True)
+  try:
+    with ocp.CheckpointManager(directory, options=options) as manager:
+      meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+  except (FileNotFoundError, KeyError, ValueError):  # no meta item in this step
+    return None
+  return dict(meta) if meta else None

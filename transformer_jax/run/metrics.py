@@ -12,6 +12,7 @@ import sys
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 
 def summarize(sums: dict[str, float], prefix: str) -> dict[str, float]:
@@ -129,7 +130,6 @@ class Progress:
   def __init__(self, total: int, initial: int, enabled: bool = True):
     self.bar = None
     if enabled:
-      from tqdm import tqdm
       self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
                       file=sys.stderr, mininterval=1.0, smoothing=0.1)
 

@@ -245,7 +245,7 @@ def beam_search(config: TransformerConfig, params, inputs, *, beam_size: int = 4
   return seqs[:, 0], scores[:, 0]
 
 
-def decode_batch(config: TransformerConfig, params, inputs, *, beam_size: int = 1,
+def search_batch(config: TransformerConfig, params, inputs, *, beam_size: int = 1,
                  alpha: float = 0.6, max_len_margin: int = 50,
                  max_decode_len: int | None = None):
   """Translate a batch: greedy search for `beam_size == 1`, else beam search.

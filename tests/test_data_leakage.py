@@ -1,0 +1,50 @@
+"""Train/test leakage: the normalized keys, the near-duplicate groups and the grouped split."""
+from transformer_jax.data import builders, leakage, numbers
+
+
+def _families(n: int) -> list[tuple[str, str]]:
+  """n message families, each in three spellings that a model would treat as the same."""
+  pairs = []
+  for i in range(n):
+    pairs += [(f"Save file {i}", f"Datei {i} speichern"),
+              (f"save File {i}:", f"Datei {i} speichern:"),
+              (f"Store file {i}", f"Datei {i} speichern")]   # another source, the same target
+  return pairs
+
+
+def test_normalize_ignores_case_punctuation_and_spacing():
+  assert leakage.normalize("  Save File:  ") == leakage.normalize("save file") == "save file"
+  assert leakage.normalize("Größe…") == leakage.normalize("GRÖSSE") == "grösse"
+  assert leakage.normalize("Save files") != leakage.normalize("Save file")
+
+
+def test_group_keys_link_shared_sources_and_targets_transitively():
+  pairs = [("A b", "x"), ("a B!", "y"), ("c", "Y"), ("d", "z")]
+  keys = leakage.group_keys(pairs)
+  assert keys[0] == keys[1] == keys[2] != keys[3]
+  # The key does not depend on the order of the pairs.
+  assert leakage.group_keys(pairs[::-1])[::-1] == keys
+
+
+def test_report_counts_each_kind_of_leak():
+  splits = {"train": [("Open the file", "Datei öffnen")],
+            "validation": [],
+            "test": [("Open the file", "x"), ("open the FILE.", "y"), ("Close", "Datei öffnen"),
+                     ("Quit", "Beenden")]}
+  test = leakage.report(splits)["test"]
+  assert test == {"pairs": 4, "exact_source": 1, "normalized_source": 2, "verbatim_target": 1,
+                  "normalized_target": 1, "any_normalized": 3}
+
+
+def test_grouped_split_keeps_near_duplicates_on_one_side():
+  pairs = _families(400)
+  splits = builders.split_pairs(pairs, held_out_per_mille=100)
+  assert all(splits[s] for s in builders.SPLITS)
+  assert sum(len(v) for v in splits.values()) == len(pairs)
+  for split in ("validation", "test"):
+    assert all(v == 0 for k, v in leakage.report(splits)[split].items() if k != "pairs")
+  # Hashing the exact source, as before, scatters the families (the check can fail).
+  by_source = {s: [] for s in builders.SPLITS}
+  for source, target in pairs:
+    by_source[numbers.split_of(source, 100)].append((source, target))
+  assert leakage.report(by_source)["test"]["any_normalized"] > 0

@@ -1,0 +1,35 @@
+"""The batch schema: what a training or evaluation batch holds, defined once.
+
+A batch is a dict of int32 `[rows, length]` arrays whose keys are the keyword arguments of
+`Transformer.__call__`, so `model.apply(params, **batch)` needs no translation:
+
+    inputs, targets             token ids; padding is `pad_id`
+    inputs_segmentation,        packed rows: which sentence pair a token belongs to (1, 2, ...
+    targets_segmentation          in a row; 0 = padding). A pair's source and target share an id.
+    inputs_positions,           packed rows: positions that restart at 0 in every segment
+    targets_positions
+
+`inputs` and `targets` are required; the other four come together or not at all (unpacked rows
+need none). The data pipeline writes these keys, the training loop and the steps read them, and
+the benchmarks build them.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+REQUIRED = ("inputs", "targets")
+PACKING = ("inputs_segmentation", "targets_segmentation", "inputs_positions", "targets_positions")
+KEYS = REQUIRED + PACKING
+
+
+def model_arrays(batch: Mapping) -> dict:
+  """The batch's arrays that the model and the steps take (drops text, counts and the like)."""
+  missing = [k for k in REQUIRED if k not in batch]
+  if missing:
+    raise KeyError(f"a batch needs {REQUIRED}; missing {missing} (has {sorted(batch)})")
+  return {k: batch[k] for k in KEYS if k in batch}
+
+
+def packing(batch: Mapping) -> dict:
+  """The segment ids and positions of a packed batch (empty for unpacked rows)."""
+  return {k: batch[k] for k in PACKING if k in batch}

@@ -1,0 +1,68 @@
+"""What every benchmark reports beside its figures: the environment, the load average, the peak
+memory, the config; the printed table; and batches of random tokens in the batch schema."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import tempfile
+
+import flax
+import jax
+import numpy as np
+
+from transformer_jax import batch as batch_lib
+
+
+def default_workdir() -> str:
+  """Where datasets' tokenizers are trained and kept when no workdir is given."""
+  return os.path.join(tempfile.gettempdir(), "transformer_jax_bench")
+
+
+def environment(model_cfg=None) -> dict:
+  device = jax.devices()[0]
+  out = {"device_kind": device.device_kind, "platform": device.platform,
+         "num_devices": jax.device_count(), "jax_version": jax.__version__,
+         "flax_version": flax.__version__, "cpu_count": os.cpu_count(),
+         "xla_flags": os.environ.get("XLA_FLAGS", "")}
+  if model_cfg is not None:
+    out.update(dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype)
+  return out
+
+
+def load_average() -> list[float]:
+  return [round(x, 2) for x in os.getloadavg()]
+
+
+def peak_memory() -> tuple[int | None, str]:
+  """(bytes, what they are): the device allocator's peak, or the process's peak RSS on CPU."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    return int(stats["peak_bytes_in_use"]), "device peak_bytes_in_use"
+  # ru_maxrss is in KiB on Linux; it includes the compiler and Python, not only the step.
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS (CPU)"
+
+
+def print_table(title: str, rows: list[tuple[str, str]]) -> None:
+  width = max(len(k) for k, _ in rows)
+  print(f"\n{title}")
+  print("-" * (width + 24))
+  for k, v in rows:
+    print(f"{k:<{width}}  {v}")
+  print("-" * (width + 24), flush=True)
+
+
+def config_json(config) -> dict:
+  return json.loads(config.to_json_best_effort())
+
+
+def synthetic_batches(config, vocab_size: int, count: int, seed: int = 0) -> list[dict]:
+  """Rows full of random real tokens (ids 4.. vocab): no padding, so every position counts.
+
+  Unpacked rows, so only the schema's required keys (`batch.REQUIRED`)."""
+  rng = np.random.default_rng(seed)
+  d = config.data
+  shapes = {"inputs": (d.batch_size, d.max_source_len),
+            "targets": (d.batch_size, d.max_target_len)}
+  return [{k: rng.integers(4, vocab_size, shapes[k]).astype(np.int32) for k in batch_lib.REQUIRED}
+          for _ in range(count)]

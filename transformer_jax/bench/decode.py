@@ -1,0 +1,118 @@
+"""Throughput of greedy and beam search: `run(config, DecodeOptions(...)) -> dict`.
+
+`search.search_batch` on random source rows of `data.max_source_len` tokens, `rows` at a time,
+compiled once then timed `steps` times: sentences/s and output tokens/s. With random parameters
+(no `workdir`) the output length is forced: EOS is set to the padding id, which the search never
+emits, so every sentence runs to its limit of `decode_len` tokens (default
+`data.max_target_len`) and the figures are of that many steps. With `workdir` holding a training
+run, its latest parameters and model config are used and sentences stop at EOS as usual
+(tokens/s counts what was produced).
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from transformer_jax.bench import common
+from transformer_jax.experiment import transformer_config
+from transformer_jax.inference.translator import model_config_from
+from transformer_jax.model import Transformer
+from transformer_jax.run import checkpointing
+from transformer_jax.run.workdir import load_run_config
+from transformer_jax.search import search_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+  beams: tuple[int, ...] = (1, 4)  # beam sizes; 1 is greedy search
+  steps: int = 20                  # timed calls per beam size; the median is reported
+  rows: int = 0                    # sentences per batch (0: data.batch_size)
+  decode_len: int = 0              # output length limit (0: data.max_target_len)
+  workdir: str | None = None       # a training run whose latest parameters to use
+
+  def __post_init__(self):
+    if self.steps < 1:
+      raise ValueError(f"steps={self.steps}: must be >= 1")
+    if not self.beams or min(self.beams) < 1:
+      raise ValueError(f"beams={self.beams}: beam sizes must be >= 1")
+
+
+def trained_run(workdir: str):
+  """(model config for search, host parameters, step) of a training run's workdir."""
+  model_cfg = model_config_from(load_run_config(workdir))
+  step, params = checkpointing.load_params(workdir)
+  return model_cfg.replace(deterministic=True, decode=False), params, step
+
+
+def _time_search(search_cfg, params, inputs, beam: int, decode_len: int, calls: int):
+  """(first call's seconds, the timed calls' seconds, output tokens of each)."""
+  def search():
+    return search_batch(search_cfg, params, inputs, beam_size=beam, max_len_margin=decode_len,
+                        max_decode_len=decode_len)
+
+  start = time.perf_counter()
+  search()
+  first_s = time.perf_counter() - start
+  times, produced = [], []
+  for _ in range(calls):
+    start = time.perf_counter()
+    _, lengths = search()
+    times.append(time.perf_counter() - start)
+    produced.append(int(lengths.sum()))
+  return first_s, times, produced
+
+
+def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
+  """Time the search on `config`'s model; prints a table and returns the figures with the
+  config, shapes, model, environment and load average."""
+  load_start = common.load_average()
+  d = config.data
+  rows = options.rows or d.batch_size
+  decode_len = options.decode_len or d.max_target_len
+  if options.workdir:
+    model_cfg, params, ckpt_step = trained_run(options.workdir)
+    source = f"trained parameters of {options.workdir} (step {ckpt_step}); stops at EOS"
+    search_cfg = model_cfg
+  else:
+    model_cfg = transformer_config(config, d.vocab_size).replace(deterministic=True)
+    params = jax.jit(Transformer(model_cfg).init)(
+        jax.random.key(config.seed), np.ones((1, 8), np.int32),
+        np.ones((1, 8), np.int32))["params"]
+    # The search never emits the padding id: with EOS = padding every sentence runs to its
+    # limit, so the figures are of exactly `decode_len` steps per sentence.
+    search_cfg = model_cfg.replace(eos_id=model_cfg.pad_id)
+    source = f"random parameters; EOS disabled, {decode_len} tokens per sentence"
+  if search_cfg.max_len < decode_len:
+    search_cfg = search_cfg.replace(max_len=decode_len)  # sinusoidal positions only
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(4, model_cfg.vocab_size, (rows, d.max_source_len)).astype(np.int32)
+  results, table = {}, [("device", f"{jax.devices()[0].device_kind}"), ("parameters", source)]
+  for beam in options.beams:
+    first_s, times, produced = _time_search(search_cfg, params, inputs, beam, decode_len,
+                                            options.steps)
+    median = statistics.median(times)
+    tokens = float(np.mean(produced))
+    name = "greedy" if beam == 1 else f"beam {beam}"
+    results[name] = {"beam_size": beam, "first_call_s": round(first_s, 3),
+                     "batch_time_s": round(median, 4), "sentences_per_s": round(rows / median, 2),
+                     "target_tokens_per_s": round(tokens / median, 1),
+                     "target_tokens_per_batch": tokens}
+    table += [(f"{name}: batch time (median)", f"{median * 1e3:.1f} ms "
+               f"(first call {first_s:.2f} s, {len(times)} calls)"),
+              (f"{name}: sentences/s", f"{rows / median:,.1f}"),
+              (f"{name}: target tokens/s", f"{tokens / median:,.0f} ({tokens:.0f} per batch)")]
+  table.append(("load average (start)", str(load_start)))
+  common.print_table(f"decode: {rows} sources x {d.max_source_len} tokens, up to {decode_len} "
+                     f"output tokens, {model_cfg.dtype}", table)
+  memory, memory_source = common.peak_memory()
+  return {"what": "decode", "parameters": source,
+          "shapes": {"inputs": [rows, d.max_source_len], "max_output_len": decode_len},
+          "model": model_cfg.to_dict(), "config": common.config_json(config),
+          **common.environment(model_cfg), "load_average_start": load_start,
+          "load_average_end": common.load_average(),
+          "figures": {**results, "peak_memory_bytes": memory,
+                      "peak_memory_source": memory_source}}

@@ -1,0 +1,197 @@
+"""Throughput of the compiled train step: `run(config, TrainOptions(...)) -> dict`.
+
+The step is the training loop's own (`steps.TrainSetup`: forward, backward, Adam update, the
+state donated) on batches of the config's shape, `config.data.batch_size` rows of
+`data.max_source_len` source and `data.max_target_len` target tokens: random tokens without
+padding (`batches="synthetic"`) or the first batches of the configured dataset (`"real"`).
+After `warmup` steps (the first compiles; its time is reported apart), `steps` steps are timed
+one by one, each waiting for its result. From the median: real target tokens/s, source+target
+tokens/s, model TFLOP/s (`transformer_jax.flops`), MFU against the device's peak (a table for
+accelerators, a matmul measured in this run on CPU) and the peak memory. Then the same number
+of steps run back to back with one wait at the end, as the training loop runs them. The step
+must compile exactly once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+from transformer_jax import batch as batch_lib
+from transformer_jax import flops, sharding
+from transformer_jax.bench import common
+from transformer_jax.bench.profile import trace_summary
+
+# The data package loads tensorflow-datasets and grain only when get_data builds a dataset, so
+# this import keeps synthetic-batch runs free of them.
+from transformer_jax.data import get_data
+from transformer_jax.experiment import transformer_config
+from transformer_jax.steps import TrainSetup
+
+BATCHES = ("synthetic", "real")
+PROFILED_STEPS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+  steps: int = 20              # timed steps, one by one; the median is reported
+  warmup: int = 3              # untimed steps first (>= 1); the first one compiles
+  batches: str = "synthetic"   # "synthetic": random tokens, no padding; "real": the dataset's
+  num_batches: int = 4         # distinct batches, cycled
+  workdir: str | None = None   # "real": where the dataset's tokenizer is trained and kept
+  matmul_n: int = 2048         # CPU peak: the size of the measured matmul
+  matmul_seconds: float = 2.0  # CPU peak: at least this long measuring it
+  profile_dir: str = ""        # after timing, trace 3 steps here and summarise device time
+
+  def __post_init__(self):
+    if self.warmup < 1 or self.steps < 1:
+      raise ValueError(f"warmup={self.warmup}, steps={self.steps}: both must be >= 1")
+    if self.batches not in BATCHES:
+      raise ValueError(f"batches={self.batches!r}: expected one of {BATCHES}")
+    if self.num_batches < 1:
+      raise ValueError(f"num_batches={self.num_batches}: must be >= 1")
+
+
+def real_batches(config, workdir: str, count: int):
+  """The first `count` training batches of the configured dataset (the model's arrays of the
+  batch schema), and its tokenizer."""
+  data = get_data(config.data, workdir)
+  it = iter(data.train_dataset())
+  batches = [batch_lib.model_arrays(next(it)) for _ in range(count)]
+  if hasattr(it, "close"):
+    it.close()  # Stops grain's prefetch thread.
+  return batches, data.tokenizer
+
+
+def _model_and_batches(config, options: TrainOptions):
+  if options.batches == "real":
+    host_batches, tok = real_batches(config, options.workdir or common.default_workdir(),
+                                     options.num_batches)
+    model_cfg = transformer_config(config, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id)
+    return model_cfg, host_batches
+  model_cfg = transformer_config(config, config.data.vocab_size)
+  return model_cfg, common.synthetic_batches(config, model_cfg.vocab_size, options.num_batches)
+
+
+def _timed(setup: TrainSetup, state, batches, options: TrainOptions) -> dict:
+  """Warm-up, the CPU peak, the steps one by one and back to back, and the profile."""
+  step = setup.train_step
+  out = {}
+  with setup.context():
+    start = time.perf_counter()
+    state, metrics = step(state, batches[0])
+    jax.block_until_ready((state, metrics))
+    out["first_step_s"] = time.perf_counter() - start
+    for i in range(1, options.warmup):
+      state, metrics = step(state, batches[i % len(batches)])
+    jax.block_until_ready((state, metrics))
+    # The peak is measured between warm-up and timing, under the same load as the steps.
+    out["peak"] = flops.peak_flops(setup.model.config.dtype, n=options.matmul_n,
+                                   min_seconds=options.matmul_seconds)
+    out["times"], out["used"] = [], []
+    for i in range(options.steps):
+      b = i % len(batches)
+      start = time.perf_counter()
+      state, metrics = step(state, batches[b])
+      jax.block_until_ready((state, metrics))
+      out["times"].append(time.perf_counter() - start)
+      out["used"].append(b)
+    # Back to back, as the training loop runs them (it fetches metrics only at log steps):
+    # the host dispatches the next step while the device works on this one, so per-step
+    # launch latency is hidden where the step-by-step median above pays it every step.
+    start = time.perf_counter()
+    for i in range(options.steps):
+      state, metrics = step(state, batches[i % len(batches)])
+    jax.block_until_ready((state, metrics))
+    out["back_to_back"] = (time.perf_counter() - start) / options.steps
+    if options.profile_dir:
+      # After timing, so the trace's overhead stays out of the figures.
+      with jax.profiler.trace(options.profile_dir, create_perfetto_trace=True):
+        for i in range(PROFILED_STEPS):
+          state, metrics = step(state, batches[i % len(batches)])
+        jax.block_until_ready((state, metrics))
+      out["profile"] = trace_summary(options.profile_dir, steps=PROFILED_STEPS)
+  out["loss"] = float(metrics["loss"] / metrics["tokens"])
+  return out
+
+
+def run(config, options: TrainOptions = TrainOptions()) -> dict:
+  """Time the train step of `config`; prints a table and returns the figures with the config,
+  shapes, model, environment and load average."""
+  load_start = common.load_average()
+  model_cfg, host_batches = _model_and_batches(config, options)
+  # The Trainer's own mesh, state shardings and jitted step, without the data stack or
+  # checkpoints.
+  setup = TrainSetup(config, model_cfg)
+  state = setup.init_state(jax.random.key(config.seed))
+  lengths = [flops.batch_lengths(b, model_cfg.pad_id) for b in host_batches]
+  step_flops = [flops.train_flops(model_cfg, s, t) for s, t in lengths]
+  batches = [sharding.global_batch(b, setup.batch_sharding) for b in host_batches]
+  t = _timed(setup, state, batches, options)
+  if not np.isfinite(t["loss"]):
+    raise FloatingPointError(f"non-finite training loss {t['loss']} in the benchmark")
+  compilations = setup.train_step._cache_size()
+  times, median, b2b = t["times"], statistics.median(t["times"]), t["back_to_back"]
+  # Per-step work is averaged over the batches timed (they differ only with real batches).
+  tgt = float(np.mean([int(lengths[b][1].sum()) for b in t["used"]]))
+  src = float(np.mean([int(lengths[b][0].sum()) for b in t["used"]]))
+  work = float(np.mean([step_flops[b] for b in t["used"]]))
+  peak, peak_source = t["peak"]
+  # On CPU the measured peak is the whole host's; on accelerators the table is per chip.
+  peak_total = peak if jax.devices()[0].platform == "cpu" else peak * jax.device_count()
+  memory, memory_source = common.peak_memory()
+  figures = {
+      "first_step_s": round(t["first_step_s"], 3),
+      "step_time_s": round(median, 4),
+      "step_time_min_s": round(min(times), 4),
+      "step_time_max_s": round(max(times), 4),
+      "steps_timed": len(times),
+      "target_tokens_per_step": tgt,
+      "source_tokens_per_step": src,
+      "target_tokens_per_s": round(tgt / median, 1),
+      "source_target_tokens_per_s": round((tgt + src) / median, 1),
+      "model_flops_per_step": work,
+      "tflops_per_s": round(work / median / 1e12, 4),
+      "peak_flops_per_s": peak_total,
+      "peak_source": peak_source,
+      "mfu": round(work / median / peak_total, 4),
+      "back_to_back_step_time_s": round(b2b, 4),
+      "back_to_back_target_tokens_per_s": round(tgt / b2b, 1),
+      "back_to_back_mfu": round(work / b2b / peak_total, 4),
+      "peak_memory_bytes": memory,
+      "peak_memory_source": memory_source,
+      "compilations": compilations,
+      "final_loss": round(t["loss"], 4),
+  }
+  shapes = {k: list(v.shape) for k, v in host_batches[0].items()}
+  common.print_table(
+      f"train step: {model_cfg.d_model}d, {model_cfg.num_encoder_layers}+"
+      f"{model_cfg.num_decoder_layers} layers, vocab {model_cfg.vocab_size}, {model_cfg.dtype}, "
+      f"batches {options.batches} {shapes}", [
+          ("device", f"{jax.devices()[0].device_kind} x {jax.device_count()}"),
+          ("first step (compiles)", f"{t['first_step_s']:.2f} s"),
+          ("step time (median)", f"{median * 1e3:.1f} ms  (min {min(times) * 1e3:.1f}, "
+                                 f"max {max(times) * 1e3:.1f}, {len(times)} steps)"),
+          ("target tokens/s", f"{tgt / median:,.0f}  ({tgt:.0f} real per step)"),
+          ("source+target tokens/s", f"{(tgt + src) / median:,.0f}"),
+          ("model TFLOP/s", f"{work / median / 1e12:.4f}  ({work / 1e9:.1f} GFLOP per step)"),
+          ("peak FLOP/s", f"{peak_total / 1e12:.4f} TFLOP/s  ({peak_source})"),
+          ("MFU", f"{100 * work / median / peak_total:.1f} %"),
+          ("back to back (no wait)", f"{b2b * 1e3:.1f} ms/step, {tgt / b2b:,.0f} target "
+                                     f"tokens/s, MFU {100 * work / b2b / peak_total:.1f} %"),
+          ("peak memory", f"{memory / 2**20:,.0f} MiB  ({memory_source})"),
+          ("compilations of the step", str(compilations)),
+          ("load average (start)", str(load_start)),
+      ])
+  if compilations != 1:
+    print(f"WARNING: the train step compiled {compilations} times", file=sys.stderr)
+  if "profile" in t:
+    figures["profile"] = t["profile"]
+  return {"what": "train", "batches": options.batches, "shapes": shapes,
+          "model": model_cfg.to_dict(), "config": common.config_json(config),
+          **common.environment(model_cfg), "load_average_start": load_start,
+          "load_average_end": common.load_average(), "figures": figures}

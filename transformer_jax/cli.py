@@ -1,0 +1,85 @@
+"""The command-line style of every script in `scripts/`: absl flags, config files through
+ml_collections' `config_flags`, and one error policy.
+
+    def define(flag_values):
+      flags.DEFINE_string("workdir", None, "the run's directory", flag_values=flag_values)
+
+    def body(values, args) -> int:
+      ...
+
+    def main(argv=None):
+      return cli.run(body, argv, doc=__doc__, define=define)
+
+Each call parses into a fresh `FlagValues`, so `main` can run several times in one process
+(tests call it in-process). With `config=` a `--config path[:arg]` flag is defined and
+`--config.<field>=<value>` overrides any field of it. Errors a user can fix (`USER_ERRORS`: a
+missing workdir or checkpoint, a refused config change, a locked workdir, a bad file) print
+`error: ...` and exit 1; a wrong flag prints its problem and exits 2.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Callable, Sequence
+import warnings
+
+from absl import flags
+from ml_collections import config_flags
+
+from transformer_jax.data.lines import NotUTF8Error
+from transformer_jax.run.workdir import RunError
+
+# What the command-line tools report as "error: ..." rather than a traceback.
+USER_ERRORS = (RunError, OSError, NotUTF8Error)
+NO_CONFIG = object()
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def repo_config(name: str) -> str:
+  """A config file of this checkout's `configs/` (the default of some scripts)."""
+  return os.path.join(REPO, "configs", name)
+
+
+def run(body: Callable[[flags.FlagValues, list[str]], int | None],
+        argv: Sequence[str] | None = None, *, doc: str,
+        define: Callable[[flags.FlagValues], None] = lambda values: None,
+        config=NO_CONFIG, config_help: str = "experiment config file, path[:arg]") -> int:
+  """Parse `argv` (default: sys.argv[1:]) and call `body(flag values, positional args)`.
+
+  `config`: NO_CONFIG (no --config flag), None (optional or required by the body), or the
+  default config file.
+  """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script"
+  full = [program] + argv
+  values = flags.FlagValues()
+  define(values)
+  if config is not NO_CONFIG:
+    # sys_argv: config_flags finds the --config.* overrides there (default: sys.argv).
+    config_flags.DEFINE_config_file("config", config, config_help, flag_values=values,
+                                    lock_config=True, sys_argv=full)
+  if any(a in ("-h", "--help", "--helpfull", "-?") for a in argv):
+    print(doc.strip() + "\n\nflags:\n" + values.get_help(include_special_flags=False))
+    return 0
+  try:
+    rest = values(full)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    # config_flags raises AttributeError/KeyError for a misspelt --config.<field>, and a
+    # config file's get_config() ValueError for a bad argument (configs/locale.py:xx).
+    message = e.args[0] if isinstance(e, KeyError) and e.args else e
+    print(f"error: {message} (--help lists the flags)", file=sys.stderr)
+    return 2
+  logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax's and TFDS's notices
+  try:
+    return int(body(values, rest[1:]) or 0)
+  except USER_ERRORS as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
+def deprecated(old: str, new: str) -> None:
+  """A renamed flag keeps its old spelling for one release, with this warning."""
+  message = f"{old} is deprecated and will be removed in the next release: use {new}"
+  warnings.warn(message, DeprecationWarning, stacklevel=2)
+  print(f"warning: {message}", file=sys.stderr)

@@ -1,0 +1,213 @@
+"""Translating with a trained run: load a workdir, translate text in batches.
+
+    translator = Translator("runs/default")                  # latest step, the run's search
+    translator = Translator("runs/default", step=500, beam_size=4, alpha=0.6)
+    translator = Translator("runs/default", checkpoint="runs/default/averaged")
+    translator.translate(["one hundred and two", ""])        # -> ["einhundertzwei", ""]
+
+Everything a run needs is in its workdir (`transformer_jax.run.workdir`): `config.json` (the
+model's `resolved_model` fields and the search settings), `spm.model` and `checkpoints/<step>/`
+or `averaged/<step>/` (`transformer_jax.run.averaging`).
+
+Batching: sentences are sorted by length and cut into batches of at most `batch_size` rows; a
+batch is padded to a bucket shape, rows to a power of two and length to a multiple of 16 (capped
+at `max_len`), so the jitted search compiles a bounded number of times (about
+log2(batch_size) * max_len / 16 shapes at most). Results come back in the input order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from transformer_jax.config import TransformerConfig
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.run import checkpointing
+from transformer_jax.run.workdir import TRAIN_HINT, RunError, load_run_config, vocabulary_path
+from transformer_jax.search import output_ids, search_batch
+
+LENGTH_BUCKET = 16  # source lengths are padded to a multiple of this
+
+
+@dataclasses.dataclass
+class SearchStats:
+  """Sentences and output tokens (EOS included) searched, and the time the search took.
+
+  `search_seconds` is the wall time of the compiled searches only: every new batch shape is
+  first compiled on an all-padding batch of that shape (its loop ends at once), and that call
+  is counted in `compile_seconds` instead. Tokenizing and detokenizing are in neither.
+  """
+  sentences: int = 0
+  output_tokens: int = 0
+  batches: int = 0
+  search_seconds: float = 0.0
+  compile_seconds: float = 0.0
+  shapes: int = 0
+
+  def as_dict(self) -> dict:
+    t = self.search_seconds
+    return {"sentences_per_sec": self.sentences / t if t > 0 else None,
+            "target_tokens_per_sec": self.output_tokens / t if t > 0 else None,
+            "search_seconds": t, "compile_seconds": self.compile_seconds,
+            "searched_sentences": self.sentences, "output_tokens": self.output_tokens,
+            "batches": self.batches, "compiled_shapes": self.shapes}
+
+
+def model_config_from(run: dict) -> TransformerConfig:
+  """The run's `TransformerConfig`, from `config.json`'s `resolved_model`."""
+  fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+  return TransformerConfig(**{k: v for k, v in run["resolved_model"].items() if k in fields})
+
+
+def warn_stderr(message: str) -> None:
+  print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+class Translator:
+  """A trained run's model, tokenizer, parameters and search settings, ready to translate.
+
+  Search settings default to the run's config.json (`beam_size`, `length_penalty_alpha`,
+  `max_len_margin`); pass them to override. Sources longer than `max_len - 1` pieces are cut
+  with a warning when `truncate` is true (translate.py) or the model has a learned position
+  table (it has no rows past max_len). Sinusoidal positions extend past max_len, so evaluation
+  (`truncate=None`) never cuts a source; the output is at most max_len tokens either way (the
+  decoder's buffer).
+  """
+
+  def __init__(self, workdir: str, *, step: int | None = None, checkpoint: str | None = None,
+               averaged: bool = False, beam_size: int | None = None, alpha: float | None = None,
+               max_len_margin: int | None = None, batch_size: int = 64,
+               truncate: bool | None = True):
+    self.workdir = workdir
+    self.run = load_run_config(workdir)
+    self.config = model_config_from(self.run)
+    spm_path = vocabulary_path(workdir, self.run)
+    if not os.path.exists(spm_path):
+      raise RunError(f"{spm_path} not found: the run's SentencePiece model is missing; "
+                     + TRAIN_HINT.format(workdir))
+    self.tokenizer = Tokenizer(spm_path)
+    if self.tokenizer.vocab_size != self.config.vocab_size:
+      raise RunError(f"{spm_path} has {self.tokenizer.vocab_size} pieces but the model was "
+                     f"trained with vocab_size={self.config.vocab_size}: wrong spm.model")
+    self.beam_size = int(beam_size if beam_size is not None else self.run.get("beam_size", 1))
+    self.alpha = float(alpha if alpha is not None else self.run.get("length_penalty_alpha", 0.6))
+    self.max_len_margin = int(max_len_margin if max_len_margin is not None
+                              else self.run.get("max_len_margin", 50))
+    if self.beam_size < 1 or self.max_len_margin < 0 or batch_size < 1:
+      raise RunError(f"beam_size={self.beam_size} and batch_size={batch_size} must be >= 1, "
+                     f"max_len_margin={self.max_len_margin} >= 0")
+    self.batch_size = batch_size
+    self.checkpoint_dir, self.step = checkpointing.resolve_checkpoint(workdir, checkpoint, step,
+                                                                      averaged)
+    _, params = checkpointing.load_params(self.checkpoint_dir, self.step)
+    self.params = jax.device_put(params)
+    # A learned position table has max_len rows: sources beyond it must be cut.
+    self.truncate = bool(truncate) or self.config.position_encoding == "learned"
+    self.stats = SearchStats()
+    self._compiled: set = set()
+
+  @property
+  def step_dir(self) -> str:
+    """The directory of the checkpoint in use (outputs about it are written there)."""
+    return os.path.join(self.checkpoint_dir, str(self.step))
+
+  @property
+  def max_source_pieces(self) -> int:
+    return self.config.max_len - 1  # eos is appended
+
+  def settings(self) -> dict:
+    return {"step": self.step, "checkpoint": self.step_dir, "beam_size": self.beam_size,
+            "alpha": self.alpha, "max_len_margin": self.max_len_margin}
+
+  # -- text <-> ids
+
+  def encode(self, lines: Sequence[str], warn: Callable[[str], None] = warn_stderr,
+             names: Sequence[str] | None = None) -> list[list[int]]:
+    """Source ids with eos per line; [] for an empty (or blank) line. Over-long sources are cut
+    to `max_len - 1` pieces (when truncating) with a warning naming the line."""
+    lines = [" ".join(line.split()) for line in lines]  # SentencePiece saw single spaces only
+    ids = self.tokenizer.encode_batch(lines) if lines else []
+    out = []
+    for i, (line, pieces) in enumerate(zip(lines, ids)):
+      if not line or not pieces:
+        out.append([])
+        continue
+      if self.truncate and len(pieces) > self.max_source_pieces:
+        name = names[i] if names else f"line {i + 1}"
+        warn(f"{name}: {len(pieces)} pieces, more than the model's maximum of "
+             f"{self.max_source_pieces} (max_len {self.config.max_len} - 1 for eos): "
+             f"truncated to {self.max_source_pieces} pieces")
+        pieces = pieces[:self.max_source_pieces]
+      out.append(list(pieces) + [self.tokenizer.eos_id])
+    return out
+
+  def detokenize(self, ids: Sequence[int]) -> str:
+    return self.tokenizer.detokenize(ids)
+
+  # -- search
+
+  def bucket_shape(self, rows: int, length: int) -> tuple[int, int]:
+    """(rows, length) a batch is padded to: rows a power of two up to batch_size, length a
+    multiple of LENGTH_BUCKET (capped at max_len when the longest source fits in it)."""
+    padded_rows = min(self.batch_size, 1 << max(0, rows - 1).bit_length())
+    padded_len = _round_up(max(length, 1), LENGTH_BUCKET)
+    if length <= self.config.max_len:
+      padded_len = min(padded_len, self.config.max_len)
+    return padded_rows, padded_len
+
+  def _search(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return search_batch(self.config, self.params, inputs, beam_size=self.beam_size,
+                        alpha=self.alpha, max_len_margin=self.max_len_margin)
+
+  def translate_ids(self, sources: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Output ids (no eos) per source (ids with eos); [] for an empty source, not searched."""
+    results: list[list[int]] = [[] for _ in sources]
+    order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: -len(sources[i]))
+    for start in range(0, len(order), self.batch_size):
+      chunk = order[start:start + self.batch_size]
+      rows, length = self.bucket_shape(len(chunk), max(len(sources[i]) for i in chunk))
+      inputs = np.full((rows, length), self.config.pad_id, np.int32)
+      for r, i in enumerate(chunk):
+        inputs[r, :len(sources[i])] = sources[i]
+      if (rows, length) not in self._compiled:
+        # An all-padding batch of the same shape compiles the search; its loop ends at once.
+        begin = time.perf_counter()
+        self._search(np.zeros_like(inputs))
+        self.stats.compile_seconds += time.perf_counter() - begin
+        self.stats.shapes += 1
+        self._compiled.add((rows, length))
+      begin = time.perf_counter()
+      tokens, lengths = self._search(inputs)
+      self.stats.search_seconds += time.perf_counter() - begin
+      self.stats.batches += 1
+      self.stats.sentences += len(chunk)
+      self.stats.output_tokens += int(lengths[:len(chunk)].sum())
+      for i, ids in zip(chunk, output_ids(tokens[:len(chunk)], lengths[:len(chunk)],
+                                          self.config.eos_id)):
+        results[i] = ids
+    return results
+
+  def translate(self, lines: Sequence[str], warn: Callable[[str], None] = warn_stderr,
+                names: Sequence[str] | None = None) -> list[str]:
+    """One translation per line, in order; an empty line gives an empty translation."""
+    outputs = self.translate_ids(self.encode(lines, warn, names))
+    return [self.detokenize(ids) if ids else "" for ids in outputs]
+
+
+def throughput_line(stats: SearchStats) -> str:
+  d = stats.as_dict()
+  if not d["sentences_per_sec"]:
+    return "nothing searched"
+  return (f"{d['sentences_per_sec']:.1f} sentences/s, {d['target_tokens_per_sec']:.0f} target "
+          f"tokens/s (search only: {d['search_seconds']:.2f} s for {stats.sentences} sentences in "
+          f"{stats.batches} batches; {stats.shapes} shape(s) compiled in "
+          f"{d['compile_seconds']:.1f} s, not counted)")

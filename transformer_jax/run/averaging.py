@@ -1,0 +1,91 @@
+"""Checkpoint averaging, as the paper evaluates: the mean of the last N checkpoints' parameters
+(5 for base, 20 for big).
+
+Averaged parameters go into `<workdir>/averaged/<step>/` with the `{"state": {"params": ...}}`
+layout of a training checkpoint, so `checkpointing.load_params` (and every tool) loads them like
+any step; training never resumes from that directory.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterable
+
+import jax
+import numpy as np
+
+from transformer_jax.run import checkpointing
+from transformer_jax.run.workdir import AVERAGED, TRAIN_HINT, RunError
+
+
+def average_params(trees: Iterable[tuple[str, object]]) -> object:
+  """Elementwise mean of `(name, parameter tree)` pairs, in float32, cast back per leaf.
+
+  Trees are consumed one at a time into a running float32 sum, so averaging the paper's 20
+  checkpoints of transformer-big holds the sum and one checkpoint, not 20. Trees of another
+  structure or shape are refused, naming both trees and the parameter.
+  """
+  treedef, count = None, 0
+  for name, tree in trees:
+    leaves, structure = jax.tree.flatten(tree)
+    if treedef is None:
+      treedef, first_name = structure, name
+      paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(tree)]
+      shapes = [np.shape(x) for x in leaves]
+      dtypes = [np.asarray(x).dtype for x in leaves]
+      total = [np.array(x, np.float32) for x in leaves]  # a copy, even of float32 leaves
+    else:
+      if structure != treedef:
+        raise RunError(f"{name} and {first_name} have different parameter structures: they "
+                       "are not checkpoints of one model")
+      for path, shape, x in zip(paths, shapes, leaves):
+        if np.shape(x) != shape:
+          raise RunError(f"parameter {path} has shape {np.shape(x)} in {name} but {shape} in "
+                         f"{first_name}: they are not checkpoints of one model")
+      for t, x in zip(total, leaves):
+        np.add(t, np.asarray(x, np.float32), out=t)
+    count += 1
+    del tree, leaves  # before the next one is loaded
+  if treedef is None:
+    raise ValueError("nothing to average")
+  return jax.tree.unflatten(treedef, [(t / count).astype(d) for t, d in zip(total, dtypes)])
+
+
+def average_checkpoints(workdir: str, last: int, output: str | None = None,
+                        log: Callable[[str], None] = lambda m: None) -> tuple[str, int, list[int]]:
+  """Average the parameters of the last `last` steps in `<workdir>/checkpoints` into `output`
+  (default `<workdir>/averaged`), saved as step = the last averaged step. Returns (output
+  directory, step, averaged steps)."""
+  source = checkpointing.checkpoint_dir(workdir)
+  steps = checkpointing.checkpoint_steps(source)
+  if not steps:
+    raise RunError(f"no checkpoint in {source}: " + TRAIN_HINT.format(workdir))
+  if last < 1:
+    raise RunError(f"--last {last}: must be >= 1")
+  if last > len(steps):
+    raise RunError(f"--last {last}, but {source} holds only {len(steps)} checkpoint(s) "
+                   f"(steps {steps}): pass --last {len(steps)} or fewer, or keep more while "
+                   f"training (--config.keep_checkpoints={last}, with checkpoint_every_steps "
+                   "setting their spacing)")
+  chosen = steps[-last:]
+  output = os.path.abspath(output or os.path.join(workdir, AVERAGED))
+  if output == os.path.abspath(source):
+    raise RunError(f"refusing to write the average into {source}: training resumes from there")
+
+  def trees():
+    for s in chosen:
+      log(f"loading step {s}")
+      yield f"step {s}", checkpointing.load_params(source, s)[1]
+
+  params = average_params(trees())
+  step = chosen[-1]
+  if step in checkpointing.checkpoint_steps(output):
+    log(f"replacing the earlier average saved as step {step} in {output}")
+  checkpointing.save_params(output, step, params,
+                            {"averaged_steps": chosen, "source": source, "last": last})
+  return output, step, chosen
+
+
+def averaged_steps(checkpoint_dir: str, step: int) -> list[int] | None:
+  """The steps an averaged checkpoint was made from (None for a training checkpoint)."""
+  meta = checkpointing.load_meta(checkpoint_dir, step)
+  return list(meta["averaged_steps"]) if meta and "averaged_steps" in meta else None

@@ -1,0 +1,173 @@
+"""The training loop: `train_and_evaluate(config, workdir)`.
+
+Resumes automatically from `<workdir>/checkpoints` (state, RNG and data iterator position), so a
+resumed run sees exactly the batches and losses of an uninterrupted one. SIGTERM/SIGINT finish
+the current step, save, and return. A non-finite loss stops the run before anything is saved.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import ml_collections
+
+from transformer_jax import experiment, flops
+from transformer_jax.run import distributed
+from transformer_jax.run import metrics as metrics_lib
+from transformer_jax.run import workdir as workdir_lib
+from transformer_jax.run.throughput import ThroughputMeter
+from transformer_jax.run.trainer import Trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+  """What happens after a step: logging, saving, evaluating, BLEU. The final step does all."""
+
+  num_train_steps: int
+  log_every: int
+  checkpoint_every: int
+  eval_every: int
+  bleu_every: int
+
+  @classmethod
+  def from_config(cls, c) -> "Cadence":
+    return cls(c.num_train_steps, c.log_every_steps, c.checkpoint_every_steps,
+               c.eval_every_steps, c.bleu_every_steps)
+
+  def is_final(self, step: int) -> bool:
+    return step == self.num_train_steps
+
+  def log(self, step: int) -> bool:
+    return self.is_final(step) or step % self.log_every == 0
+
+  def save(self, step: int) -> bool:
+    return self.is_final(step) or step % self.checkpoint_every == 0
+
+  def evaluate(self, step: int) -> bool:
+    return self.is_final(step) or step % self.eval_every == 0
+
+  def bleu(self, step: int) -> bool:
+    return self.is_final(step) or step % self.bleu_every == 0
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Train (resuming if possible) until `config.num_train_steps`; returns the last metrics."""
+  experiment.validate(config)
+  distributed.initialize(config)
+  os.makedirs(workdir, exist_ok=True)
+  trainer = Trainer.create(config, workdir)
+  if distributed.is_main():
+    workdir_lib.write_config(workdir, config, trainer.model_cfg)
+  return _Run(trainer, workdir).train()
+
+
+class _Run:
+  """One invocation of the loop: the trainer plus the metrics writer, progress bar and meter."""
+
+  def __init__(self, trainer: Trainer, workdir: str):
+    self.trainer, self.workdir, self.config = trainer, workdir, trainer.config
+    self.cadence = Cadence.from_config(trainer.config)
+    self.state, saved_data, self.origin = trainer.initial_state()
+    self.step = int(jax.device_get(self.state.step))
+    self.batches = trainer.train_batches(saved_data)
+    main = distributed.is_main()
+    # Records past the resumed step (logged before a crash, from steps that are now run again)
+    # are dropped, so every step appears once in metrics.jsonl and TensorBoard.
+    self.writer = metrics_lib.MetricsWriter(workdir, enabled=main, resume_step=self.step)
+    self.progress = metrics_lib.Progress(self.config.num_train_steps, self.step, enabled=main)
+    peak, peak_source = flops.peak_flops(trainer.model_cfg.dtype)
+    # On CPU the measured peak is the whole host's (fake devices share its cores).
+    total_peak = peak if jax.devices()[0].platform == "cpu" else peak * jax.device_count()
+    self.meter = ThroughputMeter(trainer.model_cfg, total_peak, trainer.checkpointer.directory)
+    m = trainer.model_cfg
+    self.progress.write(
+        f"transformer-jax: {self.origin}; model {m.d_model}d, {m.num_encoder_layers}+"
+        f"{m.num_decoder_layers} layers, {m.norm_position}-LN, vocab {m.vocab_size}; "
+        f"mesh {dict(trainer.mesh.shape)}; {jax.process_count()} process(es); "
+        f"peak {peak / 1e12:.3f} TFLOP/s per device ({peak_source})")
+
+  def train(self) -> dict:
+    last: dict = {}
+    try:
+      if self.step >= self.config.num_train_steps and not self._final_evaluation_done():
+        self.progress.write(f"step {self.step}: the final checkpoint has no final evaluation "
+                            "yet; running it")
+        last.update(self._evaluate(evaluate=True, bleu=True))
+      with distributed.StopFlag() as stop:
+        upcoming = self.batches.next() if self.step < self.config.num_train_steps else None
+        while self.step < self.config.num_train_steps:
+          upcoming, record, stopping = self._one_step(upcoming, stop)
+          last = record or last
+          if stopping is not None:
+            self.progress.write(f"{stopping}: saved step {self.step} in "
+                                f"{self.trainer.checkpointer.directory}; run the same command "
+                                "again to resume")
+            last["stopped_by"] = stopping
+            break
+    finally:  # an error (a non-finite loss, say) still finishes saves and closes files
+      self.trainer.checkpointer.close()
+      self.writer.close()
+      self.progress.close()
+    if not last:  # nothing left to do: a finished run, run again
+      last = metrics_lib.last_values(self.workdir)
+    last["step"] = self.step
+    return last
+
+  def _one_step(self, upcoming, stop: distributed.StopFlag):
+    """Run the step on `upcoming`, then whatever the cadence asks; returns (the next batch, the
+    records logged, the stop signal if the run stops here)."""
+    trainer, cadence = self.trainer, self.cadence
+    device_batch, (source_lengths, target_lengths) = upcoming
+    with trainer.context():
+      self.state, step_metrics = trainer.train_step(self.state, device_batch)
+    self.step = step = self.step + 1
+    # The iterator's position after this step's batch: what a checkpoint of this step saves.
+    data_state = self.batches.state()
+    # The step runs asynchronously: read batch N+1 and copy it to the devices meanwhile.
+    upcoming = self.batches.next() if step < self.config.num_train_steps else None
+    self.meter.add(step_metrics, source_lengths, target_lengths)
+    logged: dict = {}
+    if self.meter.compiling:  # the compiling first step: logged, but not timed
+      logged = self._write(step, self.meter.record(step))
+    # Read the flag once: a signal landing between "save?" and "stop?" must not stop unsaved.
+    # With several processes agreeing costs a host round trip, so they agree at log steps.
+    stopping = (stop.agreed() if jax.process_count() == 1 or cadence.log(step) else None)
+    save = cadence.save(step) or stopping is not None
+    evaluate, bleu = cadence.evaluate(step), cadence.bleu(step)
+    if save or evaluate or bleu or cadence.log(step):
+      record = self.meter.record(step)
+      if record:
+        logged = self._write(step, record)
+        self.progress.update(step, record if record.get("tokens_per_sec") else None)
+    # Saved before evaluating: an evaluation that fails loses no training, and the
+    # asynchronous save writes while the evaluation runs.
+    if save:
+      trainer.checkpointer.save(step, self.state, distributed.gather_data_states(data_state),
+                                {"step": step, "origin": self.origin}, force=True)
+    if evaluate or bleu:
+      logged = {**logged, **self._evaluate(evaluate, bleu)}
+    if evaluate or bleu or save:
+      self.meter.restart()  # evaluation and saving are not training throughput
+    self.progress.update(step)
+    return upcoming, logged, stopping
+
+  def _write(self, step: int, record: dict) -> dict:
+    self.writer.write(step, record)
+    return record
+
+  def _evaluate(self, evaluate: bool, bleu: bool) -> dict:
+    params = self.state.params
+    record = self.trainer.evaluate(params) if evaluate else {}
+    if bleu:
+      record.update(self.trainer.bleu(params, self.config.bleu_num_sentences))
+    self.writer.write(self.step, record)
+    self.progress.write(f"step {self.step}: " + ", ".join(
+        f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
+    return record
+
+  def _final_evaluation_done(self) -> bool:
+    """Whether metrics.jsonl holds the evaluation (with BLEU) of this step; decided by the
+    process that writes it, so all processes agree on running the (collective) evaluation."""
+    done = distributed.is_main() and metrics_lib.evaluated(self.workdir, self.step)
+    return distributed.from_main(done)

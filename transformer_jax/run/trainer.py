@@ -1,0 +1,181 @@
+"""The pieces of one run, built by `Trainer.create`: data, compiled steps on a mesh, checkpoints.
+
+    trainer = Trainer.create(config, workdir)          # loads data, trains or loads spm.model
+    state, data_state, origin = trainer.initial_state()
+    batches = trainer.train_batches(data_state)
+    state, metrics = trainer.train_step(state, batches.next()[0])
+
+Creating a Trainer reads the workdir (tokenizer, checkpoints) and may train the tokenizer; it
+starts no processes and writes no config: `loop.train_and_evaluate` does those in order.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+from jax.experimental import multihost_utils
+import ml_collections
+import numpy as np
+
+from transformer_jax import batch as batch_lib
+from transformer_jax import bleu as bleu_lib
+from transformer_jax import experiment, flops, sharding
+from transformer_jax.config import TransformerConfig
+from transformer_jax.data import Data, get_data, pipeline
+from transformer_jax.model import Transformer
+from transformer_jax.run import checkpointing, distributed
+from transformer_jax.run import metrics as metrics_lib
+from transformer_jax.run.workdir import SPM_MODEL, init_from_vocabulary
+from transformer_jax.search import output_ids, search_batch
+from transformer_jax.steps import TrainSetup, make_eval_step
+
+
+class Trainer:
+  """Data, model config, `TrainSetup` (mesh, state shardings, jitted train step), eval step and
+  checkpointer of one run."""
+
+  def __init__(self, config: ml_collections.ConfigDict, data: Data, model_cfg: TransformerConfig,
+               setup: TrainSetup, checkpointer: checkpointing.Checkpointer):
+    self.config, self.data, self.model_cfg = config, data, model_cfg
+    self.setup, self.checkpointer = setup, checkpointer
+    self.train_step, self.context = setup.train_step, setup.context
+    self.eval_model = Transformer(model_cfg.replace(deterministic=True))
+    self.eval_step = jax.jit(make_eval_step(self.eval_model, config.label_smoothing),
+                             in_shardings=(setup.state_shardings.params, setup.batch_sharding),
+                             out_shardings=sharding.replicated(setup.mesh))
+
+  @classmethod
+  def create(cls, config: ml_collections.ConfigDict, workdir: str) -> "Trainer":
+    """Everything a run needs from a validated config; `jax.distributed` must be up already."""
+    data_config = config.data
+    if config.init_from and not data_config.vocab_path:
+      # Parameters from another run only mean something with that run's vocabulary.
+      vocab = init_from_vocabulary(config.init_from)
+      if vocab and not os.path.exists(os.path.join(workdir, SPM_MODEL)):
+        data_config = ml_collections.ConfigDict(data_config.to_dict())
+        data_config.vocab_path = vocab
+    data = get_data(data_config, workdir, process_index=jax.process_index(),
+                    process_count=jax.process_count())
+    tok = data.tokenizer
+    model_cfg = experiment.transformer_config(config, tok.vocab_size, tok.pad_id, tok.bos_id,
+                                              tok.eos_id)
+    if model_cfg.max_len < max(config.data.max_source_len, config.data.max_target_len):
+      raise ValueError(f"config.model.max_len={model_cfg.max_len} is shorter than "
+                       f"data.max_source_len/max_target_len; raise model.max_len")
+    setup = TrainSetup(config, model_cfg)
+    _check_rows_split_over_devices(config, data, setup)
+    checkpointer = checkpointing.Checkpointer(
+        workdir, max_to_keep=config.keep_checkpoints, keep_period=config.keep_every_steps or None,
+        async_save=config.async_checkpointing)
+    return cls(config, data, model_cfg, setup, checkpointer)
+
+  @property
+  def mesh(self):
+    return self.setup.mesh
+
+  def initial_state(self):
+    """(state, saved data record or None, how it started): resume > init_from > scratch."""
+    abstract = checkpointing.abstract_like(self.setup.state_shapes, self.setup.state_shardings)
+    restored = self.checkpointer.restore_latest(abstract)
+    if restored is not None:
+      step, state, data_state, _ = restored
+      return state, data_state, f"resumed from step {step}"
+    state = self.setup.init_state(jax.random.key(self.config.seed))
+    if not self.config.init_from:
+      return state, None, "scratch"
+    step, params = checkpointing.load_params(self.config.init_from)
+    if jax.tree.structure(params) != jax.tree.structure(state.params) or any(
+        a.shape != b.shape for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params))):
+      raise ValueError(f"config.init_from={self.config.init_from!r}: its parameters do not "
+                       "match this model's shapes; use the same config.model and vocabulary")
+    params = jax.tree.map(lambda p, s: jax.device_put(p.astype(s.dtype), s.sharding), params,
+                          state.params)
+    origin = f"parameters from {self.config.init_from} (step {step})"
+    return state.replace(params=params), None, origin
+
+  def train_batches(self, saved_data_state: dict | None) -> "TrainBatches":
+    """This process's training batches, continuing where the checkpoint's record says."""
+    iterator = iter(self.data.train_dataset())
+    state = distributed.own_data_state(saved_data_state, self.data)
+    if state:
+      iterator.set_state(state)
+    return TrainBatches(iterator, self.setup.batch_sharding, self.data.tokenizer.pad_id)
+
+  def put(self, batch: dict) -> dict:
+    return sharding.global_batch(batch_lib.model_arrays(batch), self.setup.batch_sharding)
+
+  def evaluate(self, params, split: str = "validation") -> dict:
+    """Loss, perplexity and accuracy over every pair of `split` (dropout off)."""
+    total = None
+    multiple = self.setup.batch_sharding.mesh.size
+    for batch in self.data.eval_batches(split):
+      arrays = _pad_rows(batch_lib.model_arrays(batch), multiple)
+      rows = arrays["inputs"].shape[0] // jax.process_count()
+      lo = jax.process_index() * rows
+      local = {k: v[lo:lo + rows] for k, v in arrays.items()}
+      with self.context():
+        sums = self.eval_step(params, self.put(local))
+      total = metrics_lib.accumulate(total, jax.device_get(sums))
+    return metrics_lib.summarize(total, "eval")
+
+  def bleu(self, params, num_sentences: int, split: str = "validation") -> dict:
+    """sacreBLEU of the configured search on the first `num_sentences` pairs of `split`."""
+    c = self.config
+    host_params = multihost_utils.process_allgather(params, tiled=True)  # may span hosts
+    tok = self.data.tokenizer
+    hyps, refs = [], []
+    for batch in self.data.eval_batches(split):
+      n = min(batch["num_real"], num_sentences - len(refs))
+      if n <= 0:
+        break
+      # The whole (fixed-shape) batch is searched so the search compiles once per split.
+      tokens, lengths = search_batch(self.eval_model.config, host_params, batch["inputs"],
+                                     beam_size=c.beam_size, alpha=c.length_penalty_alpha,
+                                     max_len_margin=c.max_len_margin)
+      hyps.extend(tok.detokenize(ids) for ids in output_ids(tokens, lengths, tok.eos_id)[:n])
+      refs.extend(batch["target_text"][:n])
+    score, signature = bleu_lib.corpus_bleu(hyps, refs)
+    return {"bleu": score, "bleu_signature": signature, "bleu_sentences": len(refs),
+            "bleu_example": hyps[0] if hyps else ""}
+
+
+class TrainBatches:
+  """The training iterator, yielding batches already on their devices and the per-sentence
+  lengths that the FLOP count needs; `state()` is what a checkpoint saves."""
+
+  def __init__(self, iterator, batch_sharding, pad_id: int):
+    self._iterator, self._sharding, self._pad_id = iterator, batch_sharding, pad_id
+
+  def next(self):
+    batch = next(self._iterator)
+    return (sharding.global_batch(batch_lib.model_arrays(batch), self._sharding),
+            flops.batch_lengths(batch, self._pad_id))
+
+  def state(self) -> dict:
+    return self._iterator.get_state()
+
+
+def _check_rows_split_over_devices(config, data: Data, setup: TrainSetup) -> None:
+  """Every global batch must split evenly over the batch devices (else a shape error later)."""
+  c, shards = config.data, sharding.batch_shards(setup.batch_sharding)
+  if c.batching == "bucket":
+    per_process = pipeline.Batcher(c, data.rows_per_process, jax.process_count()).rows
+    rows = sorted({r * jax.process_count() for r in per_process})
+    fields = "data.batch_tokens or data.bucket_rows_multiple"
+  else:
+    rows, fields = [data.global_rows], "data.batch_size (or data.batch_tokens)"
+  bad = [r for r in rows if r % shards]
+  if bad:
+    raise ValueError(
+        f"a global batch of {bad[0]} rows does not split over the {shards} devices of the "
+        f"batch axes (mesh {dict(setup.mesh.shape)}): change {fields} or config.mesh")
+
+
+def _pad_rows(batch: dict, multiple: int) -> dict:
+  """Eval batches: add all-padding rows (segment 0, weight 0) so rows divide the devices."""
+  rows = batch["inputs"].shape[0]
+  extra = -rows % multiple
+  if not extra:
+    return batch
+  return {k: np.concatenate([v, np.zeros((extra,) + v.shape[1:], v.dtype)])
+          for k, v in batch.items()}

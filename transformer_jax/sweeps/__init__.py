@@ -1,0 +1,44 @@
+"""Hyperparameter sweeps: the points a config's `sweep()` returns, their workdirs, how they run
+and the report.
+
+A config file defines, next to `get_config()`, a `sweep()` (or `sweep(arg)`) returning a list of
+points, each a dict of config overrides with dotted names:
+
+    from transformer_jax import sweeps
+
+    def sweep():
+      return sweeps.product(learning_rate=[1.0, 2.0], warmup_steps=[200, 400])
+
+`scripts/sweep.py` runs each point as a `scripts/train.py` subprocess with `--config.X=value`
+flags, in its own workdir named after its overrides.
+
+  spec.py    building points, their names, reading a config file's sweep()
+  runner.py  local subprocesses on disjoint devices; DONE/FAILED markers and status
+  slurm.py   the same points as a SLURM array job
+  report.py  the table and plot of a metric over the points
+"""
+from transformer_jax.sweeps.report import collect, lower_is_better, plot, report, sort_rows
+from transformer_jax.sweeps.runner import DONE, FAILED, RUNNING, Runner, finished, slot_env, status
+from transformer_jax.sweeps.slurm import sbatch_script, write_sbatch
+from transformer_jax.sweeps.spec import (
+                                           Point,
+                                           Sweep,
+                                           SweepError,
+                                           apply_overrides,
+                                           chain,
+                                           cross,
+                                           load_sweep,
+                                           override_flags,
+                                           point_dir,
+                                           point_name,
+                                           points_from_config,
+                                           product,
+                                           zipped,
+)
+
+__all__ = [
+    "DONE", "FAILED", "RUNNING", "Point", "Runner", "Sweep", "SweepError", "apply_overrides",
+    "chain", "collect", "cross", "finished", "load_sweep", "lower_is_better", "override_flags",
+    "plot", "point_dir", "point_name", "points_from_config", "product", "report", "sbatch_script",
+    "slot_env", "sort_rows", "status", "write_sbatch", "zipped",
+]

@@ -1,0 +1,128 @@
+"""A sweep's report: one row per point with its fields, status and last metrics, sorted by one
+metric, as `report.csv`, `report.md` and a plot of the metric against each swept field."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+from transformer_jax.run.metrics import last_values
+from transformer_jax.sweeps.runner import status
+from transformer_jax.sweeps.spec import Point, point_dir, point_name
+
+
+def lower_is_better(metric: str) -> bool:
+  return any(word in metric for word in ("loss", "nll", "perplexity", "time", "error"))
+
+
+def collect(sweep_dir: str, points: list[Point]) -> tuple[list[dict], list[str]]:
+  """One row per point: its fields, status and last metrics; and the swept field names."""
+  fields: list[str] = []
+  for p in points:
+    fields += [k for k in p if k not in fields]
+  rows = []
+  for p in points:
+    d = point_dir(sweep_dir, p)
+    row = {"name": point_name(p), **{k: p.get(k) for k in fields}, "status": status(d)}
+    # A swept field keeps its value where a metric has the same name (learning_rate is both).
+    row.update({k: v for k, v in last_values(d).items() if k not in row})
+    rows.append(row)
+  return rows, fields
+
+
+def sort_rows(rows: list[dict], metric: str, lower: bool | None = None) -> list[dict]:
+  """Best first by `metric`; rows without it (failed, not started) last."""
+  lower = lower_is_better(metric) if lower is None else lower
+  def key(row):
+    v = row.get(metric)
+    if not isinstance(v, (int, float)) or (isinstance(v, float) and math.isnan(v)):
+      return (1, 0.0)
+    return (0, v if lower else -v)
+  return sorted(rows, key=key)
+
+
+def _columns(rows: list[dict], fields: list[str], metric: str) -> list[str]:
+  preferred = ["name", *fields, "status", "step", metric, "bleu", "eval_loss", "eval_accuracy",
+               "train_loss"]
+  cols = []
+  for c in preferred:
+    if c not in cols and any(c in r for r in rows):
+      cols.append(c)
+  return cols
+
+
+def _cell(v) -> str:
+  if v is None:
+    return ""
+  if isinstance(v, float):
+    return f"{v:.4g}"
+  return str(v)
+
+
+def write_table(rows: list[dict], fields: list[str], metric: str, out_prefix: str) -> list[str]:
+  """`<prefix>.csv` (every metric) and `<prefix>.md` (the main columns); returns the paths."""
+  all_cols = _columns(rows, fields, metric)
+  for r in rows:
+    all_cols += [k for k in r if k not in all_cols]
+  with open(out_prefix + ".csv", "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=all_cols, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+  cols = _columns(rows, fields, metric)
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  for r in rows:
+    lines.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |")
+  with open(out_prefix + ".md", "w") as f:
+    f.write("\n".join(lines) + "\n")
+  return [out_prefix + ".csv", out_prefix + ".md"]
+
+
+def plot(rows: list[dict], fields: list[str], metric: str, path: str) -> str | None:
+  """One panel per swept field: `metric` against the field's values (PNG).
+
+  A bare `Figure` draws without pyplot, so the caller's matplotlib backend is left alone."""
+  # Imported here: matplotlib adds about half a second to each import of transformer_jax.sweeps
+  # (every SLURM array task, every --list), and only the report draws.
+  from matplotlib.figure import Figure
+
+  have = [r for r in rows if isinstance(r.get(metric), (int, float))]
+  if not have or not fields:
+    return None
+  fig = Figure(figsize=(4 * len(fields), 3.2))
+  axes = fig.subplots(1, len(fields), squeeze=False)
+  for ax, field in zip(axes[0], fields):
+    values = [r.get(field) for r in have]
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if numeric:
+      xs = values
+      positive = [v for v in values if v > 0]
+      if positive and len(positive) == len(values) and max(values) / min(values) >= 10:
+        ax.set_xscale("log")
+    else:
+      labels = sorted({str(v) for v in values})
+      xs = [labels.index(str(v)) for v in values]
+      ax.set_xticks(range(len(labels)), labels, rotation=30)
+    ax.scatter(xs, [r[metric] for r in have])
+    ax.set_xlabel(field)
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  return path
+
+
+def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> dict:
+  """`report.csv`, `report.md` and `report_<metric>.png` in the sweep directory."""
+  with open(os.path.join(sweep_dir, "sweep.json")) as f:
+    points = [p["overrides"] for p in json.load(f)["points"]]
+  rows, fields = collect(sweep_dir, points)
+  rows = sort_rows(rows, metric, lower)
+  prefix = os.path.join(sweep_dir, "report")
+  files = write_table(rows, fields, metric, prefix)
+  png = plot(rows, fields, metric, os.path.join(sweep_dir, f"report_{metric}.png"))
+  if png:
+    files.append(png)
+  with open(prefix + ".md") as f:
+    table = f.read()
+  return {"rows": rows, "fields": fields, "files": files, "markdown": table}

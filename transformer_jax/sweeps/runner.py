@@ -1,0 +1,196 @@
+"""Running a sweep's points on this machine: one `scripts/train.py` subprocess per point, a few
+at a time on disjoint devices, with the markers that let a re-run skip finished points.
+
+Each point is its own process, so a crash or a leak in one cannot touch the others.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Any, Mapping, Sequence
+
+from transformer_jax.run.metrics import evaluated
+from transformer_jax.sweeps.spec import (
+  apply_overrides,
+  load_sweep,
+  override_flags,
+  point_dir,
+  point_name,
+)
+
+DONE, FAILED, RUNNING = "DONE", "FAILED", "RUNNING"  # marker files in a point's workdir
+
+
+def finished(workdir: str, num_train_steps: int) -> bool:
+  """Whether the run in `workdir` saved its final step and logged that step's evaluation.
+
+  Training saves the final checkpoint, then evaluates: a run stopped in between (killed, or
+  stopped early by SIGTERM and exiting 0) is not finished, and resumes on the next run."""
+  final = os.path.join(workdir, "checkpoints", str(int(num_train_steps)))
+  return os.path.isdir(final) and evaluated(workdir, int(num_train_steps))
+
+
+def status(workdir: str, num_train_steps: int | None = None) -> str:
+  """"done" (DONE marker, or `finished`), "failed", "partial" or "new".
+
+  A re-run skips "done" points and runs the others again: their workdirs resume from their
+  last checkpoint."""
+  if os.path.exists(os.path.join(workdir, DONE)):
+    return "done"
+  if os.path.exists(os.path.join(workdir, FAILED)):
+    return "failed"  # even past the last step: it may have failed in the final evaluation
+  if num_train_steps is not None and finished(workdir, num_train_steps):
+    return "done"    # finished outside the sweep driver (e.g. run by hand)
+  if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    return "partial"
+  return "new"
+
+
+def slot_env(slot: int, devices_per_point: int, base_env: dict | None = None) -> dict:
+  """The environment of a point running in `slot` on devices [slot*K, (slot+1)*K).
+
+  GPUs: CUDA_VISIBLE_DEVICES picks the subset. CPU: each process gets K fake host devices
+  (--xla_force_host_platform_device_count). Both are set; each only affects its platform.
+  """
+  env = dict(os.environ if base_env is None else base_env)
+  if devices_per_point <= 0:
+    return env
+  first = slot * devices_per_point
+  env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(first, first + devices_per_point))
+  flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
+  count = f"--xla_force_host_platform_device_count={devices_per_point}"
+  env["XLA_FLAGS"] = f"{flags} {count}".strip()
+  return env
+
+
+def _write(path: str, text: str):
+  with open(path, "w") as f:
+    f.write(text)
+
+
+def _tail(path: str, lines: int = 60) -> str:
+  if not os.path.exists(path):
+    return ""
+  with open(path, errors="replace") as f:
+    return "".join(f.readlines()[-lines:])
+
+
+class Runner:
+  """Runs the points of one sweep directory as `train_script` subprocesses.
+
+  `overrides` (dotted field -> value) apply to every point: each point's command line gives
+  them after the point's own fields, so they win where both set a field.
+
+  Each point's workdir holds `overrides.json`, `train.log` (its output, appended on re-runs),
+  then `DONE` or `FAILED` (exit status and the log's tail). `sweep.json` lists every point;
+  `status.json` the outcome of each point of the last invocation that ran them all.
+  """
+
+  def __init__(self, config_spec: str, sweep_dir: str, train_script: str,
+               overrides: Mapping[str, Any] | None = None, python: str | None = None):
+    self.config_spec, self.sweep_dir = config_spec, os.path.abspath(sweep_dir)
+    self.train_script, self.overrides = train_script, dict(overrides or {})
+    self.python = python or sys.executable
+    self.sweep = load_sweep(config_spec)
+    self.points = self.sweep.points
+    self.num_steps = [int(apply_overrides(apply_overrides(self.sweep.base, p),
+                                          self.overrides).num_train_steps)
+                      for p in self.points]
+    os.makedirs(self.sweep_dir, exist_ok=True)
+    self._main = os.environ.get("SLURM_PROCID", "0") == "0"  # multi-task points: one writes
+    if self._main:
+      _write(os.path.join(self.sweep_dir, "sweep.json"), json.dumps(
+          {"config": config_spec, "extra_flags": self.extra_flags,
+           "points": [{"index": i, "name": point_name(p), "overrides": p}
+                      for i, p in enumerate(self.points)]}, indent=1, default=str) + "\n")
+
+  @property
+  def extra_flags(self) -> list[str]:
+    """The `--config.X=V` flags every point gets after its own."""
+    return override_flags(self.overrides)
+
+  def command(self, index: int) -> list[str]:
+    return [self.python, self.train_script, "--config", self.sweep.config_arg,
+            "--workdir", point_dir(self.sweep_dir, self.points[index]),
+            *override_flags(self.points[index]), *self.extra_flags]
+
+  def status(self, index: int) -> str:
+    return status(point_dir(self.sweep_dir, self.points[index]), self.num_steps[index])
+
+  def _start(self, index: int, env: dict):
+    d = point_dir(self.sweep_dir, self.points[index])
+    os.makedirs(d, exist_ok=True)
+    if self._main:
+      _write(os.path.join(d, "overrides.json"), json.dumps(self.points[index], default=str) + "\n")
+      if os.path.exists(os.path.join(d, FAILED)):
+        os.remove(os.path.join(d, FAILED))  # retried: its workdir resumes from its checkpoint
+    log = open(os.path.join(d, "train.log"), "a")
+    log.write(f"$ {' '.join(self.command(index))}\n")
+    log.flush()
+    proc = subprocess.Popen(self.command(index), stdout=log, stderr=subprocess.STDOUT, env=env)
+    return proc, log
+
+  def _finish(self, index: int, returncode: int, seconds: float) -> dict:
+    d = point_dir(self.sweep_dir, self.points[index])
+    name = point_name(self.points[index])
+    if returncode != 0:
+      outcome = "failed"
+    elif finished(d, self.num_steps[index]):
+      outcome = "done"
+    else:
+      # Exit 0 before the last step: stopped by SIGTERM/SIGINT, which saves and exits 0. No
+      # marker: the next run resumes it.
+      outcome = "stopped"
+    if self._main:
+      if outcome == "done":
+        _write(os.path.join(d, DONE), f"finished in {seconds:.1f} s\n")
+      elif outcome == "failed":
+        _write(os.path.join(d, FAILED),
+               f"exit status {returncode} after {seconds:.1f} s\n$ {' '.join(self.command(index))}"
+               f"\n--- last lines of {os.path.join(d, 'train.log')}:\n"
+               + _tail(os.path.join(d, "train.log")))
+    return {"index": index, "name": name, "status": outcome, "returncode": returncode,
+            "seconds": round(seconds, 1)}
+
+  def run(self, indices: Sequence[int] | None = None, parallel: int = 1,
+          devices_per_point: int = 0, log=print) -> list[dict]:
+    """Run the points not yet done, `parallel` at a time; returns one status dict per point."""
+    indices = list(range(len(self.points)) if indices is None else indices)
+    for i in indices:
+      if not 0 <= i < len(self.points):
+        raise IndexError(f"point {i}: this sweep has points 0..{len(self.points) - 1}")
+    results: dict[int, dict] = {}
+    todo = []
+    for i in indices:
+      if self.status(i) == "done":
+        results[i] = {"index": i, "name": point_name(self.points[i]), "status": "skipped (done)"}
+        log(f"[{i}] {point_name(self.points[i])}: already done, skipped")
+      else:
+        todo.append(i)
+    running: dict[int, tuple] = {}   # slot -> (index, proc, log file, start time)
+    free = list(range(max(1, parallel)))
+    while todo or running:
+      while todo and free:
+        slot, i = free.pop(0), todo.pop(0)
+        proc, f = self._start(i, slot_env(slot, devices_per_point))
+        running[slot] = (i, proc, f, time.time())
+        log(f"[{i}] {point_name(self.points[i])}: started"
+            + (f" (slot {slot})" if parallel > 1 else ""))
+      time.sleep(0.2)
+      for slot, (i, proc, f, start) in list(running.items()):
+        if proc.poll() is None:
+          continue
+        f.close()
+        results[i] = self._finish(i, proc.returncode, time.time() - start)
+        log(f"[{i}] {results[i]['name']}: {results[i]['status']} "
+            f"(exit {proc.returncode}, {results[i]['seconds']} s)")
+        del running[slot]
+        free.append(slot)
+    ordered = [results[i] for i in indices]
+    if self._main and len(indices) == len(self.points):  # array tasks (--point) would race
+      _write(os.path.join(self.sweep_dir, "status.json"), json.dumps(ordered, indent=1) + "\n")
+    return ordered

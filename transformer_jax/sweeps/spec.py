@@ -1,0 +1,201 @@
+"""The points of a sweep: building them, naming their workdirs, and reading a config file's
+`sweep()` next to its `get_config()`.
+
+This is the part config files use; the runner, the SLURM writer and the report import it, never
+the other way round.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import inspect
+import itertools
+import json
+import os
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+import ml_collections
+
+Point = dict[str, Any]
+
+
+class SweepError(ValueError):
+  """A sweep the user can fix: no sweep(), a misspelt field, the same point twice."""
+
+
+# ---------------------------------------------------------------- building points
+
+
+def product(**fields: Sequence[Any]) -> list[Point]:
+  """Every combination: `product(lr=[1, 2], warmup=[10, 20])` gives 4 points, the last field
+  varying fastest."""
+  names = list(fields)
+  return [dict(zip(names, values)) for values in itertools.product(*fields.values())]
+
+
+def zipped(**fields: Sequence[Any]) -> list[Point]:
+  """Values taken together: `zipped(d_model=[256, 512], num_heads=[4, 8])` gives 2 points."""
+  lengths = {name: len(values) for name, values in fields.items()}
+  if len(set(lengths.values())) > 1:
+    raise SweepError(f"sweeps.zipped: the fields have different lengths {lengths}")
+  names = list(fields)
+  return [dict(zip(names, values)) for values in zip(*fields.values())]
+
+
+def cross(*groups: Iterable[Point]) -> list[Point]:
+  """The product of lists of points: `cross(zipped(...), product(...))` merges every pair."""
+  out = []
+  for combo in itertools.product(*groups):
+    point: Point = {}
+    for part in combo:
+      overlap = set(point) & set(part)
+      if overlap:
+        raise SweepError(f"sweeps.cross: field(s) {sorted(overlap)} set by two groups")
+      point.update(part)
+    out.append(point)
+  return out
+
+
+def chain(*groups: Iterable[Point]) -> list[Point]:
+  """Points of several sweeps one after another (duplicates removed, first kept)."""
+  out, seen = [], set()
+  for group in groups:
+    for point in group:
+      key = json.dumps(point, sort_keys=True, default=str)
+      if key not in seen:
+        seen.add(key)
+        out.append(dict(point))
+  return out
+
+
+# ---------------------------------------------------------------- names
+
+
+def _format(value) -> str:
+  if isinstance(value, float):
+    return f"{value:g}"
+  return str(value)
+
+
+def point_name(point: Point) -> str:
+  """A readable directory name: `learning_rate=0.5,warmup_steps=10` (fields sorted).
+
+  Characters outside `[A-Za-z0-9._=,+-]` become `_`; names over 120 characters are cut and get
+  a hash of the full point, so distinct points never share a workdir.
+  """
+  if not point:
+    return "default"
+  text = ",".join(f"{k}={_format(point[k])}" for k in sorted(point))
+  name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", text)
+  if len(name) > 120 or name != text:
+    digest = hashlib.sha1(json.dumps(point, sort_keys=True, default=str).encode()).hexdigest()
+    name = name[:110] + "-" + digest[:8] if len(name) > 120 else name + "-" + digest[:8]
+  return name
+
+
+def point_dir(sweep_dir: str, point: Point) -> str:
+  return os.path.join(sweep_dir, point_name(point))
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def apply_overrides(config, point: Mapping[str, Any]):
+  """A copy of the ConfigDict with `point`'s dotted fields set (raises on an unknown field)."""
+  c = ml_collections.ConfigDict(config.to_dict()) if hasattr(config, "to_dict") else config
+  for key, value in point.items():
+    *parents, leaf = key.split(".")
+    target = c
+    for p in parents:
+      target = target[p]
+    if leaf not in target:
+      raise SweepError(f"sweep point {dict(point)}: config has no field {key!r}")
+    target[leaf] = value
+  return c
+
+
+def override_flags(point: Mapping[str, Any]) -> list[str]:
+  """`{"learning_rate": 0.5}` -> `["--config.learning_rate=0.5"]` for scripts/train.py.
+
+  The text is what ml_collections' config flags parse back into the same value: `true`/`false`
+  for booleans, a Python literal for containers (which `ast.literal_eval` reads, `None` and
+  `True` inside included)."""
+  out = []
+  for key, value in point.items():
+    if hasattr(value, "to_dict"):  # a ConfigDict, as config_flags gives a dict-valued override
+      value = value.to_dict()
+    if isinstance(value, bool):
+      text = "true" if value else "false"
+    elif isinstance(value, (list, tuple, dict)):
+      text = repr(value)
+    else:
+      text = str(value)
+    out.append(f"--config.{key}={text}")
+  return out
+
+
+# ---------------------------------------------------------------- config files
+
+
+def split_config_arg(spec: str) -> tuple[str, str | None]:
+  """`configs/x.py:big` -> ("configs/x.py", "big"), as ml_collections' config flag reads it."""
+  path, sep, arg = spec.partition(":")
+  return path, (arg if sep else None)
+
+
+def load_config_module(path: str):
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file {path!r} does not exist")
+  spec = importlib.util.spec_from_file_location(
+      "sweep_config_" + hashlib.md5(os.path.abspath(path).encode()).hexdigest()[:8], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _call_with_arg(fn, arg):
+  params = inspect.signature(fn).parameters
+  return fn(arg) if params else fn()
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """A config file's sweep: its points and the config they override."""
+  spec: str                 # path[:arg], as given
+  path: str                 # the config file, absolute
+  arg: str | None
+  points: list[Point]
+  base: Any                 # get_config(arg)
+
+  @property
+  def config_arg(self) -> str:
+    """`--config` for a subprocess, which may run in another directory."""
+    return self.path + (f":{self.arg}" if self.arg is not None else "")
+
+
+def load_sweep(spec: str) -> Sweep:
+  """The points of `path[:arg]`'s `sweep()`, each checked against its `get_config()`; the
+  module is executed once."""
+  path, arg = split_config_arg(spec)
+  module = load_config_module(path)
+  if not hasattr(module, "sweep"):
+    raise SweepError(f"{path} has no sweep() function: define one next to get_config() "
+                     "returning a list of override dicts (see docs/scaling.md)")
+  points = list(_call_with_arg(module.sweep, arg))
+  if not points:
+    raise SweepError(f"{path}: sweep() returned no points")
+  base = _call_with_arg(module.get_config, arg)
+  names = [point_name(p) for p in points]
+  duplicates = sorted({n for n in names if names.count(n) > 1})
+  if duplicates:
+    raise SweepError(f"{path}: sweep() returns the same point twice: {duplicates}")
+  for p in points:
+    apply_overrides(base, p)  # fails on a misspelt field before anything runs
+  return Sweep(spec, os.path.abspath(path), arg, points, base)
+
+
+def points_from_config(spec: str) -> list[Point]:
+  """The points of `path[:arg]`'s `sweep()` (see `load_sweep`)."""
+  return load_sweep(spec).points
