@@ -88,7 +88,12 @@ class Translator:
                max_len_margin: int | None = None, batch_size: int = 64,
                truncate: bool | None = True):
     self.workdir = workdir
-    self.run = load_run_config(workdir)
+    load_run_config(workdir)  # a clear error first when this is not a run's workdir
+    self.checkpoint_dir, self.step = checkpointing.resolve_checkpoint(workdir, checkpoint, step,
+                                                                      averaged)
+    # The config this step was written with (a resume may have changed e.g. the search).
+    own = checkpoint is None
+    self.run = load_run_config(workdir, self.step if own else None)
     self.config = model_config_from(self.run)
     spm_path = vocabulary_path(workdir, self.run)
     if not os.path.exists(spm_path):
@@ -106,8 +111,6 @@ class Translator:
       raise RunError(f"beam_size={self.beam_size} and batch_size={batch_size} must be >= 1, "
                      f"max_len_margin={self.max_len_margin} >= 0")
     self.batch_size = batch_size
-    self.checkpoint_dir, self.step = checkpointing.resolve_checkpoint(workdir, checkpoint, step,
-                                                                      averaged)
     _, params = checkpointing.load_params(self.checkpoint_dir, self.step)
     self.params = jax.device_put(params)
     # A learned position table has max_len rows: sources beyond it must be cut.

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 from typing import Any
 
 import jax
@@ -19,6 +21,54 @@ import orbax.checkpoint as ocp
 from transformer_jax.run.workdir import AVERAGED, CHECKPOINTS, TRAIN_HINT, CheckpointError, RunError
 
 log = logging.getLogger(__name__)
+
+
+# What a failed write says, wherever it comes from (Python's OSError texts, TensorStore's and
+# Orbax's status codes).
+OS_FAILURES = ("No space left on device", "Disk quota exceeded", "Permission denied",
+               "Read-only file system", "Input/output error", "File too large")
+STORAGE_FAILURES = OS_FAILURES + ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "DATA_LOSS")
+_TMP_STEP = re.compile(r"/(\d+)\.orbax-checkpoint-tmp")
+
+
+class StorageError(CheckpointError):
+  """A checkpoint could not be written (disk full, permissions, I/O error)."""
+
+
+def is_storage_failure(error: BaseException) -> bool:
+  return isinstance(error, OSError) or any(m in str(error) for m in STORAGE_FAILURES)
+
+
+class _QuietStorageErrors(logging.Filter):
+  """Orbax logs a failed asynchronous save from each of its threads, with tracebacks, before the
+  failure reaches the training loop; the loop reports it once (StorageError), so these records
+  are dropped. Other records pass."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno < logging.ERROR or "orbax" not in record.pathname:
+      return True
+    text = record.getMessage() + (logging.Formatter().formatException(record.exc_info)
+                                  if record.exc_info else "")
+    return not any(m in text for m in STORAGE_FAILURES)
+
+
+def directory_bytes(path: str) -> int:
+  total = 0
+  for root, _, files in os.walk(path):
+    for name in files:
+      try:
+        total += os.path.getsize(os.path.join(root, name))
+      except OSError:
+        pass
+  return total
+
+
+def tree_bytes(tree) -> int:
+  return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+
+
+def _mib(n: int) -> str:
+  return f"{n / 2**20:.1f} MiB"
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -34,7 +84,13 @@ def abstract_like(tree, shardings=None):
 
 
 class Checkpointer:
-  """Saves and restores `{state, data, meta}` per step."""
+  """Saves and restores `{state, data, meta}` per step.
+
+  A save that cannot be written (disk full, permissions, I/O error; with async saves this shows
+  at the next save or at `wait`/`close`) raises one `StorageError` naming the step, the bytes a
+  checkpoint takes, the free space and the last good step; the half-written step directory is
+  removed, and the earlier checkpoints stay loadable.
+  """
 
   def __init__(self, workdir: str, max_to_keep: int = 3, keep_period: int | None = None,
                async_save: bool = True):
@@ -43,6 +99,11 @@ class Checkpointer:
         max_to_keep=max_to_keep, keep_period=keep_period or None,
         enable_async_checkpointing=async_save, create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self.failed = False
+    self._last_requested: int | None = None
+    self._state_bytes = 0
+    self._quiet = _QuietStorageErrors()
+    logging.getLogger("absl").addFilter(self._quiet)
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -52,7 +113,60 @@ class Checkpointer:
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               data=ocp.args.JsonSave(data_state or {}),
                               meta=ocp.args.JsonSave(meta or {}))
-    return self.manager.save(int(step), args=args, force=force)
+    self._state_bytes = self._state_bytes or tree_bytes(state)
+    # An asynchronous save that failed in the background raises here, at the next save.
+    previous, self._last_requested = self._last_requested, int(step)
+    try:
+      return self.manager.save(int(step), args=args, force=force)
+    except Exception as e:  # noqa: BLE001 - storage failures are reported, the rest re-raised
+      self._storage_failure(e, previous if previous is not None else int(step))
+
+  def checkpoint_bytes(self, state_shapes=None) -> int:
+    """What one checkpoint takes: the newest on disk, else the state's array bytes."""
+    steps = checkpoint_steps(self.directory)
+    if steps:
+      return directory_bytes(os.path.join(self.directory, str(steps[-1])))
+    return self._state_bytes or (tree_bytes(state_shapes) if state_shapes is not None else 0)
+
+  def space_warning(self, keep: int, state_shapes) -> str | None:
+    """A warning when the free space cannot hold `keep + 1` checkpoints (a new one is written
+    before the oldest is deleted)."""
+    needs = self.checkpoint_bytes(state_shapes) * (keep + 1)
+    free = shutil.disk_usage(self.directory).free
+    if free >= needs:
+      return None
+    return (f"{self.directory} has {_mib(free)} free, less than the {_mib(needs)} that "
+            f"{keep + 1} checkpoints of this run take (keep_checkpoints={keep}, plus the one "
+            "being written): a save will fail when the disk is full; free space or lower "
+            "--config.keep_checkpoints")
+
+  def _storage_failure(self, error: Exception, step: int):
+    """Raise StorageError for a failed write (after removing the half-written step), or re-raise
+    anything else."""
+    if not is_storage_failure(error):
+      raise error
+    self.failed = True
+    match = _TMP_STEP.search(str(error))
+    step = int(match.group(1)) if match else step
+    if jax.process_index() == 0:
+      for name in os.listdir(self.directory):
+        if ".orbax-checkpoint-tmp" in name:
+          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    good = checkpoint_steps(self.directory)
+    free = shutil.disk_usage(self.directory).free
+    # The operating system's words first: TensorStore's messages bury them after long paths.
+    text = str(error).strip()
+    cause = next((m for m in OS_FAILURES if m in text), None)
+    first_line = text.splitlines()[0] if text else repr(error)
+    reason = f"{cause} ({first_line[:200]}...)" if cause else first_line[:400]
+    resume = (f"The last good checkpoint is step {good[-1]}, untouched: free space (or lower "
+              "--config.keep_checkpoints) and run the same command to resume from it."
+              if good else "There is no earlier checkpoint: run the same command again once "
+              "there is space, and training starts from step 0.")
+    raise StorageError(
+        f"saving checkpoint {step} into {self.directory} failed: {reason}. A checkpoint of "
+        f"this run takes about {_mib(self.checkpoint_bytes())}; {_mib(free)} are free there. "
+        f"The half-written step was removed. {resume}") from None
 
   def restore(self, step: int, abstract_state) -> tuple[Any, dict, dict]:
     args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
@@ -105,11 +219,23 @@ class Checkpointer:
     self.manager.reload()
 
   def wait(self):
-    self.manager.wait_until_finished()
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 - storage failures are reported, the rest re-raised
+      self._storage_failure(e, self._last_requested or 0)
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Finish pending saves (raising StorageError if one failed) and release the manager."""
+    try:
+      if not self.failed:
+        self.wait()
+    finally:
+      logging.getLogger("absl").removeFilter(self._quiet)
+      try:
+        self.manager.close()
+      except Exception:  # noqa: BLE001 - after a failed save its error was reported already
+        if not self.failed:
+          raise
 
 
 def manager_directory(path: str) -> tuple[str, int | None]:

@@ -52,14 +52,35 @@ class Cadence:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Train (resuming if possible) until `config.num_train_steps`; returns the last metrics."""
+  """Train (resuming if possible) until `config.num_train_steps`; returns the last metrics.
+
+  In this order, so that a refused command writes nothing: the workdir is locked (one run at a
+  time; process 0 holds the lock), the config is compared with the one the run was started
+  with (`workdir.check_config`), and only then are data, tokenizer and state loaded and the
+  config recorded.
+  """
   experiment.validate(config)
   distributed.initialize(config)
   os.makedirs(workdir, exist_ok=True)
-  trainer = Trainer.create(config, workdir)
-  if distributed.is_main():
-    workdir_lib.write_config(workdir, config, trainer.model_cfg)
-  return _Run(trainer, workdir).train()
+  lock = workdir_lib.Lock(workdir) if distributed.is_main() else None
+  holder = lock.acquire() if lock else None
+  if not distributed.from_main(holder is None):
+    raise workdir_lib.WorkdirBusy(workdir_lib.busy_message(workdir, holder))
+  try:
+    stored, changes = workdir_lib.check_config(workdir, config)
+    trainer = Trainer.create(config, workdir)
+    run = _Run(trainer, workdir)
+    if distributed.is_main():
+      path = workdir_lib.record_config(workdir, config, trainer.model_cfg, run.step, stored,
+                                       changes)
+      if changes:
+        run.progress.write(f"config changes on resume at step {run.step}, recorded in {path} "
+                           f"(the run's earlier configs are kept): " + "; ".join(
+                               f"{f}: {old!r} -> {new!r}" for f, old, new in changes))
+    return run.train()
+  finally:
+    if lock:
+      lock.release()
 
 
 class _Run:
@@ -80,6 +101,10 @@ class _Run:
     # On CPU the measured peak is the whole host's (fake devices share its cores).
     total_peak = peak if jax.devices()[0].platform == "cpu" else peak * jax.device_count()
     self.meter = ThroughputMeter(trainer.model_cfg, total_peak, trainer.checkpointer.directory)
+    warning = trainer.checkpointer.space_warning(self.config.keep_checkpoints,
+                                                 trainer.setup.state_shapes)
+    if warning and main:
+      self.progress.write(f"warning: {warning}")
     m = trainer.model_cfg
     self.progress.write(
         f"transformer-jax: {self.origin}; model {m.d_model}d, {m.num_encoder_layers}+"

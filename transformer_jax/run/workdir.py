@@ -7,19 +7,44 @@
     <workdir>/tensorboard/     the same scalars for TensorBoard
     <workdir>/checkpoints/     Orbax steps: train state, data iterator positions, metadata
     <workdir>/averaged/        averaged parameters (scripts/average_checkpoints.py)
+    <workdir>/config.<step>.json  the config a resume at <step> changed to (see `check_config`)
+    <workdir>/.lock            held by the run that trains in the workdir (see `Lock`)
 
-Training writes it; translate, evaluate, plot and report only read it.
+Training writes it; translate, evaluate, plot and report only read it. The contract
+(docs/training.md, "The workdir"): one run at a time per workdir; a resume may change only what
+leaves the checkpoints and the tokenizer valid, and every change is kept; nothing a failed
+command did makes a workdir unusable.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
+import socket
+import sys
+import time
 
 CONFIG = "config.json"
 SPM_MODEL = "spm.model"
 CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged"
 TRAIN_HINT = "train first with scripts/train.py --config configs/default.py --workdir {}"
+LOCK = ".lock"
+# Fields whose change on resume would make the checkpoint or the tokenizer unusable or silently
+# wrong. Model fields are all refused but these, which change neither the parameters' shapes nor
+# what they compute:
+SAFE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate", "dtype",
+                     "attention_impl", "remat", "kernel_init")
+# The corpus and its tokenizer: the run's spm.model was trained on these.
+TOKENIZER_FIELDS = tuple(f"data.{f}" for f in (
+    "dataset", "source_lang", "target_lang", "held_out_per_mille", "numbers_train_size",
+    "numbers_eval_size", "numbers_seed", "locale_dir", "locale_include_ding", "locale_ding_path",
+    "tsv_path", "source_path", "target_path", "vocab_size", "vocab_model_type", "vocab_max_chars",
+    "vocab_split_digits", "vocab_byte_fallback", "vocab_path", "shuffle_seed"))
+# How this process joins a run: differs between the processes of one run and between launches.
+LAUNCH_FIELDS = ("distributed", "coordinator_address", "coordinator_bind_address",
+                 "num_processes", "process_id")
 
 
 class RunError(RuntimeError):
@@ -37,17 +62,26 @@ def config_json(config, model_cfg) -> dict:
   return out
 
 
-def write_config(workdir: str, config, model_cfg) -> None:
-  with open(os.path.join(workdir, CONFIG), "w") as f:
+def write_config(workdir: str, config, model_cfg, name: str = CONFIG) -> str:
+  """Write (atomically) the config a run uses; returns the path."""
+  path = os.path.join(workdir, name)
+  with open(path + ".tmp", "w") as f:
     json.dump(config_json(config, model_cfg), f, indent=2)
+  os.replace(path + ".tmp", path)
+  return path
 
 
-def load_run_config(workdir: str) -> dict:
-  """The experiment config a run wrote (`<workdir>/config.json`), as a dict."""
+def load_run_config(workdir: str, step: int | None = None) -> dict:
+  """The experiment config of a run, as a dict: the one in use now, or with `step` the one the
+  checkpoint of that step was written with (`config.json`, or the last `config.<s>.json` of a
+  resume at s < step)."""
   path = os.path.join(workdir, CONFIG)
   if not os.path.exists(path):
     raise RunError(f"{path} not found: {workdir} is not the workdir of a training run; "
                    + TRAIN_HINT.format(workdir))
+  for resumed_at, changed in history(workdir):
+    if step is None or resumed_at < step:
+      path = changed
   with open(path) as f:
     run = json.load(f)
   if "resolved_model" not in run:
@@ -69,3 +103,159 @@ def init_from_vocabulary(path: str) -> str | None:
     if os.path.exists(os.path.join(candidate, SPM_MODEL)):
       return os.path.join(candidate, SPM_MODEL)
   return None
+
+
+# ---------------------------------------------------------------- one run per workdir
+
+
+class WorkdirBusy(RunError):
+  """Another run holds the workdir."""
+
+
+class Lock:
+  """An exclusive lock on `<workdir>/.lock` for the lifetime of a run.
+
+  `fcntl.flock`: the kernel releases it when the process ends, however it ends, so a killed run
+  never leaves a stale lock. The file says who holds it (host, pid, start time, command), for
+  the message a second run gets.
+  """
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, LOCK)
+    self._fd: int | None = None
+
+  def acquire(self) -> dict | None:
+    """None when this process now holds the lock; else what the file says of the holder."""
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      try:
+        holder = json.loads(os.pread(fd, 65536, 0).decode() or "{}")
+      except ValueError:
+        holder = {}
+      os.close(fd)
+      return holder
+    holder = {"host": socket.gethostname(), "pid": os.getpid(),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder).encode(), 0)
+    self._fd = fd
+    return None
+
+  def release(self) -> None:
+    if self._fd is not None:
+      os.ftruncate(self._fd, 0)
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None
+
+
+def busy_message(workdir: str, holder: dict | None) -> str:
+  if not holder:
+    return (f"{workdir} is in use by another run (its process 0 holds {workdir}/{LOCK}): wait "
+            "for it to finish or stop it, or pass another --workdir")
+  pid = holder.get("pid", "?")
+  return (f"{workdir} is in use by another run: pid {pid} on {holder.get('host', '?')}, started "
+          f"{holder.get('started', '?')} ({holder.get('command', '?')}). Wait for it to finish "
+          f"or stop it (kill {pid} saves and exits) and run this again to resume; to train "
+          "something else, pass another --workdir. Read-only tools (translate, evaluate, "
+          "plot_metrics, sweep --report) work on a workdir in use.")
+
+
+# ---------------------------------------------------------------- config changes on resume
+
+
+class ConfigChangeRefused(RunError):
+  """The new config would make the workdir's checkpoints or tokenizer unusable or wrong."""
+
+
+def history(workdir: str) -> list[tuple[int, str]]:
+  """(step, path) of every `config.<step>.json`: the config a resume at that step changed to."""
+  out = []
+  for name in os.listdir(workdir) if os.path.isdir(workdir) else []:
+    match = re.fullmatch(r"config\.(\d+)\.json", name)
+    if match:
+      out.append((int(match.group(1)), os.path.join(workdir, name)))
+  return sorted(out)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+  """{"model": {"d_model": 8}} -> {"model.d_model": 8}; lists and scalars are leaves."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def config_changes(stored: dict, new: dict) -> list[tuple[str, object, object]]:
+  """(field, stored value, new value) of every field that differs; the resolved model and how
+  this process joined the run are not compared."""
+  old = flatten({k: v for k, v in stored.items() if k != "resolved_model"})
+  now = flatten({k: v for k, v in new.items() if k != "resolved_model"})
+  return [(k, old.get(k), now.get(k)) for k in sorted(set(old) | set(now))
+          if k not in LAUNCH_FIELDS and old.get(k) != now.get(k)]
+
+
+def refusal(field: str, old, new, stored: dict, *, has_checkpoint: bool,
+            has_tokenizer: bool) -> str | None:
+  """Why changing `field` from `old` to `new` is refused (None: allowed)."""
+  if field in TOKENIZER_FIELDS and (has_tokenizer or has_checkpoint):
+    return "the corpus or tokenizer the run's spm.model was trained with"
+  if not has_checkpoint:
+    return None
+  if field.startswith("model."):
+    name = field[len("model."):]
+    learned = stored.get("model", {}).get("position_encoding") == "learned"
+    if name not in SAFE_MODEL_FIELDS and (name != "max_len" or learned):
+      return "the model's parameters or what they compute"
+  if field in ("weight_decay", "grad_clip_norm") and bool(old) != bool(new):
+    return "the optimizer state's structure (Adam <-> AdamW, clipping on <-> off)"
+  return None
+
+
+def check_config(workdir: str, config) -> tuple[dict | None, list]:
+  """(stored config or None for a new run, the allowed changes); raises ConfigChangeRefused,
+  naming every refused field and the way out, before anything is written."""
+  path = os.path.join(workdir, CONFIG)
+  if not os.path.exists(path):
+    return None, []
+  stored = load_run_config(workdir)
+  changes = config_changes(stored, json.loads(config.to_json_best_effort()))
+  has_checkpoint = any(n.isdigit() for n in _listdir(os.path.join(workdir, CHECKPOINTS)))
+  has_tokenizer = os.path.exists(os.path.join(workdir, SPM_MODEL))
+  refused = [(f, old, new, why) for f, old, new in changes
+             if (why := refusal(f, old, new, stored, has_checkpoint=has_checkpoint,
+                                has_tokenizer=has_tokenizer))]
+  if refused:
+    lines = "\n".join(f"  {f}: {old!r} -> {new!r} (changes {why})" for f, old, new, why in refused)
+    raise ConfigChangeRefused(
+        f"{workdir} holds a run whose config these changes contradict:\n{lines}\nNothing was "
+        f"changed in {workdir}. To resume it, drop these overrides (its config is "
+        f"{_current_config_path(workdir)}). To train with them, start a new --workdir, adding "
+        f"--config.init_from={os.path.join(workdir, CHECKPOINTS)} to begin from this run's "
+        "parameters where the model's shapes still match.")
+  return stored, changes
+
+
+def record_config(workdir: str, config, model_cfg, step: int, stored: dict | None,
+                  changes: list) -> str | None:
+  """Write `config.json` for a new run, or `config.<step>.json` when a resume changed fields
+  (the original stays as it was); returns the path written (None: nothing changed)."""
+  if stored is None:
+    return write_config(workdir, config, model_cfg)
+  if not changes:
+    return None
+  return write_config(workdir, config, model_cfg, f"config.{step}.json")
+
+
+def _current_config_path(workdir: str) -> str:
+  entries = history(workdir)
+  return entries[-1][1] if entries else os.path.join(workdir, CONFIG)
+
+
+def _listdir(path: str) -> list[str]:
+  return os.listdir(path) if os.path.isdir(path) else []

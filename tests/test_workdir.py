@@ -1,0 +1,260 @@
+"""The workdir contract: one run per workdir, config changes on resume, storage failures.
+
+Each case is a mistake a user makes on a real workdir: re-running with another model or
+tokenizer config, launching the same command twice, a full disk. None of them may leave the
+workdir unusable, and each must say what happened and what to do.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from transformer_jax.inference.translator import Translator
+from transformer_jax.run import checkpointing, loop, metrics
+from transformer_jax.run import workdir as workdir_lib
+
+import tiny_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = [sys.executable, os.path.join(REPO, "scripts", "train.py"), "--config",
+         os.path.join(REPO, "tests", "tiny_config.py")]
+
+
+def config(data_dir, **overrides):
+  c = tiny_config.get_config()
+  c.data.data_dir = str(data_dir)
+  c.num_train_steps = 3
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    target = c
+    for p in parents:
+      target = target[p]
+    target[leaf] = value
+  return c
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp("tfds")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir):
+  """A finished 3-step run (checkpoint at step 3); tests work on copies of it."""
+  path = str(tmp_path_factory.mktemp("trained") / "run")
+  loop.train_and_evaluate(config(data_dir), path)
+  return path
+
+
+@pytest.fixture
+def run(trained, tmp_path):
+  path = str(tmp_path / "run")
+  shutil.copytree(trained, path)
+  return path
+
+
+def snapshot(path: str) -> dict:
+  """Every file of a workdir but the lock, with its bytes."""
+  out = {}
+  for root, _, files in os.walk(path):
+    for name in files:
+      if name != workdir_lib.LOCK:
+        with open(os.path.join(root, name), "rb") as f:
+          out[os.path.relpath(os.path.join(root, name), path)] = f.read()
+  return out
+
+
+# ---------------------------------------------------------------- config changes on resume
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("model.d_model", 64, "model.d_model: 32 -> 64 (changes the model's parameters"),
+    ("data.vocab_size", 300, "data.vocab_size: 200 -> 300 (changes the corpus or tokenizer"),
+    ("grad_clip_norm", 1.0, "grad_clip_norm: 0.0 -> 1.0 (changes the optimizer state"),
+])
+def test_a_change_that_breaks_the_checkpoint_or_tokenizer_is_refused_before_any_write(
+    run, data_dir, field, value, expected):
+  before = snapshot(run)
+  with pytest.raises(workdir_lib.ConfigChangeRefused) as refused:
+    loop.train_and_evaluate(config(data_dir, num_train_steps=5, **{field: value}), run)
+  message = str(refused.value)
+  assert expected in message and "--config.init_from=" in message and "new --workdir" in message
+  # The num_train_steps change alone would have been fine: only the refused field is listed.
+  assert "num_train_steps" not in message
+  assert snapshot(run) == before                   # config.json, metrics, checkpoints untouched
+  assert Translator(run).translate(["one hundred and two"])[0] is not None
+
+
+def test_a_tokenizer_change_is_refused_even_before_the_first_checkpoint(run, data_dir):
+  shutil.rmtree(os.path.join(run, "checkpoints"))   # crashed before its first save
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.vocab_size: 200 -> 300"):
+    loop.train_and_evaluate(config(data_dir, **{"data.vocab_size": 300}), run)
+
+
+def test_safe_changes_are_kept_as_history_and_tools_read_the_config_of_their_step(
+    run, data_dir):
+  original = workdir_lib.load_run_config(run)
+  with open(os.path.join(run, workdir_lib.CONFIG), "rb") as f:
+    original_bytes = f.read()
+  changed = config(data_dir, num_train_steps=5, learning_rate=1.5, beam_size=2,
+                   **{"model.dropout_rate": 0.2, "mesh.data": 4, "mesh.tensor": 2})
+  result = loop.train_and_evaluate(changed, run)
+  assert result["step"] == 5
+  with open(os.path.join(run, workdir_lib.CONFIG), "rb") as f:
+    assert f.read() == original_bytes                  # the original is never rewritten
+  assert workdir_lib.history(run) == [(3, os.path.join(run, "config.3.json"))]
+  at_3, now = workdir_lib.load_run_config(run, step=3), workdir_lib.load_run_config(run)
+  assert at_3 == original and at_3["learning_rate"] == 1.0 and at_3["beam_size"] == 1
+  assert now["learning_rate"] == 1.5 and now["beam_size"] == 2
+  assert now["model"]["dropout_rate"] == 0.2 and now["mesh"]["tensor"] == 2
+  assert workdir_lib.load_run_config(run, step=5) == now
+  # Steps 4 and 5 were trained once each; the tools pick the config of the checkpoint they load.
+  assert [r["step"] for r in metrics.read_metrics(run) if "train_loss" in r] == [1, 2, 3, 4, 5]
+  assert Translator(run).beam_size == 2
+  # Running the same changed command again changes nothing more.
+  loop.train_and_evaluate(changed, run)
+  assert len(workdir_lib.history(run)) == 1
+
+
+def test_a_new_run_writes_config_json_and_no_history(tmp_path, data_dir):
+  run = str(tmp_path / "fresh")
+  with pytest.raises(workdir_lib.RunError):
+    workdir_lib.load_run_config(run)
+  stored, changes = workdir_lib.check_config(run, config(data_dir))
+  assert stored is None and changes == [] and not os.path.exists(run)
+
+
+# ---------------------------------------------------------------- one run per workdir
+
+
+def test_a_second_run_on_a_workdir_in_use_exits_at_once_naming_the_holder(tmp_path, data_dir):
+  run = tmp_path / "twin"
+  cmd = TRAIN + ["--workdir", str(run), f"--config.data.data_dir={data_dir}",
+                 "--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000"]
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  try:
+    deadline = time.time() + 240
+    while time.time() < deadline and not any(
+        "train_loss" in r for r in metrics.read_metrics(str(run))):
+      assert first.poll() is None, first.stdout.read().decode()[-3000:]
+      time.sleep(0.5)
+    start = time.time()
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert f"in use by another run: pid {first.pid}" in second.stderr
+    assert "Traceback" not in second.stderr
+    assert first.poll() is None                       # the first run never noticed
+    assert time.time() - start < 60
+    first.send_signal(signal.SIGTERM)
+    out = first.communicate(timeout=120)[0].decode()
+  finally:
+    if first.poll() is None:
+      first.kill()
+  assert first.returncode == 0, out[-3000:]
+  steps = [r["step"] for r in metrics.read_metrics(str(run)) if "train_loss" in r]
+  assert steps == sorted(set(steps))                  # every step logged once
+  assert not [n for n in os.listdir(run / "checkpoints") if "tmp" in n]
+
+
+def test_a_killed_run_leaves_no_stale_lock(tmp_path):
+  os.makedirs(tmp_path / "w")
+  code = ("import os, sys, time; from transformer_jax.run import workdir as w\n"
+          f"assert w.Lock({str(tmp_path / 'w')!r}).acquire() is None\n"
+          "print('locked', flush=True); time.sleep(600)")
+  holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    lock = workdir_lib.Lock(str(tmp_path / "w"))
+    busy = lock.acquire()
+    assert busy["pid"] == holder.pid and busy["host"]
+    assert f"pid {holder.pid}" in workdir_lib.busy_message("w", busy)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    assert lock.acquire() is None                     # the kernel released it with the process
+    lock.release()
+  finally:
+    if holder.poll() is None:
+      holder.kill()
+
+
+# ---------------------------------------------------------------- storage failures
+
+
+def test_a_storage_failure_is_one_error_naming_the_step_and_the_last_good_one(run, monkeypatch):
+  ckpt = checkpointing.Checkpointer(run, async_save=False)
+  os.makedirs(os.path.join(ckpt.directory, "4.orbax-checkpoint-tmp", "state"))
+
+  def full(*args, **kwargs):
+    raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "x" at "{ckpt.directory}/4.orbax-'
+                     'checkpoint-tmp/state": Failed to write: No space left on device')
+
+  monkeypatch.setattr(ckpt.manager, "save", full)
+  with pytest.raises(checkpointing.StorageError) as failed:
+    ckpt.save(4, {"w": np.zeros(3)})
+  message = str(failed.value)
+  assert "saving checkpoint 4 into" in message and "No space left on device" in message
+  assert "last good checkpoint is step 3" in message and "MiB are free" in message
+  assert os.listdir(ckpt.directory) == ["3"]         # the half-written step is gone
+  ckpt.close()                                        # no second error after the reported one
+  # Anything else is not a storage failure: re-raised as it was.
+  ckpt = checkpointing.Checkpointer(run, async_save=False)
+  monkeypatch.setattr(ckpt.manager, "save", lambda *a, **k: (_ for _ in ()).throw(KeyError("x")))
+  with pytest.raises(KeyError):
+    ckpt.save(5, {"w": np.zeros(3)})
+  ckpt.close()
+
+
+def test_too_little_free_space_for_the_kept_checkpoints_is_warned_at_start(run, monkeypatch):
+  ckpt = checkpointing.Checkpointer(run, async_save=False)
+  needs = ckpt.checkpoint_bytes()
+  assert needs > 0
+  usage = shutil.disk_usage(ckpt.directory)
+  monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=3 * needs))
+  assert "keep_checkpoints" in ckpt.space_warning(3, None)
+  assert ckpt.space_warning(2, None) is None
+  ckpt.close()
+
+
+def _mount_tmpfs(path, size: int) -> bool:
+  os.makedirs(path, exist_ok=True)
+  return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                        capture_output=True).returncode == 0
+
+
+def test_a_full_disk_stops_the_run_with_one_message_and_it_resumes_once_there_is_space(
+    trained, tmp_path, data_dir):
+  """On a real full filesystem (a small tmpfs, which needs root: skipped elsewhere)."""
+  disk = tmp_path / "disk"
+  one = checkpointing.directory_bytes(os.path.join(trained, "checkpoints", "3"))
+  others = sum(len(v) for k, v in snapshot(trained).items() if not k.startswith("checkpoints"))
+  # Room for the run's files and about two checkpoints: the third save cannot be written.
+  if not _mount_tmpfs(disk, others + int(2.5 * one) + 64 * 1024):
+    pytest.skip("cannot mount a tmpfs here (needs root): the full-disk test needs one")
+  try:
+    run = disk / "run"
+    cmd = TRAIN + ["--workdir", str(run), f"--config.data.data_dir={data_dir}",
+                   "--config.num_train_steps=6", "--config.checkpoint_every_steps=1",
+                   "--config.keep_checkpoints=20", "--config.async_checkpointing=true"]
+    failed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "No space left on device" in errors[0], failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr and "RESOURCE_EXHAUSTED" not in failed.stderr.replace(
+        errors[0], "")
+    good = checkpointing.checkpoint_steps(str(run / "checkpoints"))
+    assert good and f"last good checkpoint is step {good[-1]}" in errors[0]
+    assert not [n for n in os.listdir(run / "checkpoints") if "tmp" in n]
+    # Once there is space, the same command resumes from the last good step and finishes.
+    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {good[-1]}" in resumed.stdout + resumed.stderr
+    assert checkpointing.checkpoint_steps(str(run / "checkpoints"))[-1] == 6
+  finally:
+    subprocess.run(["umount", str(disk)], capture_output=True)
