@@ -11,10 +11,13 @@ import subprocess
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 from scripts_under_test import load_script
 
+from transformer_jax import bleu
+from transformer_jax.data import get_data
 from transformer_jax.inference import attention_maps
 from transformer_jax.inference import flags as tool_flags
 from transformer_jax.inference import translator as translator_lib
@@ -204,6 +207,23 @@ def test_evaluate_writes_hypotheses_and_reports_json(workdir, capsys):
   # The files beside the checkpoint do not disturb loading it (or resuming from it).
   step, _ = checkpointing.load_params(workdir)
   assert step == 6
+
+
+def test_copy_baseline_scores_the_sources_as_translations(workdir, capsys):
+  rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--split", "test",
+                                            "--baseline", "copy"], capsys)
+  assert rc == 0, err
+  result = json.loads(out)
+  assert result["baseline"] == "copy" and result["sentences"] == EVAL_SIZE
+  hyp_path = os.path.join(workdir, "baselines", "hypotheses.test.copy.txt")
+  assert result["hypotheses"] == hyp_path
+  run = workdir_lib.load_run_config(workdir)
+  pairs = get_data(ml_collections.ConfigDict(run["data"]), workdir).raw_examples("test")
+  with open(hyp_path, encoding="utf-8") as f:
+    assert f.read().splitlines() == [s for s, _ in pairs]
+  expected, _ = bleu.corpus_bleu([s for s, _ in pairs], [t for _, t in pairs])
+  assert result["bleu"] == pytest.approx(expected) and 0 <= result["bleu"] < 50
+  assert "baseline copy" in err
 
 
 def test_load_params_reads_only_the_parameters(workdir, monkeypatch):

@@ -1,0 +1,56 @@
+"""Plot the learning curves of one or more runs from their metrics.jsonl, as one PNG.
+
+    python scripts/plot_metrics.py --workdir runs/locale_ende
+    python scripts/plot_metrics.py --workdir runs/a --workdir runs/b --label pre --label post \
+        --out runs/compare.png
+
+Six panels: train and validation loss, validation BLEU and the learning rate, each against the
+step and against wall time (hours since the run's first record). Several runs are overlaid with
+a legend (labels: `--label`, default the workdir's name). Works on a run still in progress and
+on a resumed run (one point per step). Default --out: <first workdir>/curves.png.
+"""
+import json
+import os
+import sys
+
+from absl import flags
+
+from transformer_jax import cli
+from transformer_jax.run import curves
+from transformer_jax.run.workdir import RunError
+
+
+def define(values):
+  flags.DEFINE_multi_string("workdir", None, "a run's directory (repeatable)", flag_values=values)
+  flags.mark_flag_as_required("workdir", flag_values=values)
+  flags.DEFINE_multi_string("label", [], "legend label per --workdir (default: its name)",
+                            flag_values=values)
+  flags.DEFINE_string("out", None, "the PNG (default: <first workdir>/curves.png)",
+                      flag_values=values)
+  flags.DEFINE_string("title", "", "a title over the panels", flag_values=values)
+
+
+def body(values, args):
+  workdirs = values.workdir
+  labels = values.label or [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  if len(labels) != len(workdirs):
+    raise RunError(f"{len(labels)} --label for {len(workdirs)} --workdir: give one per run")
+  runs = {}
+  for label, workdir in zip(labels, workdirs):
+    series = curves.load_series(workdir)
+    if not series:
+      raise RunError(f"{os.path.join(workdir, 'metrics.jsonl')} holds no metrics: is "
+                     f"{workdir} the workdir of a training run?")
+    runs[label] = series
+  out = values.out or os.path.join(workdirs[0], "curves.png")
+  drawn = curves.plot_runs(runs, out, values.title)
+  print(json.dumps({"out": out, "curves": drawn}), flush=True)
+  return 0
+
+
+def main(argv=None):
+  return cli.run(body, argv, doc=__doc__, define=define)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,77 @@
+"""Learning curves (scripts/plot_metrics.py): one point per step, every curve drawn, a real PNG."""
+import json
+import os
+
+from matplotlib import image
+import numpy as np
+from scripts_under_test import load_script
+
+from transformer_jax.run import curves
+
+plot_metrics = load_script("plot_metrics")
+
+
+def write_metrics(workdir, records):
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def run_records(steps=10, start=1000.0, resumed_at=None, bleu=True):
+  """Train records every step, evaluation at 5 and 10; with `resumed_at`, the records of the
+  steps after it appear twice (a crashed session's, then the resumed one's, an hour later)."""
+  out = []
+  def train(step, t, loss):
+    out.append({"step": step, "time": t, "train_loss": loss, "learning_rate": 1e-3 * step})
+  for step in range(1, steps + 1):
+    train(step, start + 10 * step, 5.0 / step)
+    if step % 5 == 0:
+      out.append({"step": step, "time": start + 10 * step + 1, "eval_loss": 4.0 / step,
+                  **({"bleu": 3.0 * step} if bleu else {})})
+  if resumed_at is not None:
+    for step in range(resumed_at + 1, steps + 1):
+      train(step, start + 3600 + 10 * step, 4.0 / step)
+  return out
+
+
+def test_one_point_per_step_and_the_last_record_wins(tmp_path):
+  write_metrics(tmp_path / "r", run_records(resumed_at=6))
+  series = curves.load_series(str(tmp_path / "r"))
+  steps, hours, values = series["train_loss"]
+  assert steps == list(range(1, 11))                      # no step twice
+  assert values[6] == 4.0 / 7                             # the resumed session's value
+  assert hours[-1] > 1.0 and hours[0] == 0.0              # the downtime shows in wall time
+  assert series["eval_loss"][0] == [5, 10] and series["bleu"][2] == [15.0, 30.0]
+  assert curves.load_series(str(tmp_path / "missing")) == {}
+
+
+def test_plot_draws_every_curve_of_every_run_into_a_real_png(tmp_path):
+  write_metrics(tmp_path / "a", run_records())
+  write_metrics(tmp_path / "b", run_records(steps=7, bleu=False))   # in progress, no BLEU yet
+  out = tmp_path / "curves.png"
+  rc = plot_metrics.main(["--workdir", str(tmp_path / "a"), "--workdir", str(tmp_path / "b"),
+                          "--label", "pre", "--label", "post", "--out", str(out)])
+  assert rc == 0
+  with open(out, "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  pixels = image.imread(str(out))
+  assert pixels.shape[0] > 500 and np.std(pixels[..., :3]) > 0.05   # not a blank canvas
+  drawn = curves.plot_runs({"pre": curves.load_series(str(tmp_path / "a")),
+                            "post": curves.load_series(str(tmp_path / "b"))},
+                           str(tmp_path / "again.png"))
+  assert drawn == {"loss": {"pre": {"train_loss": 10, "eval_loss": 2},
+                            "post": {"train_loss": 7, "eval_loss": 1}},
+                   "validation BLEU": {"pre": {"bleu": 2}},
+                   "learning rate": {"pre": {"learning_rate": 10},
+                                     "post": {"learning_rate": 7}}}
+
+
+def test_plot_metrics_errors_are_one_line(tmp_path, capsys):
+  assert plot_metrics.main(["--workdir", str(tmp_path / "none")]) == 1
+  assert "holds no metrics" in capsys.readouterr().err
+  write_metrics(tmp_path / "a", run_records())
+  assert plot_metrics.main(["--workdir", str(tmp_path / "a"), "--label", "x",
+                            "--label", "y"]) == 1
+  assert "2 --label for 1 --workdir" in capsys.readouterr().err
+  assert plot_metrics.main(["--workdir", str(tmp_path / "a")]) == 0
+  assert os.path.getsize(tmp_path / "a" / "curves.png") > 10_000

@@ -1,0 +1,82 @@
+"""Learning curves of one or more runs, from their `metrics.jsonl`: what `scripts/plot_metrics.py`
+draws.
+
+    series = load_series("runs/default")        # {"train_loss": ([steps], [hours], [values]), ...}
+    plot_runs({"default": series}, "curves.png")
+
+Each curve keeps one point per step (the last record of that step wins, so a file written by a
+crashed session and its resume never shows a step twice), in step order; a run still in
+progress simply has fewer points. Wall time is hours since the run's first record, so the time
+a resumed run was not running shows as a gap.
+"""
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from transformer_jax.run.metrics import read_metrics
+
+# Panels: (title, [(metric, curve label)]); each is drawn against step and against wall time.
+PANELS = (("loss", [("train_loss", "train"), ("eval_loss", "validation")]),
+          ("validation BLEU", [("bleu", "BLEU")]),
+          ("learning rate", [("learning_rate", "learning rate")]))
+METRICS = tuple(m for _, curves in PANELS for m, _ in curves)
+
+Series = dict[str, tuple[list[int], list[float], list[float]]]
+
+
+def load_series(workdir: str) -> Series:
+  """{metric: (steps, hours since the first record, values)} for every metric in `METRICS`."""
+  records = read_metrics(workdir)
+  if not records:
+    return {}
+  start = min(r.get("time", 0.0) for r in records)
+  points: dict[str, dict[int, tuple[float, float]]] = {m: {} for m in METRICS}
+  for r in records:
+    for metric in METRICS:
+      value = r.get(metric)
+      if isinstance(value, (int, float)) and not isinstance(value, bool):
+        points[metric][int(r["step"])] = ((r.get("time", start) - start) / 3600, float(value))
+  out = {}
+  for metric, by_step in points.items():
+    if by_step:
+      steps = sorted(by_step)
+      out[metric] = (steps, [by_step[s][0] for s in steps], [by_step[s][1] for s in steps])
+  return out
+
+
+def plot_runs(runs: dict[str, Series], path: str, title: str = "") -> dict:
+  """A PNG of 2 x 3 panels (loss, BLEU, learning rate; against step and against wall time),
+  every run overlaid; returns what was drawn: {panel: {run: {metric: points}}}."""
+  fig = Figure(figsize=(15, 8))
+  axes = fig.subplots(2, len(PANELS))
+  drawn: dict = {}
+  for column, (panel, curves) in enumerate(PANELS):
+    drawn[panel] = {}
+    for row, (axis, xlabel) in enumerate(((0, "step"), (1, "wall time (hours)"))):
+      ax = axes[row][column]
+      for run_index, (name, series) in enumerate(runs.items()):
+        color = f"C{run_index % 10}"
+        for curve_index, (metric, label) in enumerate(curves):
+          if metric not in series:
+            continue
+          steps, hours, values = series[metric]
+          xs = steps if axis == 0 else hours
+          style = ("-", "--", ":")[curve_index % 3]
+          marker = "o" if len(values) < 30 else None
+          curve_label = f"{name}: {label}" if len(curves) > 1 else name
+          ax.plot(xs, values, style, color=color, marker=marker, markersize=3,
+                  label=curve_label)
+          drawn[panel].setdefault(name, {})[metric] = len(values)
+      ax.set_xlabel(xlabel)
+      ax.set_title(panel)
+      ax.grid(alpha=0.3)
+      if panel in ("loss", "learning rate") and any(
+          m in s for s in runs.values() for m, _ in curves):
+        ax.set_yscale("log")
+      if ax.lines:
+        ax.legend(fontsize=7)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  return drawn
