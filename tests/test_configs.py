@@ -17,6 +17,7 @@ def load(name):
 
 
 @pytest.mark.parametrize("name,arg", [("default", None), ("locale", "ende"), ("locale", "enfr"),
+                                      ("locale", "ende_short"), ("locale", "ende_paper"),
                                       ("wmt14_ende", "base"), ("wmt14_ende", "big")])
 def test_config_validates(name, arg):
   c = load(name).get_config(arg)
@@ -44,3 +45,21 @@ def test_paper_recipe_values():
 def test_unknown_config_arg_is_named():
   with pytest.raises(ValueError, match="expected one of"):
     load("wmt14_ende").get_config("huge")
+
+
+def test_locale_variants_differ_only_where_documented():
+  locale = load("locale")
+  full, short, paper = (locale.get_config(a) for a in ("ende", "ende_short", "ende_paper"))
+  assert full.num_train_steps == 1500 and short.num_train_steps == 375
+  assert (full.model.norm_position, paper.model.norm_position) == ("pre", "post")
+  assert (paper.model.dropout_rate, paper.learning_rate) == (0.1, 1.0)
+  # The paper's optimizer, smoothing and search in every variant; averaging the last 5.
+  for c in (full, paper):
+    assert (c.adam_b1, c.adam_b2, c.adam_eps, c.label_smoothing) == (0.9, 0.98, 1e-9, 0.1)
+    assert (c.beam_size, c.length_penalty_alpha, c.average_last_checkpoints) == (4, 0.6, 5)
+    assert c.keep_checkpoints >= c.average_last_checkpoints
+  # The sweep's points all apply to the short config.
+  points = locale.sweep()
+  assert len(points) == 4 and {p["model.norm_position"] for p in points} == {"post", "pre"}
+  with pytest.raises(ValueError, match="expected <pair>"):
+    locale.get_config("ende_long")
