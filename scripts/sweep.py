@@ -1,22 +1,16 @@
-r"""Run, schedule or report a sweep: the points returned by a config file's `sweep()`.
+r"""Run, submit or report a sweep: the points of a config file's `sweep()` (docs/scaling.md).
 
-    # Every point, one after another, each in runs/lr_warmup/<its overrides>/:
-    python scripts/sweep.py --config configs/default.py --workdir runs/lr_warmup
-    # Four at a time, each on its own 2 devices (GPUs: CUDA_VISIBLE_DEVICES; CPU: 2 fake ones):
+    python scripts/sweep.py --config configs/default.py --workdir runs/lr_warmup     # locally
     python scripts/sweep.py --config configs/default.py --workdir runs/lr_warmup --parallel 4 \
-        --devices_per_point 2
-    # A SLURM array job instead (one task per point): writes runs/lr_warmup/sweep.sbatch
-    python scripts/sweep.py --config configs/default.py --workdir runs/lr_warmup --slurm \
-        --slurm_option=--gres=gpu:1 --slurm_option=--time=04:00:00
-    # One point (what each array task runs):
-    python scripts/sweep.py --config configs/default.py --workdir runs/lr_warmup --point 3
-    # The table (CSV, Markdown) and a plot of BLEU against each swept field:
+        --devices_per_point 2                # 4 at a time on 2 devices each
+    python scripts/sweep.py --config configs/default.py --workdir runs/lr_warmup --submit \
+        --wait --slurm_option=--gres=gpu:1   # a SLURM array of the points not done yet
     python scripts/sweep.py --workdir runs/lr_warmup --report --metric bleu
 
-`--config.FIELD=VALUE` overrides apply to every point. Points already finished (a `DONE`
-marker) are skipped on a re-run; failed ones (a `FAILED` file with the exit status and the log's
-tail) and stopped ones (exit 0 before the last step: SIGTERM) are run again and resume from their
-checkpoint. The exit status is 1 if any point failed.
+`--config.FIELD=VALUE` overrides apply to every point. Done points are skipped on a re-run or
+re-submission; failed and stopped ones run again, resuming their checkpoints. `--slurm` only
+writes sweep.sbatch; `--point i` runs one point (what each array task runs); `--list` prints
+each point's status. The exit status is 1 if a point failed.
 """
 import os
 import sys
@@ -37,6 +31,9 @@ def define(values):
   flags.DEFINE_integer("parallel", 1, "points running at once", **v)
   flags.DEFINE_integer("devices_per_point", 0, "K devices per running point (0: all)", **v)
   flags.DEFINE_bool("slurm", False, "write sweep.sbatch, run nothing", **v)
+  flags.DEFINE_bool("submit", False, "write sweep.sbatch for the points not done and sbatch it",
+                    **v)
+  flags.DEFINE_bool("wait", False, "with --submit: return when the array job has ended", **v)
   flags.DEFINE_multi_string("slurm_option", [], "an #SBATCH line, e.g. --gres=gpu:8", **v)
   flags.DEFINE_integer("slurm_max_concurrent", 0, "most array tasks at once (0: all)", **v)
   flags.DEFINE_bool("list", False, "print the points and their status", **v)
@@ -67,6 +64,16 @@ def body(values, args):
     for i, p in enumerate(runner.points):
       print(f"{i}\t{runner.status(i)}\t{sweeps.point_name(p)}")
     return 0
+  if values.submit:
+    job, indices = sweeps.submit(runner, values.slurm_option, values.slurm_max_concurrent,
+                                 wait=values.wait)
+    if job is None:
+      print("every point is done: nothing submitted", file=sys.stderr)
+      return 0
+    print(f"submitted job {job}: points {sweeps.array_spec(indices)}", file=sys.stderr)
+    if not values.wait:
+      return 0
+    return _failed(runner, indices)
   if values.slurm:
     path = sweeps.write_sbatch(runner, values.slurm_option, values.slurm_max_concurrent)
     print(f"wrote {path} ({len(runner.points)} points): submit with  sbatch {path}")
@@ -74,10 +81,12 @@ def body(values, args):
   results = runner.run(values.point, parallel=values.parallel,
                        devices_per_point=values.devices_per_point,
                        log=lambda s: print(s, file=sys.stderr, flush=True))
-  failed = [r for r in results if r["status"] == "failed"]
-  for r in failed:
-    print(f"FAILED: point {r['index']} {r['name']}: see "
-          f"{os.path.join(values.workdir, r['name'], sweeps.FAILED)}", file=sys.stderr)
+  return _failed(runner, [r["index"] for r in results])
+
+
+def _failed(runner, indices) -> int:
+  lines, failed = runner.outcome(indices)
+  print("\n".join(lines), file=sys.stderr)
   return 1 if failed else 0
 
 

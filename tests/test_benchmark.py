@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from scripts_under_test import load_script
 
 import transformer_jax as tj
 from transformer_jax import steps
@@ -20,6 +19,7 @@ from transformer_jax.bench import train as bench_train
 from transformer_jax.run import loop
 from transformer_jax.run import trainer as trainer_lib
 
+from scripts_under_test import load_script
 import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

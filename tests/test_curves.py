@@ -4,9 +4,10 @@ import os
 
 from matplotlib import image
 import numpy as np
-from scripts_under_test import load_script
 
 from transformer_jax.run import curves
+
+from scripts_under_test import load_script
 
 plot_metrics = load_script("plot_metrics")
 

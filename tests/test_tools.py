@@ -14,7 +14,6 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from scripts_under_test import load_script
 
 from transformer_jax import bleu
 from transformer_jax.data import get_data
@@ -24,6 +23,7 @@ from transformer_jax.inference import translator as translator_lib
 from transformer_jax.run import averaging, checkpointing, loop
 from transformer_jax.run import workdir as workdir_lib
 
+from scripts_under_test import load_script
 import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -19,26 +19,34 @@ flags, in its own workdir named after its overrides.
 """
 from transformer_jax.sweeps.report import collect, lower_is_better, plot, report, sort_rows
 from transformer_jax.sweeps.runner import DONE, FAILED, RUNNING, Runner, finished, slot_env, status
-from transformer_jax.sweeps.slurm import sbatch_script, write_sbatch
+from transformer_jax.sweeps.slurm import (
+                                          SubmitError,
+                                          array_spec,
+                                          sbatch_script,
+                                          submit,
+                                          unfinished,
+                                          write_sbatch,
+)
 from transformer_jax.sweeps.spec import (
-                                           Point,
-                                           Sweep,
-                                           SweepError,
-                                           apply_overrides,
-                                           chain,
-                                           cross,
-                                           load_sweep,
-                                           override_flags,
-                                           point_dir,
-                                           point_name,
-                                           points_from_config,
-                                           product,
-                                           zipped,
+                                          Point,
+                                          Sweep,
+                                          SweepError,
+                                          apply_overrides,
+                                          chain,
+                                          cross,
+                                          load_sweep,
+                                          override_flags,
+                                          point_dir,
+                                          point_name,
+                                          points_from_config,
+                                          product,
+                                          zipped,
 )
 
 __all__ = [
-    "DONE", "FAILED", "RUNNING", "Point", "Runner", "Sweep", "SweepError", "apply_overrides",
-    "chain", "collect", "cross", "finished", "load_sweep", "lower_is_better", "override_flags",
-    "plot", "point_dir", "point_name", "points_from_config", "product", "report", "sbatch_script",
-    "slot_env", "sort_rows", "status", "write_sbatch", "zipped",
+    "DONE", "FAILED", "RUNNING", "Point", "Runner", "SubmitError", "Sweep", "SweepError",
+    "apply_overrides", "array_spec", "chain", "collect", "cross", "finished", "load_sweep",
+    "lower_is_better", "override_flags", "plot", "point_dir", "point_name", "points_from_config",
+    "product", "report", "sbatch_script", "slot_env", "sort_rows", "status", "submit",
+    "unfinished", "write_sbatch", "zipped",
 ]

@@ -27,6 +27,8 @@ def collect(sweep_dir: str, points: list[Point]) -> tuple[list[dict], list[str]]
     row = {"name": point_name(p), **{k: p.get(k) for k in fields}, "status": status(d)}
     # A swept field keeps its value where a metric has the same name (learning_rate is both).
     row.update({k: v for k, v in last_values(d).items() if k not in row})
+    if row["status"] == "failed":
+      row["log"] = os.path.join(d, "train.log")  # FAILED beside it holds the exit and the tail
     rows.append(row)
   return rows, fields
 
@@ -44,7 +46,7 @@ def sort_rows(rows: list[dict], metric: str, lower: bool | None = None) -> list[
 
 def _columns(rows: list[dict], fields: list[str], metric: str) -> list[str]:
   preferred = ["name", *fields, "status", "step", metric, "bleu", "eval_loss", "eval_accuracy",
-               "train_loss"]
+               "train_loss", "log"]
   cols = []
   for c in preferred:
     if c not in cols and any(c in r for r in rows):

@@ -121,6 +121,17 @@ class Runner:
   def status(self, index: int) -> str:
     return status(point_dir(self.sweep_dir, self.points[index]), self.num_steps[index])
 
+  def outcome(self, indices: Sequence[int]) -> tuple[list[str], int]:
+    """A line per point (`[i] name: status`, a failed one with its FAILED file, which holds the
+    exit status and its log's tail) and how many failed."""
+    lines, failed = [], 0
+    for i in indices:
+      state, d = self.status(i), point_dir(self.sweep_dir, self.points[i])
+      lines.append(f"[{i}] {point_name(self.points[i])}: {state}"
+                   + (f": see {os.path.join(d, FAILED)}" if state == "failed" else ""))
+      failed += state == "failed"
+    return lines, failed
+
   def _start(self, index: int, env: dict):
     d = point_dir(self.sweep_dir, self.points[index])
     os.makedirs(d, exist_ok=True)

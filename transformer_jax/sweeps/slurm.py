@@ -1,20 +1,47 @@
 """A sweep as a SLURM array job: task i runs `scripts/sweep.py ... --point i`, one point per
-task, so SLURM does the scheduling and a re-submission skips the points already done."""
+task, so SLURM does the scheduling. `submit` sends only the points not done yet, so submitting
+again after a failure or a preemption runs just those (each resumes its own checkpoint)."""
 from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 from typing import Sequence
 
 from transformer_jax.sweeps.runner import Runner
 
 
-def sbatch_script(runner: Runner, options: Sequence[str] = (), max_concurrent: int = 0) -> str:
-  """The text of the array job for `runner`'s sweep; `options` become `#SBATCH` lines."""
+class SubmitError(RuntimeError):
+  """sbatch refused the job; the message is sbatch's."""
+
+
+def array_spec(indices: Sequence[int]) -> str:
+  """`[0, 1, 2, 5]` -> "0-2,5" (sbatch --array syntax)."""
+  parts, run = [], []
+  for i in sorted(indices):
+    if run and i == run[-1] + 1:
+      run.append(i)
+      continue
+    if run:
+      parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    run = [i]
+  if run:
+    parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+  return ",".join(parts)
+
+
+def unfinished(runner: Runner) -> list[int]:
+  return [i for i in range(len(runner.points)) if runner.status(i) != "done"]
+
+
+def sbatch_script(runner: Runner, options: Sequence[str] = (), max_concurrent: int = 0,
+                  indices: Sequence[int] | None = None) -> str:
+  """The text of the array job for `runner`'s sweep (all points, or `indices`); `options`
+  become `#SBATCH` lines."""
   # scripts/sweep.py sits beside the train script it runs.
   sweep_py = os.path.join(os.path.dirname(os.path.abspath(runner.train_script)), "sweep.py")
-  last = len(runner.points) - 1
-  array = f"0-{last}" + (f"%{max_concurrent}" if max_concurrent else "")
+  indices = range(len(runner.points)) if indices is None else indices
+  array = array_spec(indices) + (f"%{max_concurrent}" if max_concurrent else "")
   lines = ["#!/bin/bash",
            f"#SBATCH --job-name={os.path.basename(runner.sweep_dir)}",
            f"#SBATCH --array={array}",
@@ -34,11 +61,31 @@ def sbatch_script(runner: Runner, options: Sequence[str] = (), max_concurrent: i
   return "\n".join(lines)
 
 
-def write_sbatch(runner: Runner, options: Sequence[str] = (), max_concurrent: int = 0) -> str:
+def write_sbatch(runner: Runner, options: Sequence[str] = (), max_concurrent: int = 0,
+                 indices: Sequence[int] | None = None) -> str:
   """Writes `<sweep>/sweep.sbatch` (and the `slurm/` directory its logs go to); returns its
   path."""
   os.makedirs(os.path.join(runner.sweep_dir, "slurm"), exist_ok=True)
   path = os.path.join(runner.sweep_dir, "sweep.sbatch")
   with open(path, "w") as f:
-    f.write(sbatch_script(runner, options, max_concurrent))
+    f.write(sbatch_script(runner, options, max_concurrent, indices))
   return path
+
+
+def submit(runner: Runner, options: Sequence[str] = (), max_concurrent: int = 0,
+           wait: bool = False) -> tuple[str | None, list[int]]:
+  """Submit the points not done yet as one array job: (job id, point indices); (None, []) when
+  every point is done. With `wait`, return when the whole array has ended (`sbatch --wait`)."""
+  indices = unfinished(runner)
+  if not indices:
+    return None, []
+  path = write_sbatch(runner, options, max_concurrent, indices)
+  command = ["sbatch", "--parsable", *(["--wait"] if wait else []), path]
+  proc = subprocess.run(command, capture_output=True, text=True)
+  job_id = proc.stdout.strip().split(";")[0]
+  # --wait returns the array's exit status: non-zero when a point failed, which the caller
+  # reads from the points' markers; only a job that was never accepted is an error here.
+  if not job_id:
+    raise SubmitError(f"{' '.join(command)} failed (exit {proc.returncode}): "
+                      f"{proc.stderr.strip() or proc.stdout.strip()}")
+  return job_id, indices
