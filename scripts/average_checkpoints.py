@@ -11,6 +11,7 @@ evaluate.py and plot_attention.py load it with `--averaged` or `--checkpoint <di
 checkpoints while training: `--config.keep_checkpoints=N` (default 3).
 """
 import json
+import logging
 import sys
 
 from absl import flags
@@ -43,7 +44,7 @@ def body(values, args):
 
 
 def main(argv=None):
-  return cli.run(body, argv, doc=__doc__, define=define)
+  return cli.run(body, argv, doc=__doc__, define=define, absl_level=logging.ERROR)
 
 
 if __name__ == "__main__":

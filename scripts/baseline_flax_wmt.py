@@ -25,7 +25,7 @@ def body(values, args):
 
 
 def main(argv=None):
-  return cli.run(body, argv, doc=__doc__)
+  return cli.run(body, argv, doc=__doc__, positional=True)
 
 
 if __name__ == "__main__":

@@ -59,9 +59,6 @@ def define(values):
 
 
 def body(v, args):
-  if args:
-    print(f"error: unexpected arguments {args}", file=sys.stderr)
-    return 2
   configured = [f"--{n}" for n in v if n.startswith("config") and v[n].present]
   if v.what == "data" and configured:
     print(f"error: {', '.join(configured)}: --config and --config.* apply to --what train and "

@@ -35,9 +35,6 @@ def define(values):
 
 
 def body(v, args):
-  if args:
-    print(f"error: unexpected arguments {args}", file=sys.stderr)
-    return 2
   summary = run_checks(v.size, batch=v.batch, length=v.length, model_rows=v.model_rows,
                        vocab=v.vocab, tolerance=v.tolerance, seed=v.seed, skip_model=v.skip_model)
   if v.json:

@@ -21,6 +21,7 @@ EOS included) time the compiled search only: each batch shape is compiled first 
 all-padding batch whose search loop ends at once, and that time is `compile_seconds`.
 """
 import json
+import logging
 import os
 import sys
 
@@ -28,7 +29,7 @@ from absl import flags
 import ml_collections
 
 from transformer_jax import cli
-from transformer_jax.data import get_data
+from transformer_jax.data import get_data, raw_split
 from transformer_jax.inference import evaluation
 from transformer_jax.inference import translator as translator_lib
 from transformer_jax.inference.flags import define_checkpoint_flags, translator_from_flags
@@ -48,27 +49,24 @@ def define(values):
                     flag_values=values)
 
 
-def _data(values, run: dict):
+def _data_config(values, run: dict):
   data_config = ml_collections.ConfigDict(run["data"])
   if values.data_dir:
     data_config.data_dir = values.data_dir
-  return get_data(data_config, values.workdir)
+  return data_config
 
 
 def body(values, args):
-  if args:
-    print(f"error: unexpected arguments {args}", file=sys.stderr)
-    return 2
   if values.baseline:
-    data = _data(values, load_run_config(values.workdir))
+    pairs = raw_split(_data_config(values, load_run_config(values.workdir)), values.split)
     output_dir = values.output_dir or os.path.join(values.workdir, "baselines")
-    result = evaluation.copy_baseline(data, values.split, output_dir)
+    result = evaluation.copy_baseline(pairs, values.split, output_dir)
     print(f"evaluate: {values.split}: baseline {values.baseline}: BLEU {result['bleu']:.2f}, "
           f"chrF {result['chrf']:.2f} on {result['sentences']} sentences", file=sys.stderr)
   else:
     translator = translator_from_flags(values, truncate=None)
-    result = evaluation.evaluate(translator, _data(values, translator.run), values.split,
-                                 values.output_dir)
+    data = get_data(_data_config(values, translator.run), values.workdir)
+    result = evaluation.evaluate(translator, data, values.split, values.output_dir)
     print(f"evaluate: {values.split}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} on "
           f"{result['sentences']} sentences; {translator_lib.throughput_line(translator.stats)}; "
           f"hypotheses in {result['hypotheses']}", file=sys.stderr)
@@ -77,7 +75,7 @@ def body(values, args):
 
 
 def main(argv=None):
-  return cli.run(body, argv, doc=__doc__, define=define)
+  return cli.run(body, argv, doc=__doc__, define=define, absl_level=logging.ERROR)
 
 
 if __name__ == "__main__":

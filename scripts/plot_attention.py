@@ -13,6 +13,7 @@ decoder layer's encoder-decoder attention averaged over heads. Default --out_dir
 <workdir>/attention.
 """
 import json
+import logging
 import os
 import sys
 
@@ -45,7 +46,7 @@ def body(values, args):
 
 
 def main(argv=None):
-  return cli.run(body, argv, doc=__doc__, define=define)
+  return cli.run(body, argv, doc=__doc__, define=define, absl_level=logging.ERROR)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import sys
 from absl import flags
 
 from transformer_jax import cli
-from transformer_jax.data import get_data, leakage
+from transformer_jax.data import default_data_config, get_data, leakage
 
 LOCAL_CORPORA = ("numbers", "locale", "text")
 
@@ -48,15 +48,16 @@ def _apply_deprecated_set(data_config, items: list[str]) -> None:
 
 
 def body(values, args):
-  config = values.config
   # The old spelling `--set a=1 b=2` leaves `b=2` as a positional argument.
   extra = [a for a in args if "=" in a] if values.set else []
   if len(extra) != len(args):
     print(f"error: unexpected arguments {[a for a in args if a not in extra]}", file=sys.stderr)
     return 2
-  _apply_deprecated_set(config.data, list(values.set) + extra)
-  data = get_data(config.data, values.workdir)
-  c = config.data
+  c = values.config.data
+  if values.set and not values["config"].present:
+    c = default_data_config()  # what `--set` changed before --config existed
+  _apply_deprecated_set(c, list(values.set) + extra)
+  data = get_data(c, values.workdir)
   splits = ("train", "validation", "test")
   result = {"dataset": c.dataset, "direction": f"{c.source_lang}->{c.target_lang}",
             "sizes": {s: len(data.sources[s]) for s in splits},
@@ -68,7 +69,8 @@ def body(values, args):
 
 
 def main(argv=None):
-  return cli.run(body, argv, doc=__doc__, define=define, config=cli.repo_config("default.py"))
+  return cli.run(body, argv, doc=__doc__, define=define, config=cli.repo_config("default.py"),
+                 positional=True)
 
 
 if __name__ == "__main__":

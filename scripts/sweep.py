@@ -43,9 +43,6 @@ def define(values):
 
 
 def body(values, args):
-  if args:
-    print(f"error: unexpected arguments {args}", file=sys.stderr)
-    return 2
   if values.report:
     out = sweeps.report(values.workdir, values.metric, values.lower_is_better)
     print(out["markdown"], end="")
@@ -73,7 +70,7 @@ def body(values, args):
     print(f"submitted job {job}: points {sweeps.array_spec(indices)}", file=sys.stderr)
     if not values.wait:
       return 0
-    return _failed(runner, indices)
+    return _failed(runner, indices, lambda i: sweeps.log_path(runner, job, i))
   if values.slurm:
     path = sweeps.write_sbatch(runner, values.slurm_option, values.slurm_max_concurrent)
     print(f"wrote {path} ({len(runner.points)} points): submit with  sbatch {path}")
@@ -84,8 +81,8 @@ def body(values, args):
   return _failed(runner, [r["index"] for r in results])
 
 
-def _failed(runner, indices) -> int:
-  lines, failed = runner.outcome(indices)
+def _failed(runner, indices, logs=None) -> int:
+  lines, failed = runner.outcome(indices, logs)
   print("\n".join(lines), file=sys.stderr)
   return 1 if failed else 0
 

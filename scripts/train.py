@@ -22,9 +22,6 @@ def define(values):
 
 
 def body(values, args):
-  if args:
-    print(f"error: unexpected arguments {args}", file=sys.stderr)
-    return 2
   if values.config is None:
     print("error: --config is required, e.g. --config configs/default.py", file=sys.stderr)
     return 2

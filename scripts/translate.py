@@ -12,6 +12,7 @@ directory, or one checkpoints/<step> directory). The search defaults to the run'
 than the model's max_len - 1 pieces is truncated with a warning on stderr naming the line;
 characters never seen in training become SentencePiece's unknown piece.
 """
+import logging
 import sys
 
 from absl import flags
@@ -56,7 +57,8 @@ def body(values, sentences):
 
 
 def main(argv=None):
-  return cli.run(body, argv, doc=__doc__, define=define)
+  return cli.run(body, argv, doc=__doc__, define=define, positional=True,
+                 absl_level=logging.ERROR)
 
 
 if __name__ == "__main__":

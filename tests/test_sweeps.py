@@ -15,6 +15,7 @@ import pytest
 from transformer_jax import sweeps
 from transformer_jax.data import get_data
 from transformer_jax.run import metrics
+from transformer_jax.sweeps import slurm as sweeps_slurm
 
 import tiny_config  # tests/ is on sys.path: pytest puts a test file's directory there
 
@@ -323,3 +324,28 @@ def test_a_metrics_line_cut_by_a_crash_is_skipped(tmp_path):
     f.write('{"step": 3, "train_lo')  # the process died mid-write
   assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [1, 2]
   assert metrics.last_values(str(tmp_path))["bleu"] == 7.5
+
+
+def test_slurm_submission_covers_unfinished_points_and_counts_killed_ones(tmp_path,
+                                                                          monkeypatch):
+  """Without SLURM: which points a submission takes, and how a task SLURM killed is reported
+  (tests/test_slurm.py submits for real)."""
+  runner = sweeps.Runner(TINY, str(tmp_path / "s"), str(tmp_path / "train.py"))
+  assert sweeps.array_spec([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+  done = sweeps.point_dir(runner.sweep_dir, runner.points[1])
+  os.makedirs(done)
+  open(os.path.join(done, sweeps.DONE), "w").close()
+  assert sweeps.unfinished(runner) == [0, 2, 3]
+  assert "#SBATCH --array=0,2-3" in sweeps.sbatch_script(runner, indices=[0, 2, 3])
+  # A point that never wrote a marker ended unfinished: with SLURM's logs it is a failure.
+  lines, failed = runner.outcome([0, 1], logs=lambda i: f"slurm/7_{i}.out")
+  assert failed == 1 and lines[0].endswith("ended unfinished, see slurm/7_0.out")
+  assert lines[1].endswith(": done")
+  assert runner.outcome([0, 1])[1] == 0                 # run locally: still to be run
+  # An earlier array job of the sweep still in the queue: no second submission races it.
+  os.makedirs(os.path.join(runner.sweep_dir, "slurm"), exist_ok=True)
+  with open(os.path.join(runner.sweep_dir, "slurm", "job_id"), "w") as f:
+    f.write("41\n")
+  monkeypatch.setattr(sweeps_slurm, "queued", lambda job: job == "41")
+  with pytest.raises(sweeps.SubmitError, match="job 41 of this sweep is still queued"):
+    sweeps.submit(runner)

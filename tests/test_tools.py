@@ -209,7 +209,7 @@ def test_evaluate_writes_hypotheses_and_reports_json(workdir, capsys):
   assert step == 6
 
 
-def test_copy_baseline_scores_the_sources_as_translations(workdir, capsys):
+def test_copy_baseline_scores_the_sources_as_translations(workdir, tmp_path, capsys):
   rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--split", "test",
                                             "--baseline", "copy"], capsys)
   assert rc == 0, err
@@ -224,6 +224,16 @@ def test_copy_baseline_scores_the_sources_as_translations(workdir, capsys):
   expected, _ = bleu.corpus_bleu([s for s, _ in pairs], [t for _, t in pairs])
   assert result["bleu"] == pytest.approx(expected) and 0 <= result["bleu"] < 50
   assert "baseline copy" in err
+  # It needs neither a model nor a tokenizer: a workdir with only its config.json works, and
+  # gets no spm.model of its own (which a later resume would then use).
+  bare = tmp_path / "bare"
+  bare.mkdir()
+  shutil.copy(os.path.join(workdir, "config.json"), bare)
+  rc, out, err = run_main(evaluate_script, ["--workdir", str(bare), "--baseline", "copy"], capsys)
+  assert rc == 0 and json.loads(out)["bleu"] == pytest.approx(expected), err
+  assert sorted(os.listdir(bare)) == ["baselines", "config.json"]
+  # Flags only: a stray argument is an error, not ignored.
+  assert run_main(evaluate_script, ["--workdir", workdir, "test"], capsys)[0] == 2
 
 
 def test_load_params_reads_only_the_parameters(workdir, monkeypatch):

@@ -4,6 +4,7 @@ Each case is a mistake a user makes on a real workdir: re-running with another m
 tokenizer config, launching the same command twice, a full disk. None of them may leave the
 workdir unusable, and each must say what happened and what to do.
 """
+import json
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from transformer_jax.data import get_data
 from transformer_jax.inference.translator import Translator
 from transformer_jax.run import checkpointing, loop, metrics
 from transformer_jax.run import workdir as workdir_lib
@@ -258,3 +260,50 @@ def test_a_full_disk_stops_the_run_with_one_message_and_it_resumes_once_there_is
     assert checkpointing.checkpoint_steps(str(run / "checkpoints"))[-1] == 6
   finally:
     subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+# ---------------------------------------------------------------- what a first command leaves
+
+
+def test_a_tokenizer_left_by_a_failed_first_command_refuses_another_data_config(
+    tmp_path, data_dir):
+  run = str(tmp_path / "half")
+  get_data(config(data_dir).data, run)                  # trained the tokenizer, then failed
+  assert os.path.exists(os.path.join(run, "spm.model.json"))
+  assert not os.path.exists(os.path.join(run, workdir_lib.CONFIG))
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.vocab_size: 200 -> 300"):
+    workdir_lib.check_config(run, config(data_dir, **{"data.vocab_size": 300}))
+  assert workdir_lib.check_config(run, config(data_dir)) == (None, [])
+
+
+def test_a_run_split_before_the_grouping_is_told_how_to_resume(run, data_dir):
+  path = os.path.join(run, workdir_lib.CONFIG)
+  with open(path) as f:
+    stored = json.load(f)
+  del stored["data"]["split"]                            # as written before 2026-11-23
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="--config.data.split=source"):
+    workdir_lib.check_config(run, config(data_dir))
+
+
+def test_a_resume_from_an_older_checkpoint_supersedes_later_changes(run, data_dir):
+  c = config(data_dir, num_train_steps=9)
+  model = Translator(run).config
+  workdir_lib.record_config(run, c, model, 6, {}, [("num_train_steps", 3, 9)])
+  assert [s for s, _ in workdir_lib.history(run)] == [6]
+  # Steps 4-6 were set aside as damaged: the run resumed at 3 with another change.
+  workdir_lib.record_config(run, config(data_dir, num_train_steps=7), model, 3, {},
+                            [("num_train_steps", 3, 7)])
+  assert [s for s, _ in workdir_lib.history(run)] == [3]
+  assert os.path.exists(os.path.join(run, "config.6.superseded.json"))
+  assert workdir_lib.load_run_config(run)["num_train_steps"] == 7
+
+
+def test_only_failed_writes_count_as_storage_failures():
+  assert checkpointing.is_storage_failure(OSError(28, "No space left on device"))
+  assert checkpointing.is_storage_failure("RESOURCE_EXHAUSTED: Error writing local file x")
+  # XLA's out-of-memory shares the status code, not the meaning.
+  assert not checkpointing.is_storage_failure(
+      "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.2GiB")
+  assert not checkpointing.is_storage_failure(KeyError("step"))

@@ -22,6 +22,15 @@ PACKING = ("inputs_segmentation", "targets_segmentation", "inputs_positions", "t
 KEYS = REQUIRED + PACKING
 
 
+def side_keys(side: str) -> tuple[str, str, str]:
+  """(tokens, segment ids, positions) keys of one side, "inputs" or "targets"."""
+  if side not in REQUIRED:
+    raise KeyError(f"a batch's sides are {REQUIRED}, not {side!r}")
+  keys = (side, f"{side}_segmentation", f"{side}_positions")
+  assert all(k in KEYS for k in keys)
+  return keys
+
+
 def model_arrays(batch: Mapping) -> dict:
   """The batch's arrays that the model and the steps take (drops text, counts and the like)."""
   missing = [k for k in REQUIRED if k not in batch]

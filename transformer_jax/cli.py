@@ -44,11 +44,13 @@ def repo_config(name: str) -> str:
 def run(body: Callable[[flags.FlagValues, list[str]], int | None],
         argv: Sequence[str] | None = None, *, doc: str,
         define: Callable[[flags.FlagValues], None] = lambda values: None,
-        config=NO_CONFIG, config_help: str = "experiment config file, path[:arg]") -> int:
+        config=NO_CONFIG, config_help: str = "experiment config file, path[:arg]",
+        positional: bool = False, absl_level: int = logging.WARNING) -> int:
   """Parse `argv` (default: sys.argv[1:]) and call `body(flag values, positional args)`.
 
   `config`: NO_CONFIG (no --config flag), None (optional or required by the body), or the
-  default config file.
+  default config file. `positional`: whether the script takes arguments besides flags.
+  `absl_level`: the read-only tools pass ERROR to hide Orbax's notices.
   """
   argv = list(sys.argv[1:] if argv is None else argv)
   program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script"
@@ -70,7 +72,10 @@ def run(body: Callable[[flags.FlagValues, list[str]], int | None],
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
     print(f"error: {message} (--help lists the flags)", file=sys.stderr)
     return 2
-  logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax's and TFDS's notices
+  if rest[1:] and not positional:
+    print(f"error: unexpected arguments {rest[1:]} (--help lists the flags)", file=sys.stderr)
+    return 2
+  logging.getLogger("absl").setLevel(absl_level)  # Orbax's and TFDS's notices
   try:
     return int(body(values, rest[1:]) or 0)
   except USER_ERRORS as e:

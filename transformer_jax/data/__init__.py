@@ -47,7 +47,8 @@ class Data:
     self._raw: dict[str, list[tuple[str, str]]] = {}
     path = data_config.vocab_path or os.path.join(workdir, "spm.model")
     self.tokenizer = tokenizer_lib.load_or_train(
-        path, self._vocab_texts, vocab_size=data_config.vocab_size,
+        path, self._vocab_texts, trained_from=data_config.to_dict(),
+        vocab_size=data_config.vocab_size,
         model_type=data_config.vocab_model_type, max_chars=data_config.vocab_max_chars,
         split_digits=data_config.vocab_split_digits,
         byte_fallback=data_config.vocab_byte_fallback, seed=data_config.shuffle_seed)
@@ -84,12 +85,8 @@ class Data:
 
   def raw_examples(self, split: str) -> list[tuple[str, str]]:
     """All (source, target) strings of a split, in the stored order."""
-    from transformer_jax.data import datasets
     if split not in self._raw:
-      source, c = self.sources[split], self.config
-      examples = datasets.get_items(source, list(range(len(source))))
-      self._raw[split] = [(datasets.as_text(e[c.source_lang]),
-                           datasets.as_text(e[c.target_lang])) for e in examples]
+      self._raw[split] = read_pairs(self.sources[split], self.config)
     return self._raw[split]
 
   def eval_batches(self, split: str):
@@ -101,6 +98,21 @@ class Data:
     return pipeline.eval_batches(self.raw_examples(split), self.tokenizer,
                                  batch_size=self.config.eval_batch_size,
                                  min_len=self.config.eval_max_len)
+
+
+def read_pairs(source, data_config) -> list[tuple[str, str]]:
+  """Every (source, target) string pair of one split's data source, in the stored order."""
+  from transformer_jax.data import datasets
+  examples = datasets.get_items(source, list(range(len(source))))
+  return [(datasets.as_text(e[data_config.source_lang]),
+           datasets.as_text(e[data_config.target_lang])) for e in examples]
+
+
+def raw_split(data_config, split: str) -> list[tuple[str, str]]:
+  """The pairs of one split without a tokenizer (building the dataset if needed)."""
+  from transformer_jax.data import datasets
+  validate(data_config)
+  return read_pairs(datasets.load_sources(data_config)[split], data_config)
 
 
 def get_data(data_config, workdir: str, *, process_index: int = 0, process_count: int = 1) -> Data:

@@ -27,16 +27,15 @@ from transformer_jax.data.tokenizer import file_lock
 SPLITS = ("train", "validation", "test")
 
 
-# Bumped when the split assignment changes, so a cached build of the old split is not reused.
-SPLIT_VERSION = "grouped-1"
-
-
-def split_pairs(pairs, held_out_per_mille: int) -> dict[str, list[tuple[str, str]]]:
+def split_pairs(pairs, held_out_per_mille: int,
+                mode: str = "grouped") -> dict[str, list[tuple[str, str]]]:
   """validation / test / train by a hash of each pair's near-duplicate group
-  (`leakage.group_keys`): a group never straddles two splits, so no held-out pair shares a
-  normalized source or target with a training pair."""
+  (`leakage.group_keys`; mode "grouped"): a group never straddles two splits, so no held-out
+  pair shares a normalized source or target with a training pair. Mode "source" hashes the
+  exact source (the split of runs made before the grouping)."""
+  keys = leakage.group_keys(pairs) if mode == "grouped" else [s for s, _ in pairs]
   out = {split: [] for split in SPLITS}
-  for pair, key in zip(pairs, leakage.group_keys(pairs)):
+  for pair, key in zip(pairs, keys):
     out[numbers.split_of(key, held_out_per_mille)].append(pair)
   return out
 
@@ -119,7 +118,7 @@ class LocaleTranslate(_PairsBuilder):
     p = config.params
     pairs, _ = locale.locale_pairs(p["locale_dir"], p["lang"], reverse=p["reverse"],
                                    include_ding=p["include_ding"], ding_path=p["ding_path"])
-    return split_pairs(pairs, p["held_out_per_mille"])
+    return split_pairs(pairs, p["held_out_per_mille"], p["split"])
 
 
 class TextTranslate(_PairsBuilder):
@@ -134,7 +133,7 @@ class TextTranslate(_PairsBuilder):
   def _pairs(self):
     p = self.builder_config.params
     return split_pairs(read_parallel_text(p["tsv_path"], p["source_path"], p["target_path"]),
-                       p["held_out_per_mille"])
+                       p["held_out_per_mille"], p["split"])
 
 
 def read_parallel_text(tsv_path: str | None, source_path: str | None,
@@ -192,14 +191,14 @@ def make_builder(data_config, data_dir: str) -> _PairsBuilder:
       inputs.append(_file_signature(ding_path))
     params = {"locale_dir": locale_dir, "lang": lang, "reverse": reverse,
               "include_ding": c.locale_include_ding, "ding_path": ding_path,
-              "held_out_per_mille": c.held_out_per_mille, "split": SPLIT_VERSION,
+              "held_out_per_mille": c.held_out_per_mille, "split": c.split,
               "inputs": _digest(inputs)}
   elif c.dataset == "text":
     cls = TextTranslate
     paths = [c.tsv_path] if c.tsv_path else [c.source_path, c.target_path]
     params = {"tsv_path": c.tsv_path, "source_path": c.source_path,
               "target_path": c.target_path, "held_out_per_mille": c.held_out_per_mille,
-              "split": SPLIT_VERSION, "inputs": _digest([_file_signature(p) for p in paths])}
+              "split": c.split, "inputs": _digest([_file_signature(p) for p in paths])}
   else:
     raise ValueError(f"data.dataset={c.dataset!r} has no local builder")
   name = f"{src}-{tgt}-{_digest(params)}"

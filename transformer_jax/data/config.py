@@ -11,6 +11,7 @@ import ml_collections
 
 DATASETS = ("numbers", "locale", "text", "wmt14", "wmt17")
 BATCHING = ("pack", "bucket", "pad")
+SPLITS = ("grouped", "source")
 VOCAB_MODEL_TYPES = ("unigram", "bpe")
 
 
@@ -26,6 +27,10 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.data_dir = ml_collections.config_dict.placeholder(str)
   # Percent-mille of sources hashed into validation and into test each ("locale", "text").
   c.held_out_per_mille = 30
+  # How "locale" and "text" are split: "grouped" keeps near-duplicates (a shared normalized
+  # source or target) on one side (data/leakage.py); "source" hashes the exact source, as runs
+  # made before 2026-11-23 did (set it to resume one of those).
+  c.split = "grouped"
 
   # "numbers": sentences per split and the generator's seed (the data is a function of these).
   c.numbers_train_size = 50_000
@@ -110,6 +115,7 @@ def validate(c) -> None:
   """Raises ValueError naming the first bad field and what it accepts."""
   _check_choice(c, "dataset", DATASETS)
   _check_choice(c, "batching", BATCHING)
+  _check_choice(c, "split", SPLITS)
   _check_choice(c, "vocab_model_type", VOCAB_MODEL_TYPES)
   for field in ("vocab_size", "vocab_max_chars", "max_source_len", "max_target_len",
                 "batch_size", "eval_batch_size", "num_threads", "bucket_rows_multiple",

@@ -37,6 +37,7 @@ from typing import Iterator, Sequence
 import grain
 import numpy as np
 
+from transformer_jax import batch as batch_lib
 from transformer_jax.data.datasets import as_text, get_items
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
@@ -90,18 +91,18 @@ class ReadChunk:
 
 
 def _empty_batch(rows: int, source_len: int, target_len: int) -> dict:
-  batch = {}
-  for key, length in (("inputs", source_len), ("targets", target_len)):
-    for suffix in ("", "_segmentation", "_positions"):
-      batch[key + suffix] = np.zeros((rows, length), np.int32)
-  return batch
+  """Zeros (padding, segment 0) for every key of `batch.KEYS`."""
+  return {key: np.zeros((rows, length), np.int32)
+          for side, length in (("inputs", source_len), ("targets", target_len))
+          for key in batch_lib.side_keys(side)}
 
 
-def _place(batch: dict, row: int, key: str, offset: int, ids, segment: int) -> None:
+def _place(batch: dict, row: int, side: str, offset: int, ids, segment: int) -> None:
   n = len(ids)
-  batch[key][row, offset:offset + n] = ids
-  batch[key + "_segmentation"][row, offset:offset + n] = segment
-  batch[key + "_positions"][row, offset:offset + n] = np.arange(n, dtype=np.int32)
+  tokens, segments, positions = batch_lib.side_keys(side)
+  batch[tokens][row, offset:offset + n] = ids
+  batch[segments][row, offset:offset + n] = segment
+  batch[positions][row, offset:offset + n] = np.arange(n, dtype=np.int32)
 
 
 def _cut(rows: dict, num_rows: int, batch_rows: int) -> list[dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import io
+import json
 import logging
 import os
 import random
@@ -129,15 +130,23 @@ def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int,
   return Tokenizer(path)
 
 
-def load_or_train(path: str, texts_fn, **train_kwargs) -> Tokenizer:
+def load_or_train(path: str, texts_fn, trained_from: dict | None = None,
+                  **train_kwargs) -> Tokenizer:
   """The tokenizer at `path`, trained first (under a lock) if the file does not exist yet.
 
   `texts_fn()` returns the training texts; it is only called when training is needed, so a
-  resumed run never touches the corpus for its vocabulary.
+  resumed run never touches the corpus for its vocabulary. `trained_from` (the data config) is
+  written beside a newly trained model as `<path>.json`, so a later command can tell whether
+  its own data config matches the tokenizer it finds (`run.workdir.check_config`).
   """
   if os.path.exists(path):
     return Tokenizer(path)
   with file_lock(path + ".lock"):
     if os.path.exists(path):  # Another process trained it while we waited.
       return Tokenizer(path)
-    return train_tokenizer(texts_fn(), path, **train_kwargs)
+    tokenizer = train_tokenizer(texts_fn(), path, **train_kwargs)
+    if trained_from is not None:
+      with open(path + ".json.tmp", "w") as f:
+        json.dump(trained_from, f, indent=1)
+      os.replace(path + ".json.tmp", path + ".json")
+    return tokenizer

@@ -21,8 +21,7 @@ from transformer_jax.run.workdir import RunError
 BASELINES = ("copy",)
 
 
-def split_pairs(data, split: str) -> list[tuple[str, str]]:
-  pairs = data.raw_examples(split)
+def nonempty(pairs: list[tuple[str, str]], split: str) -> list[tuple[str, str]]:
   if not pairs:
     raise RunError(f"the {split} split is empty")
   return pairs
@@ -52,7 +51,7 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   """Translate every pair of `split` (nothing dropped or truncated for length), write the
   hypotheses and the result into `output_dir` (default: the checkpoint's step directory) and
   return the scores, the search settings and the search throughput."""
-  pairs = split_pairs(data, split)
+  pairs = nonempty(data.raw_examples(split), split)
   warnings: list[str] = []
   hypotheses = translator.translate([s for s, _ in pairs], warnings.append,
                                     names=[f"{split} pair {i + 1}" for i in range(len(pairs))])
@@ -68,9 +67,10 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   return _write(output_dir or translator.step_dir, split, hypotheses, result)
 
 
-def copy_baseline(data, split: str, output_dir: str) -> dict:
-  """The scores of copying each source as its translation (no model involved)."""
-  pairs = split_pairs(data, split)
+def copy_baseline(pairs: list[tuple[str, str]], split: str, output_dir: str) -> dict:
+  """The scores of copying each source of `pairs` (the split's) as its translation: no model
+  and no tokenizer involved."""
+  pairs = nonempty(pairs, split)
   hypotheses = [" ".join(s.split()) for s, _ in pairs]
   result = {"split": split, "sentences": len(pairs), "baseline": "copy",
             **scores(hypotheses, [t for _, t in pairs])}

@@ -28,7 +28,13 @@ import numpy as np
 from transformer_jax.config import TransformerConfig
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.run import checkpointing
-from transformer_jax.run.workdir import TRAIN_HINT, RunError, load_run_config, vocabulary_path
+from transformer_jax.run.workdir import (
+  AVERAGED,
+  TRAIN_HINT,
+  RunError,
+  load_run_config,
+  vocabulary_path,
+)
 from transformer_jax.search import output_ids, search_batch
 
 LENGTH_BUCKET = 16  # source lengths are padded to a multiple of this
@@ -92,7 +98,8 @@ class Translator:
     self.checkpoint_dir, self.step = checkpointing.resolve_checkpoint(workdir, checkpoint, step,
                                                                       averaged)
     # The config this step was written with (a resume may have changed e.g. the search).
-    own = checkpoint is None
+    own = self.checkpoint_dir in (checkpointing.checkpoint_dir(workdir),
+                                  os.path.join(os.path.abspath(workdir), AVERAGED))
     self.run = load_run_config(workdir, self.step if own else None)
     self.config = model_config_from(self.run)
     spm_path = vocabulary_path(workdir, self.run)

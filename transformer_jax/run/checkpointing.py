@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 # Orbax's status codes).
 OS_FAILURES = ("No space left on device", "Disk quota exceeded", "Permission denied",
                "Read-only file system", "Input/output error", "File too large")
-STORAGE_FAILURES = OS_FAILURES + ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "DATA_LOSS")
+# TensorStore's status codes, counted only for a failed write: RESOURCE_EXHAUSTED alone is also
+# XLA's words for a device out of memory, which is not a storage failure.
+STATUS_FAILURES = ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "DATA_LOSS")
 _TMP_STEP = re.compile(r"/(\d+)\.orbax-checkpoint-tmp")
 
 
@@ -35,8 +37,10 @@ class StorageError(CheckpointError):
   """A checkpoint could not be written (disk full, permissions, I/O error)."""
 
 
-def is_storage_failure(error: BaseException) -> bool:
-  return isinstance(error, OSError) or any(m in str(error) for m in STORAGE_FAILURES)
+def is_storage_failure(error: BaseException | str) -> bool:
+  text = str(error)
+  return (isinstance(error, OSError) or any(m in text for m in OS_FAILURES)
+          or (any(m in text for m in STATUS_FAILURES) and "writ" in text.lower()))
 
 
 class _QuietStorageErrors(logging.Filter):
@@ -49,7 +53,7 @@ class _QuietStorageErrors(logging.Filter):
       return True
     text = record.getMessage() + (logging.Formatter().formatException(record.exc_info)
                                   if record.exc_info else "")
-    return not any(m in text for m in STORAGE_FAILURES)
+    return not is_storage_failure(text)
 
 
 def directory_bytes(path: str) -> int:
@@ -230,12 +234,13 @@ class Checkpointer:
       if not self.failed:
         self.wait()
     finally:
-      logging.getLogger("absl").removeFilter(self._quiet)
       try:
         self.manager.close()
       except Exception:  # noqa: BLE001 - after a failed save its error was reported already
         if not self.failed:
           raise
+      finally:  # after closing: the manager may log the failed save once more
+        logging.getLogger("absl").removeFilter(self._quiet)
 
 
 def manager_directory(path: str) -> tuple[str, int | None]:

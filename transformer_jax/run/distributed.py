@@ -77,6 +77,12 @@ def any_process(flag: bool) -> bool:
   return bool(np.any(multihost_utils.process_allgather(np.array(flag, np.int32))))
 
 
+def sync(name: str) -> None:
+  """Wait until every process got here (nothing with one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
 def from_main(value: bool) -> bool:
   """Process 0's `value` on every process (a collective with several processes)."""
   if jax.process_count() == 1:
@@ -140,6 +146,15 @@ def own_data_state(saved: dict, data) -> dict | None:
   continues at the same point of the same epoch instead (see `pipeline.resharded_state`).
   """
   if not saved:
+    return None
+  if "process_count" not in saved and {"parent", "window", "next"} <= set(saved):
+    # Checkpoints written before every process's position was saved (2026-11-22) hold one
+    # record, process 0's: exact for one process; with several, each starts its shard afresh.
+    if jax.process_count() == 1:
+      return saved
+    log.warning("the checkpoint holds one data position from an older version of this code; "
+                "with %d processes each starts its shard from the beginning",
+                jax.process_count())
     return None
   count = saved.get("process_count")
   processes = saved.get("processes", {})

@@ -130,10 +130,12 @@ class _Run:
                                 "again to resume")
             last["stopped_by"] = stopping
             break
-    finally:  # an error (a non-finite loss, say) still finishes saves and closes files
-      self.trainer.checkpointer.close()
-      self.writer.close()
-      self.progress.close()
+    except BaseException:
+      # An error (a non-finite loss, say) still finishes saves and closes files; an error in
+      # closing must not hide the one that stopped the run.
+      self._close(quiet=True)
+      raise
+    self._close()
     if not last:  # nothing left to do: a finished run, run again
       last = metrics_lib.last_values(self.workdir)
     last["step"] = self.step
@@ -176,6 +178,16 @@ class _Run:
       self.meter.restart()  # evaluation and saving are not training throughput
     self.progress.update(step)
     return upcoming, logged, stopping
+
+  def _close(self, quiet: bool = False) -> None:
+    try:
+      self.trainer.checkpointer.close()
+    except Exception:  # noqa: BLE001 - only while another error is on its way out
+      if not quiet:
+        raise
+    finally:
+      self.writer.close()
+      self.progress.close()
 
   def _write(self, step: int, record: dict) -> dict:
     self.writer.write(step, record)

@@ -11,6 +11,7 @@ starts no processes and writes no config: `loop.train_and_evaluate` does those i
 from __future__ import annotations
 
 import os
+import shutil
 
 import jax
 from jax.experimental import multihost_utils
@@ -25,7 +26,7 @@ from transformer_jax.data import Data, get_data, pipeline
 from transformer_jax.model import Transformer
 from transformer_jax.run import checkpointing, distributed
 from transformer_jax.run import metrics as metrics_lib
-from transformer_jax.run.workdir import SPM_MODEL, init_from_vocabulary
+from transformer_jax.run.workdir import SPM_MODEL, RunError, init_from_vocabulary
 from transformer_jax.search import output_ids, search_batch
 from transformer_jax.steps import TrainSetup, make_eval_step
 
@@ -47,14 +48,18 @@ class Trainer:
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, workdir: str) -> "Trainer":
     """Everything a run needs from a validated config; `jax.distributed` must be up already."""
-    data_config = config.data
-    if config.init_from and not data_config.vocab_path:
-      # Parameters from another run only mean something with that run's vocabulary.
+    if config.init_from and not config.data.vocab_path:
+      # Parameters from another run only mean something with that run's vocabulary: the fork
+      # gets a copy of it, so its workdir stands on its own (tools, resumes, a moved source).
       vocab = init_from_vocabulary(config.init_from)
-      if vocab and not os.path.exists(os.path.join(workdir, SPM_MODEL)):
-        data_config = ml_collections.ConfigDict(data_config.to_dict())
-        data_config.vocab_path = vocab
-    data = get_data(data_config, workdir, process_index=jax.process_index(),
+      own = os.path.join(workdir, SPM_MODEL)
+      if vocab and not os.path.exists(own) and distributed.is_main():
+        for suffix in ("", ".json"):
+          if os.path.exists(vocab + suffix):
+            shutil.copyfile(vocab + suffix, own + suffix + ".tmp")
+            os.replace(own + suffix + ".tmp", own + suffix)
+      distributed.sync("transformer_jax: the init_from tokenizer is copied")
+    data = get_data(config.data, workdir, process_index=jax.process_index(),
                     process_count=jax.process_count())
     tok = data.tokenizer
     model_cfg = experiment.transformer_config(config, tok.vocab_size, tok.pad_id, tok.bos_id,
@@ -86,8 +91,9 @@ class Trainer:
     step, params = checkpointing.load_params(self.config.init_from)
     if jax.tree.structure(params) != jax.tree.structure(state.params) or any(
         a.shape != b.shape for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params))):
-      raise ValueError(f"config.init_from={self.config.init_from!r}: its parameters do not "
-                       "match this model's shapes; use the same config.model and vocabulary")
+      raise RunError(f"config.init_from={self.config.init_from!r}: its parameters do not "
+                     "match this model's shapes; use the same config.model and vocabulary, or "
+                     "leave init_from out to train the new shapes from scratch")
     params = jax.tree.map(lambda p, s: jax.device_put(p.astype(s.dtype), s.sharding), params,
                           state.params)
     origin = f"parameters from {self.config.init_from} (step {step})"

@@ -40,7 +40,8 @@ SAFE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "relu_dropout_rat
 TOKENIZER_FIELDS = tuple(f"data.{f}" for f in (
     "dataset", "source_lang", "target_lang", "held_out_per_mille", "numbers_train_size",
     "numbers_eval_size", "numbers_seed", "locale_dir", "locale_include_ding", "locale_ding_path",
-    "tsv_path", "source_path", "target_path", "vocab_size", "vocab_model_type", "vocab_max_chars",
+    "tsv_path", "source_path", "target_path", "split", "vocab_size", "vocab_model_type",
+    "vocab_max_chars",
     "vocab_split_digits", "vocab_byte_fallback", "vocab_path", "shuffle_seed"))
 # How this process joins a run: differs between the processes of one run and between launches.
 LAUNCH_FIELDS = ("distributed", "coordinator_address", "coordinator_bind_address",
@@ -222,6 +223,7 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
   naming every refused field and the way out, before anything is written."""
   path = os.path.join(workdir, CONFIG)
   if not os.path.exists(path):
+    _check_tokenizer(workdir, config)
     return None, []
   stored = load_run_config(workdir)
   changes = config_changes(stored, json.loads(config.to_json_best_effort()))
@@ -232,6 +234,9 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
                                 has_tokenizer=has_tokenizer))]
   if refused:
     lines = "\n".join(f"  {f}: {old!r} -> {new!r} (changes {why})" for f, old, new, why in refused)
+    if any(f == "data.split" and old is None for f, old, _, _ in refused):
+      lines += ("\n  (runs made before 2026-11-23 split their corpus by the exact source: add "
+                "--config.data.split=source to resume one of them)")
     raise ConfigChangeRefused(
         f"{workdir} holds a run whose config these changes contradict:\n{lines}\nNothing was "
         f"changed in {workdir}. To resume it, drop these overrides (its config is "
@@ -244,12 +249,39 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
 def record_config(workdir: str, config, model_cfg, step: int, stored: dict | None,
                   changes: list) -> str | None:
   """Write `config.json` for a new run, or `config.<step>.json` when a resume changed fields
-  (the original stays as it was); returns the path written (None: nothing changed)."""
+  (the original stays as it was); returns the path written (None: nothing changed).
+
+  A resume at `step` from an older checkpoint than the last change (newer ones were damaged
+  and set aside) supersedes the changes made at or after `step`: they are renamed
+  `config.<s>.superseded.json`, kept but no longer read.
+  """
   if stored is None:
     return write_config(workdir, config, model_cfg)
   if not changes:
     return None
+  for resumed_at, path in history(workdir):
+    if resumed_at >= step:
+      os.replace(path, path[:-len(".json")] + ".superseded.json")
   return write_config(workdir, config, model_cfg, f"config.{step}.json")
+
+
+def _check_tokenizer(workdir: str, config) -> None:
+  """A workdir with a tokenizer but no config yet (a first command failed after training it):
+  refuse a data config other than the one the tokenizer was trained from."""
+  spm = os.path.join(workdir, SPM_MODEL)
+  if config.data.vocab_path or not os.path.exists(spm + ".json"):
+    return
+  with open(spm + ".json") as f:
+    trained = json.load(f)
+  new = json.loads(config.data.to_json_best_effort())
+  names = [f[len("data."):] for f in TOKENIZER_FIELDS]
+  differ = [(n, trained.get(n), new.get(n)) for n in names if trained.get(n) != new.get(n)]
+  if differ:
+    lines = "\n".join(f"  data.{n}: {old!r} -> {now!r}" for n, old, now in differ)
+    raise ConfigChangeRefused(
+        f"{spm} was trained from another corpus or tokenizer config than this command's:\n"
+        f"{lines}\nNo checkpoint uses it yet: delete {spm} and {spm}.json to train a new one, "
+        "or pass the data config it was trained with.")
 
 
 def _current_config_path(workdir: str) -> str:

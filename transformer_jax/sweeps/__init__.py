@@ -22,6 +22,7 @@ from transformer_jax.sweeps.runner import DONE, FAILED, RUNNING, Runner, finishe
 from transformer_jax.sweeps.slurm import (
                                           SubmitError,
                                           array_spec,
+    log_path,
                                           sbatch_script,
                                           submit,
                                           unfinished,
@@ -46,7 +47,7 @@ from transformer_jax.sweeps.spec import (
 __all__ = [
     "DONE", "FAILED", "RUNNING", "Point", "Runner", "SubmitError", "Sweep", "SweepError",
     "apply_overrides", "array_spec", "chain", "collect", "cross", "finished", "load_sweep",
-    "lower_is_better", "override_flags", "plot", "point_dir", "point_name", "points_from_config",
-    "product", "report", "sbatch_script", "slot_env", "sort_rows", "status", "submit",
-    "unfinished", "write_sbatch", "zipped",
+    "log_path", "lower_is_better", "override_flags", "plot", "point_dir", "point_name",
+    "points_from_config", "product", "report", "sbatch_script", "slot_env", "sort_rows",
+    "status", "submit", "unfinished", "write_sbatch", "zipped",
 ]

@@ -121,14 +121,21 @@ class Runner:
   def status(self, index: int) -> str:
     return status(point_dir(self.sweep_dir, self.points[index]), self.num_steps[index])
 
-  def outcome(self, indices: Sequence[int]) -> tuple[list[str], int]:
+  def outcome(self, indices: Sequence[int], logs=None) -> tuple[list[str], int]:
     """A line per point (`[i] name: status`, a failed one with its FAILED file, which holds the
-    exit status and its log's tail) and how many failed."""
+    exit status and its log's tail) and how many failed. With `logs` (index -> a log path: the
+    points ran as SLURM array tasks), a point that did not finish counts as failed too: SLURM
+    ended it (time limit, memory, cancel) before it could write a marker."""
     lines, failed = [], 0
     for i in indices:
       state, d = self.status(i), point_dir(self.sweep_dir, self.points[i])
-      lines.append(f"[{i}] {point_name(self.points[i])}: {state}"
-                   + (f": see {os.path.join(d, FAILED)}" if state == "failed" else ""))
+      line = f"[{i}] {point_name(self.points[i])}: {state}"
+      if state == "failed":
+        line += f": see {os.path.join(d, FAILED)}"
+      elif logs is not None and state != "done":
+        line += f": ended unfinished, see {logs(i)}"
+        state = "failed"
+      lines.append(line)
       failed += state == "failed"
     return lines, failed
 

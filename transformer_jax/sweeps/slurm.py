@@ -8,11 +8,25 @@ import shlex
 import subprocess
 from typing import Sequence
 
+from transformer_jax.run.workdir import RunError
 from transformer_jax.sweeps.runner import Runner
 
+JOB_ID = "job_id"   # <sweep>/slurm/job_id: the last array job submitted
 
-class SubmitError(RuntimeError):
-  """sbatch refused the job; the message is sbatch's."""
+
+class SubmitError(RunError):
+  """sbatch refused the job (the message is sbatch's), or an earlier one is still queued."""
+
+
+def log_path(runner: Runner, job_id: str, index: int) -> str:
+  """The SLURM output file of one array task (the `--output` pattern of the script)."""
+  return os.path.join(runner.sweep_dir, "slurm", f"{job_id}_{index}.out")
+
+
+def queued(job_id: str) -> bool:
+  """Whether any task of the job is still pending or running."""
+  proc = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True)
+  return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
 def array_spec(indices: Sequence[int]) -> str:
@@ -76,6 +90,14 @@ def submit(runner: Runner, options: Sequence[str] = (), max_concurrent: int = 0,
            wait: bool = False) -> tuple[str | None, list[int]]:
   """Submit the points not done yet as one array job: (job id, point indices); (None, []) when
   every point is done. With `wait`, return when the whole array has ended (`sbatch --wait`)."""
+  record = os.path.join(runner.sweep_dir, "slurm", JOB_ID)
+  if os.path.exists(record):
+    with open(record) as f:
+      previous = f.read().strip()
+    if previous and queued(previous):
+      # Its points are not done yet, and submitting them again would race their workdirs.
+      raise SubmitError(f"job {previous} of this sweep is still queued or running: wait for it "
+                        f"(squeue -j {previous}) or cancel it (scancel {previous}) first")
   indices = unfinished(runner)
   if not indices:
     return None, []
@@ -88,4 +110,6 @@ def submit(runner: Runner, options: Sequence[str] = (), max_concurrent: int = 0,
   if not job_id:
     raise SubmitError(f"{' '.join(command)} failed (exit {proc.returncode}): "
                       f"{proc.stderr.strip() or proc.stdout.strip()}")
+  with open(record, "w") as f:
+    f.write(job_id + "\n")
   return job_id, indices
