@@ -89,7 +89,8 @@ def test_a_change_that_breaks_the_checkpoint_or_tokenizer_is_refused_before_any_
   # The num_train_steps change alone would have been fine: only the refused field is listed.
   assert "num_train_steps" not in message
   assert snapshot(run) == before                   # config.json, metrics, checkpoints untouched
-  assert Translator(run).translate(["one hundred and two"])[0] is not None
+  if field == "model.d_model":                     # what the old code broke: the tools
+    assert Translator(run).translate(["one hundred and two"])[0] is not None
 
 
 def test_a_tokenizer_change_is_refused_even_before_the_first_checkpoint(run, data_dir):
@@ -188,7 +189,11 @@ def test_a_killed_run_leaves_no_stale_lock(tmp_path):
 # ---------------------------------------------------------------- storage failures
 
 
-def test_a_storage_failure_is_one_error_naming_the_step_and_the_last_good_one(run, monkeypatch):
+def test_a_storage_failure_is_one_error_naming_the_step_and_the_last_good_one(
+    run, monkeypatch, capsys):
+  for name in ("excepthook", "unraisablehook"):
+    monkeypatch.setattr(sys, name, getattr(sys, name))
+  monkeypatch.setattr(checkpointing, "_closed_loop_quieted", False)
   ckpt = checkpointing.Checkpointer(run, async_save=False)
   os.makedirs(os.path.join(ckpt.directory, "4.orbax-checkpoint-tmp", "state"))
 
@@ -204,6 +209,13 @@ def test_a_storage_failure_is_one_error_naming_the_step_and_the_last_good_one(ru
   assert "last good checkpoint is step 3" in message and "MiB are free" in message
   assert os.listdir(ckpt.directory) == ["3"]         # the half-written step is gone
   ckpt.close()                                        # no second error after the reported one
+  # TensorStore's writes still in flight then find Orbax's loop closed: that traceback is
+  # dropped, any other still prints.
+  capsys.readouterr()
+  sys.excepthook(RuntimeError, RuntimeError("Event loop is closed"), None)
+  assert capsys.readouterr().err == ""
+  sys.excepthook(ValueError, ValueError("something else"), None)
+  assert "something else" in capsys.readouterr().err
   # Anything else is not a storage failure: re-raised as it was.
   ckpt = checkpointing.Checkpointer(run, async_save=False)
   monkeypatch.setattr(ckpt.manager, "save", lambda *a, **k: (_ for _ in ()).throw(KeyError("x")))
@@ -250,13 +262,19 @@ def test_a_full_disk_stops_the_run_with_one_message_and_it_resumes_once_there_is
     assert "Traceback" not in failed.stderr and "RESOURCE_EXHAUSTED" not in failed.stderr.replace(
         errors[0], "")
     good = checkpointing.checkpoint_steps(str(run / "checkpoints"))
-    assert good and f"last good checkpoint is step {good[-1]}" in errors[0]
+    # Which save fails depends on how TensorStore buffers its writes (on one CI machine the
+    # first one did): the message names the last good step, or says there is none.
+    if good:
+      assert f"last good checkpoint is step {good[-1]}" in errors[0], errors[0]
+    else:
+      assert "There is no earlier checkpoint" in errors[0], errors[0]
     assert not [n for n in os.listdir(run / "checkpoints") if "tmp" in n]
     # Once there is space, the same command resumes from the last good step and finishes.
     subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
     resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from step {good[-1]}" in resumed.stdout + resumed.stderr
+    started = f"resumed from step {good[-1]}" if good else "transformer-jax: scratch"
+    assert started in resumed.stdout + resumed.stderr
     assert checkpointing.checkpoint_steps(str(run / "checkpoints"))[-1] == 6
   finally:
     subprocess.run(["umount", str(disk)], capture_output=True)

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 from typing import Any
 
 import jax
@@ -49,11 +50,46 @@ class _QuietStorageErrors(logging.Filter):
   are dropped. Other records pass."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno < logging.ERROR or "orbax" not in record.pathname:
+    if record.levelno < logging.ERROR:
       return True
     text = record.getMessage() + (logging.Formatter().formatException(record.exc_info)
                                   if record.exc_info else "")
-    return not is_storage_failure(text)
+    # asyncio's "Task exception was never retrieved" carries Orbax's write tasks.
+    return not ("orbax" in record.pathname + text and is_storage_failure(text))
+
+
+# The loggers Orbax's failed writes reach: its own (absl) and asyncio's, for the write tasks
+# that were still running when the first one failed.
+_QUIETED_LOGGERS = ("absl", "asyncio")
+
+
+def _closed_loop_noise(exc_type, exc) -> bool:
+  return exc_type is RuntimeError and str(exc) == "Event loop is closed"
+
+
+_closed_loop_quieted = False
+
+
+def _quiet_closed_loop_after_failure():
+  """After a failed save, TensorStore still completes the writes that were in flight and hands
+  each result to Orbax's event loop, which the failure closed: every one prints a traceback
+  ("Event loop is closed") from a TensorStore thread. The run has already reported the failure
+  and is stopping, so those are dropped; any other exception prints as before."""
+  global _closed_loop_quieted
+  if _closed_loop_quieted:
+    return
+  _closed_loop_quieted = True
+  excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+
+  def quiet_excepthook(exc_type, exc, tb):
+    if not _closed_loop_noise(exc_type, exc):
+      excepthook(exc_type, exc, tb)
+
+  def quiet_unraisablehook(unraisable):
+    if not _closed_loop_noise(unraisable.exc_type, unraisable.exc_value):
+      unraisablehook(unraisable)
+
+  sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
 
 
 def directory_bytes(path: str) -> int:
@@ -107,7 +143,8 @@ class Checkpointer:
     self._last_requested: int | None = None
     self._state_bytes = 0
     self._quiet = _QuietStorageErrors()
-    logging.getLogger("absl").addFilter(self._quiet)
+    for name in _QUIETED_LOGGERS:
+      logging.getLogger(name).addFilter(self._quiet)
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -149,6 +186,8 @@ class Checkpointer:
     anything else."""
     if not is_storage_failure(error):
       raise error
+    if not self.failed:
+      _quiet_closed_loop_after_failure()
     self.failed = True
     match = _TMP_STEP.search(str(error))
     step = int(match.group(1)) if match else step
@@ -239,8 +278,12 @@ class Checkpointer:
       except Exception:  # noqa: BLE001 - after a failed save its error was reported already
         if not self.failed:
           raise
-      finally:  # after closing: the manager may log the failed save once more
-        logging.getLogger("absl").removeFilter(self._quiet)
+      finally:
+        # After a failed save the filter stays: Orbax's threads go on logging it until the
+        # process ends.
+        if not self.failed:
+          for name in _QUIETED_LOGGERS:
+            logging.getLogger(name).removeFilter(self._quiet)
 
 
 def manager_directory(path: str) -> tuple[str, int | None]:

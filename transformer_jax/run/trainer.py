@@ -54,6 +54,7 @@ class Trainer:
       vocab = init_from_vocabulary(config.init_from)
       own = os.path.join(workdir, SPM_MODEL)
       if vocab and not os.path.exists(own) and distributed.is_main():
+        os.makedirs(workdir, exist_ok=True)
         for suffix in ("", ".json"):
           if os.path.exists(vocab + suffix):
             shutil.copyfile(vocab + suffix, own + suffix + ".tmp")
