@@ -1,18 +1,16 @@
-r"""Throughput benchmarks; each mode prints a table and then one JSON line of its figures.
+r"""Throughput benchmarks; each prints a table and one JSON line (docs/benchmarks.md).
 
     python scripts/benchmark.py --what train --config configs/cpu_reference.py
-    python scripts/benchmark.py --what train --config configs/cpu_reference.py \
-        --config.model.dtype=bfloat16
     python scripts/benchmark.py --what decode --config configs/cpu_reference.py --beams 1,4
     python scripts/benchmark.py --what decode --config configs/default.py --workdir runs/default
-    python scripts/benchmark.py --what data                      # numbers + locale, all modes
     python scripts/benchmark.py --what data --datasets numbers --batching pack --seconds 20
+    python scripts/benchmark.py --what train --sweep data.batch_size=8,16,32 \
+        --sweep model.fused_qkv=False,True --curve_dir runs/curve   # a throughput curve
 
-`train`: the compiled train step on batches of the config's shape (step time, tokens/s, TFLOP/s,
-MFU, peak memory). `decode`: greedy and beam search on random sources, with random parameters or
-a training run's (--workdir). `data`: tokens/s of the input pipeline. What each measures and how:
-transformer_jax/bench/{train,decode,data}.py. `--config` and `--config.*` apply to train and
-decode. Only `data` and `--batches real` load the data stack (tensorflow-datasets, grain).
+`train`: the compiled train step (step time, tokens/s, MFU, memory); `decode`: greedy and beam
+search; `data`: the input pipeline (transformer_jax/bench/). `--config`, `--config.*` and
+`--sweep`/`--sweep_config` (a curve: curve.csv/.md/.png) apply to train and decode. Only `data`
+and `--batches real` load tensorflow-datasets and grain.
 """
 import functools
 import json
@@ -20,8 +18,8 @@ import sys
 
 from absl import flags
 
-from transformer_jax import cli
-from transformer_jax.bench import data, decode, train
+from transformer_jax import cli, sweeps
+from transformer_jax.bench import curve, data, decode, train
 
 TRAIN, DECODE, DATA = train.TrainOptions, decode.DecodeOptions, data.DataOptions
 
@@ -53,6 +51,11 @@ def define(values):
   integer("decode_rows", DECODE.rows, "decode: sentences per batch (0: data.batch_size)")
   integer("decode_len", DECODE.decode_len, "decode: output length limit (0: "
           "data.max_target_len)")
+  flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2,...: a curve over these values "
+                            "(repeatable: their product)", flag_values=values)
+  flags.DEFINE_bool("sweep_config", False, "a curve over the config's sweep() points",
+                    flag_values=values)
+  string("curve_dir", "runs/bench_curve", "where a curve's table, plot and points go")
   flags.register_validator("seconds", lambda s: s > 0, "must be > 0", flag_values=values)
   flags.register_validator("beams", lambda s: all(b.isdigit() and int(b) for b in s.split(",")),
                            "must be beam sizes >= 1, e.g. 1,4", flag_values=values)
@@ -61,8 +64,7 @@ def define(values):
 def body(v, args):
   configured = [f"--{n}" for n in v if n.startswith("config") and v[n].present]
   if v.what == "data" and configured:
-    print(f"error: {', '.join(configured)}: --config and --config.* apply to --what train and "
-          "decode; data mode takes --datasets, --batching, --batch_size and --max_len",
+    print(f"error: {', '.join(configured)} apply to --what train and decode, not data",
           file=sys.stderr)
     return 2
   if v.what == "data":
@@ -70,17 +72,25 @@ def body(v, args):
         datasets=tuple(v.datasets.split(",")), batchings=tuple(v.batching.split(",")),
         batch_size=v.batch_size, max_len=v.max_len, seconds=v.seconds, data_dir=v.data_dir,
         workdir=v.workdir))
-  elif v.what == "train":
-    result = train.run(v.config, TRAIN(
-        steps=v.steps, warmup=v.warmup, batches=v.batches, num_batches=v.num_batches,
-        workdir=v.workdir, matmul_n=v.matmul_n, matmul_seconds=v.matmul_seconds,
-        profile_dir=v.profile_dir))
+  elif v.sweep or v.sweep_config:
+    points = (sweeps.load_sweep(v["config"].config_filename).points if v.sweep_config
+              else curve.points_from_flags(v.sweep))
+    result = curve.run_curve(v.config, points, v.what, _options(v), v.curve_dir,
+                             log=lambda m: print(m, file=sys.stderr, flush=True))
   else:
-    result = decode.run(v.config, DECODE(
-        beams=tuple(int(b) for b in v.beams.split(",")), steps=v.steps, rows=v.decode_rows,
-        decode_len=v.decode_len, workdir=v.workdir))
+    result = (train.run if v.what == "train" else decode.run)(v.config, _options(v))
   print(json.dumps(result), flush=True)
   return 0
+
+
+def _options(v):
+  if v.what == "train":
+    return TRAIN(
+        steps=v.steps, warmup=v.warmup, batches=v.batches, num_batches=v.num_batches,
+        workdir=v.workdir, matmul_n=v.matmul_n, matmul_seconds=v.matmul_seconds,
+        profile_dir=v.profile_dir)
+  return DECODE(beams=tuple(int(b) for b in v.beams.split(",")), steps=v.steps,
+                rows=v.decode_rows, decode_len=v.decode_len, workdir=v.workdir)
 
 
 def main(argv=None):

@@ -184,8 +184,8 @@ def test_benchmark_decode_smoke(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--what", "data", "--config.model.d_model=8"], "--config.model.d_model: --config and"),
-    (["--what", "data", "--config", TINY], "--config: --config and --config.* apply to"),
+    (["--what", "data", "--config.model.d_model=8"], "--config.model.d_model apply to --what"),
+    (["--what", "data", "--config", TINY], "--config apply to --what train and decode"),
     (["--what", "train", "--warmup", "0"], "--warmup=0"),
     (["--what", "decode", "--beams", "1,0"], "--beams=1,0: must be beam sizes >= 1"),
     (["--what", "train", "--bogus"], "bogus"),
@@ -284,3 +284,23 @@ def test_fused_qkv_computes_the_same_function():
   kernel = own["encoder"]["layer_0"]["self_attention"]["qkv"]["kernel"]
   separate = params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"]
   assert float(jnp.std(kernel)) == pytest.approx(float(jnp.std(separate)), rel=0.15)
+
+
+def test_a_throughput_curve_runs_every_point_and_writes_table_plot_and_points(tmp_path, capsys):
+  out = tmp_path / "curve"
+  code = benchmark.main(["--what", "train", "--config", TINY, "--steps", "1", "--warmup", "1",
+                         "--matmul_n", "256", "--matmul_seconds", "0.05",
+                         "--sweep", "data.batch_size=8,16", "--sweep", "model.fused_qkv=False,True",
+                         "--curve_dir", str(out)])
+  assert code == 0
+  result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  rows = result["rows"]
+  assert [(r["data.batch_size"], r["model.fused_qkv"]) for r in rows] == [
+      (8, False), (8, True), (16, False), (16, True)]
+  assert all(r["target tokens/s"] > 0 and 0 < r["MFU"] for r in rows)
+  assert sorted(os.listdir(out / "points")) == sorted(
+      f"data.batch_size={b},model.fused_qkv={f}.json" for b in (8, 16) for f in (False, True))
+  with open(out / "curve.csv") as f:
+    assert len(f.read().splitlines()) == 5
+  assert (out / "curve.png").stat().st_size > 10_000
+  assert benchmark.main(["--what", "train", "--config", TINY, "--sweep", "batch_size"]) == 1

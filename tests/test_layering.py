@@ -22,7 +22,7 @@ ALLOWED = {
     "run": {"core"},
     "inference": {"core", "run"},
     "sweeps": {"core", "run"},
-    "bench": {"core", "run", "inference"},
+    "bench": {"core", "run", "inference", "sweeps"},
     "cli": {"core", "run", "inference", "sweeps", "bench"},
 }
 OUTER = ("run", "inference", "sweeps", "bench")

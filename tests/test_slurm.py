@@ -22,7 +22,7 @@ import tiny_config
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_config.py")
 TRAIN = os.path.join(REPO, "scripts", "train.py")
-STEPS = 40
+STEPS = 24
 
 
 @pytest.fixture(scope="module")

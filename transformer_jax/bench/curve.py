@@ -1,0 +1,128 @@
+"""Throughput curves: one benchmark per point of a sweep, as a table, a plot and every point's JSON.
+
+    points = sweeps.product(**{"data.batch_size": [8, 16, 32], "model.fused_qkv": [False, True]})
+    run_curve(config, points, "train", TrainOptions(steps=10), "runs/bench_curve")
+
+A point is a dict of dotted config overrides, as in training sweeps (`transformer_jax.sweeps`),
+so a config's `sweep()` serves as well. The first field is the x axis of the plot; every
+combination of the other fields is one line. Points run one after another in this process (each
+compiles its own step), so compare them only within one curve: the machine's speed moves between
+minutes.
+"""
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import os
+
+from matplotlib.figure import Figure
+
+from transformer_jax.bench import decode, train
+from transformer_jax.run.workdir import RunError
+from transformer_jax.sweeps.spec import Point, apply_overrides, point_name, product
+
+# The figures a curve shows, per mode: (key in the result, column name).
+FIGURES = {
+    "train": (("target_tokens_per_s", "target tokens/s"), ("mfu", "MFU"),
+              ("step_time_s", "step time (s)"),
+              ("back_to_back_target_tokens_per_s", "back to back target tokens/s"),
+              ("peak_memory_bytes", "peak memory (bytes)")),
+    "decode": (("sentences_per_s", "sentences/s"), ("target_tokens_per_s", "target tokens/s")),
+}
+
+
+def _figures(what: str, result: dict) -> dict:
+  figures = result["figures"]
+  if what == "train":
+    return {name: figures[key] for key, name in FIGURES["train"]}
+  out = {}
+  for search, values in figures.items():  # "greedy", "beam 4": one column each
+    if isinstance(values, dict):
+      out.update({f"{search}: {name}": values[key] for key, name in FIGURES["decode"]})
+  return out
+
+
+def run_curve(config, points: list[Point], what: str, options, out_dir: str,
+              log=print) -> dict:
+  """Benchmark every point; writes `<out_dir>/points/<name>.json`, `curve.csv`, `curve.md` and
+  `curve.png`; returns {"rows", "fields", "files"}."""
+  if what not in FIGURES:
+    raise ValueError(f"a throughput curve measures {tuple(FIGURES)}, not {what!r}")
+  if not points:
+    raise ValueError("a curve needs at least one point")
+  fields = list(dict.fromkeys(k for p in points for k in p))
+  os.makedirs(os.path.join(out_dir, "points"), exist_ok=True)
+  rows = []
+  for i, point in enumerate(points):
+    log(f"curve point {i + 1}/{len(points)}: {point_name(point)}")
+    c = apply_overrides(config, point)
+    result = train.run(c, options) if what == "train" else decode.run(c, options)
+    with open(os.path.join(out_dir, "points", point_name(point) + ".json"), "w") as f:
+      json.dump({"point": point, **result}, f, indent=1, default=str)
+    rows.append({**{k: point.get(k) for k in fields}, **_figures(what, result)})
+  files = _write_table(rows, os.path.join(out_dir, "curve"))
+  files.append(_plot(rows, fields, what, os.path.join(out_dir, "curve.png")))
+  return {"rows": rows, "fields": fields, "files": files}
+
+
+def _write_table(rows: list[dict], prefix: str) -> list[str]:
+  columns = list(dict.fromkeys(k for r in rows for k in r))
+  with open(prefix + ".csv", "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+
+  def cell(v):
+    return f"{v:.4g}" if isinstance(v, float) else "" if v is None else str(v)
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+  with open(prefix + ".md", "w") as f:
+    f.write("\n".join(lines) + "\n")
+  return [prefix + ".csv", prefix + ".md"]
+
+
+def _plot(rows: list[dict], fields: list[str], what: str, path: str) -> str:
+  """Target tokens/s (decode: sentences/s) and MFU (train) against the first field; one line
+  per combination of the others."""
+  x_field, others = fields[0], fields[1:]
+  panels = ([k for k in rows[0] if k.endswith("sentences/s")] if what == "decode"
+            else ["target tokens/s", "MFU"])
+  fig = Figure(figsize=(5.5 * len(panels), 4))
+  axes = fig.subplots(1, len(panels), squeeze=False)[0]
+  groups: dict[tuple, list[dict]] = {}
+  for r in rows:
+    groups.setdefault(tuple(r[f] for f in others), []).append(r)
+  for ax, panel in zip(axes, panels):
+    for key, group in groups.items():
+      label = ", ".join(f"{f}={v}" for f, v in zip(others, key)) or None
+      xs = [r[x_field] for r in group]
+      numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+      positions = xs if numeric else [str(x) for x in xs]
+      ax.plot(positions, [r[panel] for r in group], "o-", label=label)
+    ax.set_xlabel(x_field)
+    ax.set_ylabel(panel)
+    ax.grid(alpha=0.3)
+    if others:
+      ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  return path
+
+
+def points_from_flags(specs: list[str]) -> list[Point]:
+  """`["data.batch_size=8,16", "model.fused_qkv=False,True"]` -> their product (values parsed
+  as Python literals where they parse)."""
+  fields = {}
+  for spec in specs:
+    name, sep, values = spec.partition("=")
+    if not sep or not values:
+      raise RunError(f"--sweep {spec!r}: expected FIELD=V1,V2,... e.g. data.batch_size=8,16")
+    parsed = []
+    for text in values.split(","):
+      try:
+        parsed.append(ast.literal_eval(text))
+      except (ValueError, SyntaxError):
+        parsed.append(text)
+    fields[name] = parsed
+  return product(**fields)
