@@ -2,7 +2,6 @@ r"""Throughput benchmarks; each prints a table and one JSON line (docs/benchmark
 
     python scripts/benchmark.py --what train --config configs/cpu_reference.py
     python scripts/benchmark.py --what decode --config configs/cpu_reference.py --beams 1,4
-    python scripts/benchmark.py --what decode --config configs/default.py --workdir runs/default
     python scripts/benchmark.py --what data --datasets numbers --batching pack --seconds 20
     python scripts/benchmark.py --what train --sweep data.batch_size=8,16,32 \
         --sweep model.fused_qkv=False,True --curve_dir runs/curve   # a throughput curve
@@ -34,9 +33,8 @@ def define(values):
   integer("max_len", DATA.max_len, "data: max source and target length")
   number("seconds", DATA.seconds, "data: timed seconds per point (> 0)")
   string("data_dir", DATA.data_dir, "data: TFDS data dir (default: TFDS's)")
-  string("workdir", None, "data and train --batches real: where datasets' tokenizers are "
-         "trained and kept (default: a temp dir); decode: a training run whose latest "
-         "parameters to use (default: random parameters)")
+  string("workdir", None, "data, train --batches real: where tokenizers are kept (default: a "
+         "temp dir); decode: a run whose latest parameters to use (default: random ones)")
   integer("steps", TRAIN.steps, "train steps / decode calls timed one by one; the median is "
           "reported", lower_bound=1)
   integer("warmup", TRAIN.warmup, "train: untimed steps", lower_bound=1)
@@ -49,12 +47,10 @@ def define(values):
          "jax.profiler into this directory and print device time per kernel and category")
   string("beams", ",".join(map(str, DECODE.beams)), "decode: comma-separated beam sizes")
   integer("decode_rows", DECODE.rows, "decode: sentences per batch (0: data.batch_size)")
-  integer("decode_len", DECODE.decode_len, "decode: output length limit (0: "
-          "data.max_target_len)")
-  flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2,...: a curve over these values "
-                            "(repeatable: their product)", flag_values=values)
-  flags.DEFINE_bool("sweep_config", False, "a curve over the config's sweep() points",
-                    flag_values=values)
+  integer("decode_len", DECODE.decode_len, "decode: output length limit (0: max_target_len)")
+  flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2: a curve (repeatable: the product)",
+                            flag_values=values)
+  flags.DEFINE_bool("sweep_config", False, "a curve over the config's sweep()", flag_values=values)
   string("curve_dir", "runs/bench_curve", "where a curve's table, plot and points go")
   flags.register_validator("seconds", lambda s: s > 0, "must be > 0", flag_values=values)
   flags.register_validator("beams", lambda s: all(b.isdigit() and int(b) for b in s.split(",")),
