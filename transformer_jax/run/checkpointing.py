@@ -70,11 +70,12 @@ def _closed_loop_noise(exc_type, exc) -> bool:
 _closed_loop_quieted = False
 
 
-def _quiet_closed_loop_after_failure():
-  """After a failed save, TensorStore still completes the writes that were in flight and hands
-  each result to Orbax's event loop, which the failure closed: every one prints a traceback
-  ("Event loop is closed") from a TensorStore thread. The run has already reported the failure
-  and is stopping, so those are dropped; any other exception prints as before."""
+def _quiet_closed_loop():
+  """After a failed asynchronous save, TensorStore still completes the writes that were in flight
+  and hands each result to Orbax's event loop, which the failure closed: every one prints a
+  traceback ("Event loop is closed") from a TensorStore thread, before the failure reaches the
+  training loop (at the next save or wait), which reports it once as StorageError. So these are
+  dropped from the start, once per process; any other exception prints as before."""
   global _closed_loop_quieted
   if _closed_loop_quieted:
     return
@@ -145,6 +146,7 @@ class Checkpointer:
     self._quiet = _QuietStorageErrors()
     for name in _QUIETED_LOGGERS:
       logging.getLogger(name).addFilter(self._quiet)
+    _quiet_closed_loop()
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -186,8 +188,6 @@ class Checkpointer:
     anything else."""
     if not is_storage_failure(error):
       raise error
-    if not self.failed:
-      _quiet_closed_loop_after_failure()
     self.failed = True
     match = _TMP_STEP.search(str(error))
     step = int(match.group(1)) if match else step
