@@ -12,7 +12,6 @@ minutes.
 from __future__ import annotations
 
 import ast
-import csv
 import json
 import os
 
@@ -20,6 +19,7 @@ from matplotlib.figure import Figure
 
 from transformer_jax.bench import decode, train
 from transformer_jax.run.workdir import RunError
+from transformer_jax.sweeps.report import write_rows
 from transformer_jax.sweeps.spec import Point, apply_overrides, point_name, product
 
 # The figures a curve shows, per mode: (key in the result, column name).
@@ -61,25 +61,10 @@ def run_curve(config, points: list[Point], what: str, options, out_dir: str,
     with open(os.path.join(out_dir, "points", point_name(point) + ".json"), "w") as f:
       json.dump({"point": point, **result}, f, indent=1, default=str)
     rows.append({**{k: point.get(k) for k in fields}, **_figures(what, result)})
-  files = _write_table(rows, os.path.join(out_dir, "curve"))
+  columns = list(dict.fromkeys(k for r in rows for k in r))
+  files = write_rows(rows, columns, columns, os.path.join(out_dir, "curve"))
   files.append(_plot(rows, fields, what, os.path.join(out_dir, "curve.png")))
   return {"rows": rows, "fields": fields, "files": files}
-
-
-def _write_table(rows: list[dict], prefix: str) -> list[str]:
-  columns = list(dict.fromkeys(k for r in rows for k in r))
-  with open(prefix + ".csv", "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=columns)
-    writer.writeheader()
-    writer.writerows(rows)
-
-  def cell(v):
-    return f"{v:.4g}" if isinstance(v, float) else "" if v is None else str(v)
-  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-  lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
-  with open(prefix + ".md", "w") as f:
-    f.write("\n".join(lines) + "\n")
-  return [prefix + ".csv", prefix + ".md"]
 
 
 def _plot(rows: list[dict], fields: list[str], what: str, path: str) -> str:

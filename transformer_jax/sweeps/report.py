@@ -62,22 +62,27 @@ def _cell(v) -> str:
   return str(v)
 
 
+def write_rows(rows: list[dict], csv_columns: list[str], md_columns: list[str],
+               out_prefix: str) -> list[str]:
+  """`<prefix>.csv` with `csv_columns` and `<prefix>.md` with `md_columns`; returns the paths."""
+  with open(out_prefix + ".csv", "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=csv_columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+  lines = ["| " + " | ".join(md_columns) + " |", "|" + "---|" * len(md_columns)]
+  for r in rows:
+    lines.append("| " + " | ".join(_cell(r.get(c)) for c in md_columns) + " |")
+  with open(out_prefix + ".md", "w") as f:
+    f.write("\n".join(lines) + "\n")
+  return [out_prefix + ".csv", out_prefix + ".md"]
+
+
 def write_table(rows: list[dict], fields: list[str], metric: str, out_prefix: str) -> list[str]:
   """`<prefix>.csv` (every metric) and `<prefix>.md` (the main columns); returns the paths."""
   all_cols = _columns(rows, fields, metric)
   for r in rows:
     all_cols += [k for k in r if k not in all_cols]
-  with open(out_prefix + ".csv", "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=all_cols, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-  cols = _columns(rows, fields, metric)
-  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-  for r in rows:
-    lines.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |")
-  with open(out_prefix + ".md", "w") as f:
-    f.write("\n".join(lines) + "\n")
-  return [out_prefix + ".csv", out_prefix + ".md"]
+  return write_rows(rows, all_cols, _columns(rows, fields, metric), out_prefix)
 
 
 def plot(rows: list[dict], fields: list[str], metric: str, path: str) -> str | None:
