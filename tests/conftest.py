@@ -1,7 +1,18 @@
-"""Test setup: 8 fake CPU devices, set before jax is imported anywhere."""
+"""Test setup: 8 fake CPU devices, set before jax is imported anywhere, and one XLA cache."""
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# One persistent compilation cache for the session and every process it starts (the scripts under
+# test, the SLURM tasks, the two-process runs): the tiny model's steps are compiled once, not once
+# per process. The key is the program and the compile options, so a changed program misses.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="tj-xla-cache-")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")

@@ -65,6 +65,9 @@ def test_attention_dropout_is_seeded_and_rescaled(qkv):
                                           dropout_rng=jax.random.key(i))[0]
           for i in range(200)]
   np.testing.assert_allclose(np.mean(outs, 0), ref, atol=0.15)
+  # No key (evaluation, decoding): no dropout whatever the rate.
+  d, _ = tj.scaled_dot_product_attention(q, k, v, dropout_rate=0.5, dropout_rng=None)
+  np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])
@@ -75,6 +78,9 @@ def test_dropout_mask_rate_and_scale(rate):
   keep, keep_prob = keep_mask(jax.random.key(3), rate, shape)
   assert keep.shape == shape and keep.dtype == jnp.bool_
   assert keep_prob == pytest.approx(1 - rate, abs=1 / 65536)
+  # Exactly the probability that a uniform 16-bit number is at or above the threshold: the
+  # factor the kept values are scaled by, so the expectation is kept exactly.
+  assert keep_prob == np.mean(np.arange(65536) >= round(rate * 65536))
   n = keep.size
   # Within 5 standard deviations of the binomial count.
   assert abs(float(keep.mean()) - keep_prob) < 5 * math.sqrt(keep_prob * (1 - keep_prob) / n)
@@ -118,8 +124,8 @@ def test_masks():
 
 
 def test_sinusoidal_position_encoding_formula():
-  length, dim, base = 50, 16, 10000.0
-  pe = np.asarray(tj.sinusoidal_position_encoding(length, dim, base))
+  length, dim, base = 50, 16, 10000.0   # the paper's base is the default
+  pe = np.asarray(tj.sinusoidal_position_encoding(length, dim))
   assert pe.shape == (length, dim)
   for pos in range(length):
     for i in range(dim // 2):

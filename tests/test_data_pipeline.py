@@ -259,3 +259,19 @@ def test_grain_first_fit_packer_matches_our_format():
   # Longest pair (by source + target) first: (3, 5) before (4, 2).
   assert ours["inputs_segmentation"][0].tolist() == [1, 1, 1, 2, 2, 2, 2, 0]
   assert ours["targets_positions"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 0]
+
+
+@pytest.mark.parametrize("mode", ["pack", "pad", "bucket"])
+def test_an_epoch_of_batches_holds_every_pair_once(base, mode):
+  # Nothing skipped or repeated between the chunks of one epoch and the batches made of them.
+  data = data_with(base, batching=mode)
+  read = pipeline.ReadChunk(data.sources["train"], data.tokenizer, data.config, 0, 1)
+  epoch = sorted(str(p) for k in range(read.chunks_per_epoch) for p in read(k))
+  seen, it = [], iter(data.train_dataset())
+  while len(seen) < len(epoch):
+    batch = next(it)
+    for row in range(len(batch["inputs"])):
+      source, target = segments(batch, row, "inputs"), segments(batch, row, "targets")
+      assert source.keys() == target.keys()
+      seen += [str((source[s], target[s])) for s in source]
+  assert sorted(seen) == epoch

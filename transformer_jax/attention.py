@@ -106,7 +106,7 @@ def segment_mask(query_segments, key_segments):
   """
   q = query_segments[:, None, :, None]
   k = key_segments[:, None, None, :]
-  return (q == k) & (q > 0) & (k > 0)
+  return (q == k) & (k > 0)  # which is q > 0 as well
 
 
 def combine_masks(*masks):

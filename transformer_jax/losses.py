@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 def _reductions(logits, targets):
   lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
-  label = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0].astype(jnp.float32)
+  label = jnp.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1).astype(jnp.float32)
   total = jnp.sum(logits, axis=-1, dtype=jnp.float32)
   return lse, label, total
 
@@ -85,6 +85,6 @@ def loss_sums(logits, targets, weights, label_smoothing: float):
   # The label's logit is the largest (an exact tie counts as correct): a max, which XLA shares
   # with the log-sum-exp, instead of argmax's slower (value, index) reduction.
   # max and the label's logit are values of `logits` itself: compared in its own dtype, exactly.
-  label = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  label = jnp.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1)
   correct = (label >= jnp.max(logits, axis=-1)) * weights
   return {"loss": loss.sum(), "nll": nll.sum(), "correct": correct.sum(), "tokens": weights.sum()}

@@ -35,6 +35,9 @@ def make_schedule(config, d_model: int):
 
 def make_optimizer(config, d_model: int):
   """Adam (AdamW when weight_decay > 0), optional global-norm clipping; returns (tx, schedule)."""
+  for field in ("weight_decay", "grad_clip_norm"):
+    if config[field] < 0:
+      raise ValueError(f"config.{field}={config[field]}: must be >= 0 (0 turns it off)")
   schedule = make_schedule(config, d_model)
   if config.weight_decay > 0:
     adam = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,

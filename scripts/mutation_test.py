@@ -1,0 +1,306 @@
+"""Mutation testing of the core: which one-line bugs would the test suite let through?
+
+  python scripts/mutation_test.py --out /tmp/mutation                 # every core module, ~1 h
+  python scripts/mutation_test.py --out /tmp/mutation --modules losses,optim
+  python scripts/mutation_test.py --out /tmp/mutation --report        # the report again
+
+cosmic-ray (chosen over mutmut: it runs each mutant's tests in a fresh process, so JAX never
+forks with its thread pools running and no jit cache outlives a mutant) seeds one bug at a time
+into a copy of the tree and runs the tests that tests/mutation/config.toml lists for the module.
+`--workers` copies of the tree run side by side, each taking every n-th mutant of every module.
+The copies share a JAX compilation cache: a mutant that leaves the compiled program unchanged
+loads it instead of compiling again.
+
+Writes under --out: report.md and report.json (killed / survived / timeout / skipped per module
+and the score), survivors/<module>.diff (every surviving mutant as a diff), sessions/ (the
+cosmic-ray databases, which `cr-report` also reads) and work<i>/ (the copies).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import concurrent.futures
+import json
+import os
+from pathlib import Path
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+
+from cosmic_ray.commands import init as cr_init
+from cosmic_ray.mutating import mutate_code
+from cosmic_ray.plugins import get_operator
+from cosmic_ray.work_db import WorkDB, use_db
+from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "tests" / "mutation" / "config.toml"
+
+
+def load_config(path: Path = CONFIG) -> dict:
+  config = tomllib.loads(path.read_text())
+  for name, module in config["modules"].items():
+    for field in ("path", "tests"):
+      if field not in module:
+        raise SystemExit(f"{path}: [modules.{name}] has no `{field}`; see the other modules")
+    if not (REPO / module["path"]).exists():
+      raise SystemExit(f"{path}: [modules.{name}] path {module['path']} does not exist")
+  for i, entry in enumerate(config.get("equivalent", [])):
+    missing = {"module", "line", "mutant", "reason"} - set(entry)
+    if missing or entry["module"] not in config["modules"]:
+      raise SystemExit(f"{path}: equivalent entry {i} ({entry}) needs module (one of "
+                       f"{sorted(config['modules'])}), line, mutant and reason")
+  return config
+
+
+def annotation_spans(code: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+  """Where the type annotations are: with `from __future__ import annotations` they never run."""
+  spans = []
+  for node in ast.walk(ast.parse(code)):
+    parts = []
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns:
+      parts.append(node.returns)
+    if isinstance(node, ast.arg) and node.annotation:
+      parts.append(node.annotation)
+    if isinstance(node, ast.AnnAssign):
+      parts.append(node.annotation)
+    spans += [((p.lineno, p.col_offset), (p.end_lineno, p.end_col_offset)) for p in parts]
+  return spans
+
+
+def mutant_lines(code: str, mutation) -> tuple[str, str]:
+  """The source line and the same line mutated, both stripped: how a mutant is named."""
+  line = mutation.start_pos[0]
+  operator = get_operator(mutation.operator_name)(**(mutation.operator_args or {}))
+  mutated = mutate_code(code, operator, mutation.occurrence)
+  before = code.splitlines()[line - 1].strip()
+  after = mutated.splitlines()[line - 1].strip() if mutated is not None else before
+  return before, after
+
+
+def classify(code: str, spans, mutation, config: dict, module: str) -> str | None:
+  """Why a mutant is not run ('operator: ...', 'annotation: ...', 'equivalent: ...') or None."""
+  if not any(re.match(p, mutation.operator_name) for p in config["operators"]["include"]):
+    return "operator: not in [operators] include"
+  pos = tuple(mutation.start_pos)
+  if any(start <= pos < end for start, end in spans):
+    return "annotation: never evaluated"
+  source_line = code.splitlines()[mutation.start_pos[0] - 1].strip()
+  entries = [e for e in config.get("equivalent", [])
+             if e["module"] == module and e["line"] == source_line]
+  if entries:  # only then mutate (a parse of the module) to see the mutated line
+    before, after = mutant_lines(code, mutation)
+    for entry in entries:
+      if (entry["line"], entry["mutant"]) == (before, after):
+        return f"equivalent: {entry['reason']}"
+  return None
+
+
+def copy_tree(dst: Path) -> None:
+  """The files git knows (tracked, or new and not ignored), as they are in the working tree."""
+  if dst.exists():
+    shutil.rmtree(dst)
+  files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                         check=True, capture_output=True, text=True).stdout.split("\0")
+  for name in filter(None, files):
+    if (REPO / name).is_file():
+      (dst / name).parent.mkdir(parents=True, exist_ok=True)
+      shutil.copy2(REPO / name, dst / name)
+
+
+def test_command(module: dict) -> str:
+  return " ".join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                   "-o", "addopts=", *module["tests"],
+                   *[f"--deselect={t}" for t in module.get("deselect", [])]])
+
+
+def session_config(module: dict, timeout: float) -> str:
+  return (f'[cosmic-ray]\nmodule-path = "{module["path"]}"\ntimeout = {float(timeout)}\n'
+          f'excluded-modules = []\ntest-command = "{test_command(module)}"\n'
+          f'[cosmic-ray.distributor]\nname = "local"\n')
+
+
+def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: dict,
+            sample: int | None = None) -> list[list[Path]]:
+  """One cosmic-ray session per module and worker; worker w runs every workers-th mutant
+  (of `sample` drawn at random per module, when given)."""
+  (out / "sessions").mkdir(parents=True, exist_ok=True)
+  queues = [[] for _ in range(workers)]
+  for name in names:
+    module = config["modules"][name]
+    code = (REPO / module["path"]).read_text()
+    (out / "sessions" / f"{name}.py").write_text(code)  # for the report: the copies get mutated
+    spans = annotation_spans(code)
+    for w in range(workers):
+      toml_path = out / "sessions" / f"{name}.{w}.toml"
+      toml_path.write_text(session_config(module, timeouts[name]))
+      db_path = out / "sessions" / f"{name}.{w}.sqlite"
+      db_path.unlink(missing_ok=True)
+      with use_db(str(db_path)) as db:
+        cwd = os.getcwd()
+        os.chdir(out / f"work{w}")
+        try:
+          cr_init([Path(module["path"])], db, {})
+        finally:
+          os.chdir(cwd)
+        # The job ids are random per session: shard by what the mutant is instead.
+        items = sorted(db.work_items, key=lambda i: (i.mutations[0].operator_name,
+                                                     i.mutations[0].occurrence))
+        reasons = [classify(code, spans, item.mutations[0], config, name) for item in items]
+        runnable = [i for i, reason in enumerate(reasons) if reason is None]
+        if sample is not None and sample < len(runnable):
+          drawn = set(random.Random(0).sample(runnable, sample))
+          reasons = [r if i in drawn or r else "sample: not drawn" for i, r in enumerate(reasons)]
+          runnable = sorted(drawn)
+        for k, i in enumerate(runnable):
+          if k % workers != w:
+            reasons[i] = f"shard: run by worker {k % workers}"
+        skipped = {}
+        for item, reason in zip(items, reasons):
+          if reason:
+            skipped.setdefault(reason, []).append(item.job_id)
+        for reason, job_ids in skipped.items():
+          db.set_multiple_results(job_ids, WorkResult(output=reason,
+                                                      worker_outcome=WorkerOutcome.SKIPPED))
+      queues[w].append(toml_path)
+  return queues
+
+
+def environment(work: Path, out: Path) -> dict:
+  env = dict(os.environ, PYTHONPATH=str(work), JAX_COMPILATION_CACHE_DIR=str(out / "jax_cache"))
+  env.pop("XLA_FLAGS", None)  # tests/conftest.py sets the 8 fake devices
+  return env
+
+
+def baseline(out: Path, config: dict, names: list[str], workers: int) -> dict[str, float]:
+  """The listed tests pass on the unmutated copies, or every mutant would look killed."""
+  for w in range(workers):
+    work = out / f"work{w}"
+    where = subprocess.run([sys.executable, "-c", "import transformer_jax as t; print(t.__file__)"],
+                           cwd=work, env=environment(work, out), capture_output=True, text=True)
+    if not where.stdout.startswith(str(work)):
+      raise SystemExit(f"the copy in {work} imports transformer_jax from {where.stdout.strip()}"
+                       f"{where.stderr[-2000:]}: mutants would not be tested")
+
+  def run(args):
+    w, command = args
+    work = out / f"work{w}"
+    print(f"baseline: {command}", flush=True)
+    start = time.time()
+    done = subprocess.run(command.split(), cwd=work, env=environment(work, out),
+                          capture_output=True, text=True)
+    return command, done, time.time() - start
+
+  commands = sorted({test_command(config["modules"][n]) for n in names})
+  seconds = {}
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    for command, done, took in pool.map(run, [(i % workers, c) for i, c in enumerate(commands)]):
+      if done.returncode != 0:
+        raise SystemExit(f"the unmutated tests fail; fix them first:\n{command}\n"
+                         f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
+      seconds[command] = took
+  # A mutant's time limit: 3x the unmutated tests' time (which compiled from an empty cache)
+  # plus a minute for a busy machine, unless the config sets one.
+  return {n: config["modules"][n].get("timeout", round(3 * seconds[test_command(
+      config["modules"][n])] + 60)) for n in names}
+
+
+def execute(out: Path, w: int, queue: list[Path]) -> None:
+  work = out / f"work{w}"
+  for toml_path in queue:
+    db = toml_path.with_suffix(".sqlite")
+    start = time.time()
+    with open(out / "sessions" / f"{toml_path.stem}.log", "w") as log:
+      subprocess.run([str(Path(sys.executable).with_name("cosmic-ray")), "exec", str(toml_path),
+                      str(db)], cwd=work, env=environment(work, out), stdout=log,
+                     stderr=subprocess.STDOUT, check=True)
+    print(f"worker {w}: {toml_path.stem} done in {time.time() - start:.0f} s", flush=True)
+
+
+def outcome(result: WorkResult) -> str:
+  if result.worker_outcome == WorkerOutcome.SKIPPED:
+    kind = result.output.split(":")[0]
+    # or equivalent, shard, sample
+    return "filtered" if kind in ("operator", "annotation") else kind
+  if result.worker_outcome != WorkerOutcome.NORMAL:
+    return "incompetent"  # the mutation could not be applied or the worker failed
+  if result.test_outcome == TestOutcome.SURVIVED:
+    return "survived"
+  if result.test_outcome == TestOutcome.KILLED:
+    return "timeout" if result.output == "timeout" else "killed"
+  return "incompetent"
+
+
+def report(out: Path, config: dict, names: list[str]) -> dict:
+  (out / "survivors").mkdir(parents=True, exist_ok=True)
+  rows = {}
+  for name in names:
+    counts = dict.fromkeys(["killed", "timeout", "survived", "equivalent", "incompetent",
+                            "pending", "filtered"], 0)
+    survivors = []
+    sessions = sorted((out / "sessions").glob(f"{name}.*.sqlite"))
+    if not sessions:
+      continue  # not run into this --out
+    code = (out / "sessions" / f"{name}.py").read_text()  # as it was when mutated
+    for db_path in sessions:
+      with use_db(str(db_path), WorkDB.Mode.open) as db:
+        results = dict(db.results)
+        for item in db.work_items:
+          result = results.get(item.job_id)
+          kind = outcome(result) if result else "pending"
+          if kind in counts:
+            counts[kind] += 1
+          if kind == "survived":
+            before, after = mutant_lines(code, item.mutations[0])
+            survivors.append((item.mutations[0].start_pos[0], before, after, result.diff))
+    caught = counts["killed"] + counts["timeout"]
+    run = caught + counts["survived"]
+    counts["score"] = round(100 * caught / run, 1) if run else None
+    rows[name] = counts
+    with open(out / "survivors" / f"{name}.diff", "w") as f:
+      for line, before, after, diff in sorted(survivors):
+        f.write(f"# line {line}\n# line = {json.dumps(before)}\n# mutant = {json.dumps(after)}\n"
+                f"{diff}\n\n")
+  (out / "report.json").write_text(json.dumps(rows, indent=1))
+  header = "| module | killed | timeout | survived | score % | equivalent | incompetent | pending |"
+  lines = [header, "|" + "---|" * 8]
+  for name, c in rows.items():
+    lines.append(f"| {name} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['score']} | "
+                 f"{c['equivalent']} | {c['incompetent']} | {c['pending']} |")
+  (out / "report.md").write_text("\n".join(lines) + "\n")
+  print("\n".join(lines))
+  return rows
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--out", type=Path, required=True, help="where the copies and reports go")
+  parser.add_argument("--modules", default="", help="comma-separated; default: every module")
+  parser.add_argument("--workers", type=int, default=2, help="copies of the tree run side by side")
+  parser.add_argument("--sample", type=int, default=None,
+                      help="run this many mutants per module, drawn at random (seed 0)")
+  parser.add_argument("--report", action="store_true", help="only write the report again")
+  args = parser.parse_args(argv)
+  config = load_config()
+  names = [n for n in args.modules.split(",") if n] or list(config["modules"])
+  unknown = set(names) - set(config["modules"])
+  if unknown:
+    raise SystemExit(f"--modules: {sorted(unknown)} not in {CONFIG}; "
+                     f"known: {sorted(config['modules'])}")
+  out = args.out.resolve()
+  if not args.report:
+    for w in range(args.workers):
+      copy_tree(out / f"work{w}")
+    timeouts = baseline(out, config, names, args.workers)
+    queues = prepare(out, config, names, args.workers, timeouts, args.sample)
+    with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
+      list(pool.map(lambda wq: execute(out, *wq), enumerate(queues)))
+  report(out, config, names)
+
+
+if __name__ == "__main__":
+  main()
