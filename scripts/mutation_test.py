@@ -246,13 +246,14 @@ def report(out: Path, config: dict, names: list[str]) -> dict:
     if not sessions:
       continue  # not run into this --out
     code = (out / "sessions" / f"{name}.py").read_text()  # as it was when mutated
-    for db_path in sessions:
+    for first, db_path in zip([True] + [False] * len(sessions), sessions):
       with use_db(str(db_path), WorkDB.Mode.open) as db:
         results = dict(db.results)
         for item in db.work_items:
           result = results.get(item.job_id)
           kind = outcome(result) if result else "pending"
-          if kind in counts:
+          # Every session lists the skipped mutants: count those once.
+          if kind in counts and (first or kind not in ("equivalent", "filtered")):
             counts[kind] += 1
           if kind == "survived":
             before, after = mutant_lines(code, item.mutations[0])

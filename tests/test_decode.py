@@ -1,5 +1,6 @@
 """Greedy and beam search: uncached and exhaustive references, EOS, padding, length limits."""
 import functools
+import inspect
 import itertools
 
 import flax.linen as nn
@@ -280,3 +281,13 @@ def test_wide_beam_equals_exhaustive_search(peaked):
   one, _ = search.beam_search(cfg, params, src, beam_size=1, alpha=alpha,
                               max_len_margin=SMALL_MARGIN)
   np.testing.assert_array_equal(one, greedy_tokens)
+
+
+def test_defaults_are_the_papers_decoding_settings():
+  # Section 6.1: beam 4, length penalty alpha 0.6, at most input length + 50 output tokens.
+  for fn, beam in ((search.greedy_search, None), (search.beam_search, 4),
+                   (search.search_batch, 1)):
+    params = inspect.signature(fn).parameters
+    assert params["max_len_margin"].default == 50, fn
+    if beam is not None:
+      assert params["beam_size"].default == beam and params["alpha"].default == 0.6, fn

@@ -269,3 +269,38 @@ def test_invalid_configs_name_the_field():
     tj.model_config("tiny", attention_impl="cudnn", attention_dropout_rate=0.1)
   with pytest.raises(dataclasses.FrozenInstanceError):
     tj.model_config("tiny").d_model = 3
+
+
+def test_token_validity_of_packed_rows_is_their_segment_ids():
+  from transformer_jax.model import token_validity
+  tokens = jnp.array([[5, 6, 0, 7, 0]])
+  np.testing.assert_array_equal(token_validity(tokens, None, 0), [[1, 1, 0, 1, 0]])
+  # Packed rows: the segment ids decide (0 is padding), whatever the token ids there are.
+  segments = jnp.array([[1, 1, 0, 2, 0]])
+  np.testing.assert_array_equal(token_validity(jnp.full((1, 5), 9), segments, 0),
+                                [[1, 1, 0, 1, 0]])
+
+
+def test_learned_position_tables_start_at_std_0_02():
+  cfg, model = make(position_encoding="learned")
+  params = jax.jit(model.init)(jax.random.key(0), random_tokens(0, (1, 8)),
+                               random_tokens(1, (1, 8)))["params"]
+  for side in ("encoder", "decoder"):
+    table = np.asarray(nn.meta.unbox(params[side]["position"]["embedding"]))
+    assert table.shape == (cfg.max_len, cfg.d_model)
+    assert abs(table.std() - 0.02) < 0.002 and abs(table.mean()) < 0.002, side
+
+
+@pytest.mark.parametrize("kind", ["dropout_rate", "attention_dropout_rate", "relu_dropout_rate"])
+def test_each_dropout_acts_in_training_only(kind):
+  rates = dict(dropout_rate=0.0, attention_dropout_rate=0.0, relu_dropout_rate=0.0)
+  cfg, evaluate = make(**{**rates, kind: 0.3}, num_encoder_layers=1, num_decoder_layers=1)
+  src, tgt = random_tokens(0, (2, 9)), random_tokens(1, (2, 7))
+  params = jax.jit(evaluate.init)(jax.random.key(0), src, tgt)["params"]
+  train = tj.Transformer(cfg)
+  no_dropout = tj.Transformer(cfg.replace(**rates))
+  rngs = {"dropout": jax.random.key(1)}
+  run = lambda m: np.asarray(jax.jit(m.apply)({"params": params}, src, tgt, rngs=rngs))  # noqa: E731
+  reference = run(no_dropout)
+  np.testing.assert_allclose(run(evaluate), reference, rtol=1e-5, atol=1e-5)
+  assert np.abs(run(train) - reference).max() > 1e-2

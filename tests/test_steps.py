@@ -1,0 +1,103 @@
+"""The pure train and eval steps against a direct computation: what one step reports and changes."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import transformer_jax as tj
+from transformer_jax import losses, steps
+
+SMOOTHING = 0.1
+
+
+@pytest.fixture(scope="module")
+def setup():
+  cfg = tj.model_config("tiny", vocab_size=30, num_encoder_layers=1, num_decoder_layers=1)
+  model = tj.Transformer(cfg)
+  tx = optax.sgd(0.5)
+  state = steps.unbox(steps.init_train_state(model, tx, jax.random.key(0), (1, 8)))
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(4, 30, (4, 9)).astype(np.int32)
+  targets = rng.integers(4, 30, (4, 7)).astype(np.int32)
+  inputs[1, 5:] = 0
+  targets[2, 3:] = 0
+  batch = {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(targets)}
+  schedule = lambda count: 0.5 / (count + 1.0)  # noqa: E731
+  step = jax.jit(steps.make_train_step(model, tx, schedule, SMOOTHING))
+  return model, tx, state, batch, step
+
+
+@pytest.fixture(scope="module")
+def reference(setup):
+  model = setup[0]
+  return jax.jit(jax.value_and_grad(lambda p, b, r: reference_loss(model, p, b, r)))
+
+
+def reference_loss(model, params, batch, rng):
+  """The step's loss by hand: smoothed cross-entropy summed over non-pad targets, averaged."""
+  logits = model.apply({"params": params}, **batch, rngs={"dropout": rng})
+  weights = (batch["targets"] != 0).astype(jnp.float32)
+  loss, _ = losses.smoothed_cross_entropy(logits, batch["targets"], weights, SMOOTHING)
+  return loss.sum() / weights.sum()
+
+
+def test_one_train_step_against_a_direct_computation(setup, reference):
+  model, tx, state, batch, step = setup
+  new, metrics = step(state, batch)
+  # The dropout key of update n is the state's key folded with n (here 0).
+  rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), 0)
+  loss, grads = reference(state.params, batch, rng)
+  tokens = float((batch["targets"] != 0).sum())
+  assert float(metrics["tokens"]) == tokens == 4 * 7 - 4
+  assert float(metrics["source_tokens"]) == 4 * 9 - 4
+  assert float(metrics["loss"]) / tokens == pytest.approx(float(loss), rel=1e-5)
+  assert float(metrics["grad_norm"]) == pytest.approx(float(optax.global_norm(grads)), rel=1e-4)
+  expected = jax.tree.map(lambda p, g: p - 0.5 * g, state.params, grads)   # SGD, rate 0.5
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  assert float(metrics["param_norm"]) == pytest.approx(float(optax.global_norm(expected)),
+                                                       rel=1e-5)
+  assert float(metrics["update_norm"]) == pytest.approx(0.5 * float(optax.global_norm(grads)),
+                                                        rel=1e-4)
+  # The reported rate is the one this update used: the schedule at the count before it.
+  assert float(metrics["learning_rate"]) == pytest.approx(0.5)
+  assert int(new.step) == 1 and np.array_equal(new.rng, state.rng)
+
+
+def test_the_step_number_changes_the_dropout_and_nothing_else(setup):
+  _, _, state, batch, step = setup
+  _, first = step(state, batch)
+  _, again = step(state, batch)
+  _, later = step(state.replace(step=jnp.array(1, jnp.int32)), batch)
+  assert float(first["loss"]) == float(again["loss"])
+  assert float(first["loss"]) != float(later["loss"])
+  assert float(later["learning_rate"]) == pytest.approx(0.25)
+
+
+def test_a_batch_of_padding_gives_zero_gradients_and_one_token_is_not_rescaled(setup, reference):
+  model, _, state, batch, step = setup
+  empty = {k: jnp.zeros_like(v) for k, v in batch.items()}
+  new, metrics = step(state, empty)
+  assert float(metrics["tokens"]) == 0.0 and float(metrics["grad_norm"]) == 0.0
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params)):
+    np.testing.assert_array_equal(a, b)
+  one = dict(batch, targets=batch["targets"].at[:, 1:].set(0).at[1:, :].set(0))
+  _, metrics = step(state, one)
+  rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), 0)
+  assert float(metrics["tokens"]) == 1.0
+  loss, grads = reference(state.params, one, rng)
+  assert float(metrics["loss"]) == pytest.approx(float(loss), rel=1e-5)
+  # The gradient is of the loss over 1 token, not over a floor larger than the count.
+  assert float(metrics["grad_norm"]) == pytest.approx(float(optax.global_norm(grads)), rel=1e-4)
+
+
+def test_eval_step_is_the_deterministic_loss_sums(setup):
+  model, _, state, batch, _ = setup
+  eval_model = tj.Transformer(model.config.replace(deterministic=True))
+  sums = jax.jit(steps.make_eval_step(eval_model, SMOOTHING))(state.params, batch)
+  logits = jax.jit(eval_model.apply)({"params": state.params}, **batch)
+  expected = losses.loss_sums(logits, batch["targets"], (batch["targets"] != 0).astype(
+      jnp.float32), SMOOTHING)
+  for key in ("loss", "nll", "correct", "tokens"):
+    assert float(sums[key]) == pytest.approx(float(expected[key]), rel=1e-6), key
