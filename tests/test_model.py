@@ -1,6 +1,7 @@
 """The Transformer's guarantees: causality, padding, packing, decoding, gradients, sizes."""
 import dataclasses
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -130,6 +131,11 @@ def test_cached_decoding_equals_teacher_forcing(setup):
   cross = cache["decoder"]["layer_0"]["cross_attention"]["kv_cache"]
   assert cross["cross_key"].shape == (3, 9, cfg.num_heads, cfg.head_dim)
   assert not np.asarray(cross["cross_valid"])[1, 5:].any()
+  # A decode step takes one position per sentence; two are refused, naming the count.
+  dcfg = cfg.replace(deterministic=True, decode=True)
+  with pytest.raises(ValueError, match="one target position per call, got 2"):
+    tj.Transformer(dcfg).apply({"params": params, "cache": cache}, tgt[:, :2],
+                               method=tj.Transformer.decode_step, mutable=["cache"])
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
@@ -197,6 +203,13 @@ def test_fused_attention_path_matches_reference(setup):
   out = fused.apply({"params": params}, src, tgt)
   np.testing.assert_allclose(out[1], ref[1], atol=1e-5)
   np.testing.assert_allclose(out[0, :4], ref[0, :4], atol=1e-5)
+  # In bfloat16 too (cuDNN's kernel on GPUs; elsewhere XLA's, which is what runs here).
+  bf16 = dict(deterministic=True, dtype="bfloat16")
+  out = tj.Transformer(cfg.replace(attention_impl="cudnn", **bf16)).apply({"params": params},
+                                                                          src, tgt)
+  ref = tj.Transformer(cfg.replace(**bf16)).apply({"params": params}, src, tgt)
+  np.testing.assert_allclose(np.asarray(out[1], np.float32), np.asarray(ref[1], np.float32),
+                             atol=0.1)
 
 
 def test_fused_attention_never_gives_the_kernel_an_empty_row(monkeypatch):
@@ -304,3 +317,26 @@ def test_each_dropout_acts_in_training_only(kind):
   reference = run(no_dropout)
   np.testing.assert_allclose(run(evaluate), reference, rtol=1e-5, atol=1e-5)
   assert np.abs(run(train) - reference).max() > 1e-2
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_attention_kernels_have_the_variance_of_a_plain_glorot_matrix(fused):
+  # Q, K, V and output kernels, one by one or fused in one [embed, 3, heads, kv] array: each
+  # d_model x d_model matrix is Glorot-uniform, U(+-sqrt(3 / d_model)), std d_model^-0.5.
+  cfg, model = make(fused_qkv=fused, num_encoder_layers=1, num_decoder_layers=1)
+  params = jax.jit(model.init)(jax.random.key(0), random_tokens(0, (1, 8)),
+                               random_tokens(1, (1, 8)))["params"]
+  flat = flax.traverse_util.flatten_dict(nn.meta.unbox(params))
+  kernels = {k: np.asarray(v) for k, v in flat.items()
+             if k[-1] == "kernel" and len(k) > 2 and "attention" in k[-3]}
+  assert any(k[-2] == "qkv" for k in kernels) == fused and len(kernels) == (7 if fused else 12)
+  d = cfg.d_model
+  for name, w in kernels.items():
+    assert np.abs(w).max() <= np.sqrt(3 / d), name
+    assert abs(w.std() / d**-0.5 - 1) < 0.05, name
+  # The feed-forward kernels [d_model, d_ff] and [d_ff, d_model]: std sqrt(2 / (d_model + d_ff)).
+  ffn = [np.asarray(v) for k, v in flat.items() if k[-1] == "kernel" and np.ndim(v) == 2
+         and {np.shape(v)[0], np.shape(v)[1]} == {d, cfg.d_ff}]
+  assert len(ffn) == 4
+  for w in ffn:
+    assert abs(w.std() / np.sqrt(2 / (d + cfg.d_ff)) - 1) < 0.05
