@@ -101,3 +101,23 @@ def test_eval_step_is_the_deterministic_loss_sums(setup):
       jnp.float32), SMOOTHING)
   for key in ("loss", "nll", "correct", "tokens"):
     assert float(sums[key]) == pytest.approx(float(expected[key]), rel=1e-6), key
+
+
+def test_setup_context_enters_every_manager_and_leaves_in_reverse():
+  # TrainSetup.context() is the mesh and the logical axis rules: both must be active to trace.
+  log = []
+
+  class Manager:
+    def __init__(self, name):
+      self.name = name
+
+    def __enter__(self):
+      log.append(("enter", self.name))
+
+    def __exit__(self, *exc):
+      log.append(("exit", self.name))
+
+  with steps._Contexts(Manager("mesh"), Manager("rules")):
+    log.append("body")
+  assert log == [("enter", "mesh"), ("enter", "rules"), "body", ("exit", "rules"),
+                 ("exit", "mesh")]
