@@ -124,6 +124,19 @@ def session_config(module: dict, timeout: float) -> str:
           f'[cosmic-ray.distributor]\nname = "local"\n')
 
 
+def init_mutants(db, module_path: str, root: Path) -> list:
+  """Fill `db` with every mutant of `module_path` (relative to `root`, where cosmic-ray will
+  apply them), sorted by operator and occurrence: the job ids are random per session."""
+  cwd = os.getcwd()
+  os.chdir(root)
+  try:
+    cr_init([Path(module_path)], db, {})
+  finally:
+    os.chdir(cwd)
+  return sorted(db.work_items, key=lambda i: (i.mutations[0].operator_name,
+                                              i.mutations[0].occurrence))
+
+
 def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: dict,
             sample: int | None = None) -> list[list[Path]]:
   """One cosmic-ray session per module and worker; worker w runs every workers-th mutant
@@ -135,32 +148,29 @@ def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: d
     code = (REPO / module["path"]).read_text()
     (out / "sessions" / f"{name}.py").write_text(code)  # for the report: the copies get mutated
     spans = annotation_spans(code)
+    reasons = None  # the same for every worker's session: classified once
     for w in range(workers):
       toml_path = out / "sessions" / f"{name}.{w}.toml"
       toml_path.write_text(session_config(module, timeouts[name]))
       db_path = out / "sessions" / f"{name}.{w}.sqlite"
       db_path.unlink(missing_ok=True)
       with use_db(str(db_path)) as db:
-        cwd = os.getcwd()
-        os.chdir(out / f"work{w}")
-        try:
-          cr_init([Path(module["path"])], db, {})
-        finally:
-          os.chdir(cwd)
-        # The job ids are random per session: shard by what the mutant is instead.
-        items = sorted(db.work_items, key=lambda i: (i.mutations[0].operator_name,
-                                                     i.mutations[0].occurrence))
-        reasons = [classify(code, spans, item.mutations[0], config, name) for item in items]
-        runnable = [i for i, reason in enumerate(reasons) if reason is None]
-        if sample is not None and sample < len(runnable):
-          drawn = set(random.Random(0).sample(runnable, sample))
-          reasons = [r if i in drawn or r else "sample: not drawn" for i, r in enumerate(reasons)]
-          runnable = sorted(drawn)
+        # Sorted by what the mutant is, so worker w's shard is the same list in every session.
+        items = init_mutants(db, module["path"], out / f"work{w}")
+        if reasons is None:
+          reasons = [classify(code, spans, item.mutations[0], config, name) for item in items]
+          runnable = [i for i, reason in enumerate(reasons) if reason is None]
+          if sample is not None and sample < len(runnable):
+            drawn = set(random.Random(0).sample(runnable, sample))
+            reasons = [r if i in drawn or r else "sample: not drawn"
+                       for i, r in enumerate(reasons)]
+            runnable = sorted(drawn)
+        shard = list(reasons)
         for k, i in enumerate(runnable):
           if k % workers != w:
-            reasons[i] = f"shard: run by worker {k % workers}"
+            shard[i] = f"shard: run by worker {k % workers}"
         skipped = {}
-        for item, reason in zip(items, reasons):
+        for item, reason in zip(items, shard):
           if reason:
             skipped.setdefault(reason, []).append(item.job_id)
         for reason, job_ids in skipped.items():

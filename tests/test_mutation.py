@@ -52,13 +52,7 @@ def test_every_equivalent_entry_still_names_a_mutant(tmp_path):
     code = open(os.path.join(REPO, module["path"])).read()
     spans = mutation.annotation_spans(code)
     with mutation.use_db(str(tmp_path / f"{name}.sqlite")) as db:
-      cwd = os.getcwd()
-      os.chdir(REPO)
-      try:
-        mutation.cr_init([mutation.Path(module["path"])], db, {})
-      finally:
-        os.chdir(cwd)
-      for item in db.work_items:
+      for item in mutation.init_mutants(db, module["path"], mutation.REPO):
         reason = mutation.classify(code, spans, item.mutations[0], config, name)
         if reason and reason.startswith("equivalent"):
           found.add((name, *mutation.mutant_lines(code, item.mutations[0])))
