@@ -76,6 +76,12 @@ def get_config(arg="ende"):
 
 
 def sweep(arg="ende_short"):
-  """LayerNorm position x the schedule's multiplier (the peak learning rate), 2 x 2 points."""
+  """LayerNorm position x the schedule's multiplier (the peak learning rate), 2 x 2 points at
+  seed 0; then seeds 1 and 2 of the paper's point (post-LN, multiplier 1), so its spread is
+  measured (`--report` adds the mean and spread over seeds)."""
   del arg
-  return sweeps.product(**{"model.norm_position": ["post", "pre"], "learning_rate": [1.0, 2.0]})
+  grid = sweeps.product(**{"model.norm_position": ["post", "pre"], "learning_rate": [1.0, 2.0],
+                           "seed": [0]})
+  paper = sweeps.product(**{"model.norm_position": ["post"], "learning_rate": [1.0],
+                            "seed": [1, 2]})
+  return sweeps.chain(grid, paper)

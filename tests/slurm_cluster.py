@@ -59,6 +59,9 @@ SlurmctldHost=localhost
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# A requeued job waits out its old credential's lifetime before it may start again: 120 s by
+# default, 10 here, so the preemption test does not sleep for two minutes.
+AuthInfo=cred_expire=10
 CredType=cred/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc

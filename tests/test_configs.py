@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from transformer_jax import experiment
+from transformer_jax import experiment, sweeps
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -60,6 +60,13 @@ def test_locale_variants_differ_only_where_documented():
     assert c.keep_checkpoints >= c.average_last_checkpoints
   # The sweep's points all apply to the short config.
   points = locale.sweep()
-  assert len(points) == 4 and {p["model.norm_position"] for p in points} == {"post", "pre"}
+  grid = [p for p in points if p["seed"] == 0]
+  assert len(grid) == 4 and {p["model.norm_position"] for p in grid} == {"post", "pre"}
+  # The paper's point (post-LN, multiplier 1) again with two more seeds, for its spread.
+  paper_seeds = [p for p in points if p["model.norm_position"] == "post" and
+                 p["learning_rate"] == 1.0]
+  assert sorted(p["seed"] for p in paper_seeds) == [0, 1, 2]
+  for p in points:
+    sweeps.apply_overrides(short, p)
   with pytest.raises(ValueError, match="expected <pair>"):
     locale.get_config("ende_long")

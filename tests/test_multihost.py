@@ -19,6 +19,7 @@ from transformer_jax.run import checkpointing, distributed, metrics
 from transformer_jax.run.trainer import Trainer
 
 import tiny_config as tiny_config_module
+import xla_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,7 +66,7 @@ def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_
   assert not np.array_equal(shards[0]["inputs"], shards[1]["inputs"])  # each its own shard
 
   port = _free_port()
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+  env = dict(os.environ, XLA_FLAGS=xla_env.flags(2),
              JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
   for key in ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "JAX_COORDINATOR_ADDRESS"):
     env.pop(key, None)

@@ -18,6 +18,7 @@ from transformer_jax.run import checkpointing, metrics
 
 from slurm_cluster import LocalSlurm, SlurmUnavailable
 import tiny_config
+import xla_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_config.py")
@@ -51,7 +52,7 @@ def data_dir(tmp_path_factory):
 
 def job_env(cluster):
   # Two fake CPU devices per process: the tiny batch of 8 rows splits over the 4 of 2 processes.
-  env = cluster.env(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+  env = cluster.env(XLA_FLAGS=xla_env.flags(2), JAX_PLATFORMS="cpu",
                     PYTHONUNBUFFERED="1")
   for key in ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES"):
     env.pop(key, None)

@@ -2,6 +2,7 @@
 import csv
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from transformer_jax.run import metrics
 from transformer_jax.sweeps import slurm as sweeps_slurm
 
 import tiny_config  # tests/ is on sys.path: pytest puts a test file's directory there
+import xla_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_config.py")
@@ -192,6 +194,36 @@ def test_report_plot_leaves_the_matplotlib_backend_alone(tmp_path):
     matplotlib.use(original)
 
 
+def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
+  """Points that differ only in `seed` are merged per setting: n, mean, sample std, range."""
+  bleu = {(1.0, 0): 10.0, (1.0, 1): 12.0, (1.0, 2): 14.0,
+          (2.0, 0): 20.0, (2.0, 1): 21.0, (2.0, 2): 22.0, (4.0, 0): 30.0}
+  points = [{"learning_rate": lr, "seed": seed} for lr, seed in bleu]
+  (tmp_path / "sweep.json").write_text(json.dumps({"points": [{"overrides": p} for p in points]}))
+  for (lr, seed), value in bleu.items():
+    d = sweeps.point_dir(str(tmp_path), {"learning_rate": lr, "seed": seed})
+    os.makedirs(d)
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": 3, "bleu": value, "eval_loss": 5.0 - value / 10}) + "\n")
+  out = sweeps.report(str(tmp_path), "bleu")
+  seeds = out["seeds"]
+  assert [r["learning_rate"] for r in seeds] == [4.0, 2.0, 1.0]     # best mean first
+  two = seeds[1]
+  assert (two["seeds"], two["n"]) == ("0 1 2", 3)
+  assert two["bleu_mean"] == pytest.approx(21.0) and two["bleu_std"] == pytest.approx(1.0)
+  assert (two["bleu_min"], two["bleu_max"]) == (20.0, 22.0)
+  assert seeds[2]["bleu_std"] == pytest.approx(2.0)
+  assert seeds[0]["n"] == 1 and math.isnan(seeds[0]["bleu_std"])   # one seed: no spread
+  assert "Over seeds" in out["markdown"] and "| 21 | 1 | 20 | 22 |" in out["markdown"]
+  assert {"report_seeds.csv", "report_seeds.md"} <= set(os.listdir(tmp_path))
+  # A loss sorts lowest first; without a repeated setting there is no summary.
+  by_loss = sweeps.seed_summary(out["rows"], out["fields"], "eval_loss")
+  assert [r["learning_rate"] for r in by_loss] == [4.0, 2.0, 1.0]
+  single = [r for r in out["rows"] if r["seed"] == 0]
+  assert sweeps.seed_summary(single, out["fields"], "bleu") == []
+  assert sweeps.seed_summary(out["rows"], ["learning_rate"], "bleu") == []
+
+
 def test_config_overrides_reach_every_point(tmp_path, monkeypatch, capsys):
   """`--config.X=V` given to scripts/sweep.py reaches each point's train command after the
   point's own fields, and sets the number of steps the driver checks a point against."""
@@ -275,26 +307,31 @@ def test_slurm_script(tmp_path):
 
 
 def test_sweep_end_to_end(tmp_path):
-  """2 learning rates x 2 warmups of the tiny config, 3 steps each, through scripts/train.py."""
+  """Two of the 4 points (learning rate x warmup) of the tiny config, 3 steps each, through
+  scripts/train.py: `--point` runs only those; a re-run skips them; the report shows all 4."""
   data_dir = tmp_path / "tfds"
   c = tiny_config.get_config()
   c.data.data_dir = str(data_dir)
-  get_data(c.data, str(tmp_path / "prebuild"))  # the dataset once, before four processes use it
+  get_data(c.data, str(tmp_path / "prebuild"))  # the dataset once, before the processes use it
   sweep_dir = tmp_path / "lr_warmup"
   cmd = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), "--config", TINY,
          "--workdir", str(sweep_dir), f"--config.data.data_dir={data_dir}",
          "--config.num_train_steps=3", "--config.bleu_num_sentences=4"]
   # Each point trains its own vocabulary in its workdir, whose name has commas in it.
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+  env = dict(os.environ, XLA_FLAGS=xla_env.flags(1))
+  out = subprocess.run(cmd + ["--point", "1", "--point", "2"], capture_output=True, text=True,
+                       timeout=600, cwd=REPO, env=env)
   assert out.returncode == 0, out.stderr[-5000:]
   names = [sweeps.point_name(p) for p in sweeps.points_from_config(TINY)]
+  ran = [names[1], names[2]]
+  assert ran == ["learning_rate=1,warmup_steps=10", "learning_rate=2,warmup_steps=5"]
   for name in names:
-    assert os.path.exists(sweep_dir / name / sweeps.DONE), name
+    assert os.path.exists(sweep_dir / name / sweeps.DONE) == (name in ran), name
+  for name in ran:
     assert sweeps.finished(str(sweep_dir / name), 3)
   # The learning rate reached the run: at step 3 the rate is lr * d^-0.5 * 3 * warmup^-1.5.
   lrs = {}
-  for name in names:
+  for name in ran:
     records = [json.loads(line) for line in open(sweep_dir / name / "metrics.jsonl")]
     lrs[name] = [r["learning_rate"] for r in records if "learning_rate" in r][-1]
   def expected(lr, w):
@@ -302,18 +339,20 @@ def test_sweep_end_to_end(tmp_path):
   assert lrs["learning_rate=2,warmup_steps=5"] == pytest.approx(expected(2.0, 5), rel=1e-5)
   assert lrs["learning_rate=1,warmup_steps=10"] == pytest.approx(expected(1.0, 10), rel=1e-5)
 
-  # Re-running skips every point; the report sorts by final BLEU and plots it.
-  again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
-  assert again.returncode == 0 and again.stderr.count("already done, skipped") == 4
+  # Re-running them skips both; the report sorts by final BLEU and plots the two that ran.
+  again = subprocess.run(cmd + ["--point", "1", "--point", "2"], capture_output=True, text=True,
+                         timeout=120, cwd=REPO, env=env)
+  assert again.returncode == 0 and again.stderr.count("already done, skipped") == 2
   rep = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "sweep.py"), "--workdir",
                         str(sweep_dir), "--report", "--metric", "bleu"],
                        capture_output=True, text=True, timeout=120, cwd=REPO)
   assert rep.returncode == 0, rep.stderr
-  assert rep.stdout.count("| done |") == 4
+  assert rep.stdout.count("| done |") == 2 and len(rep.stdout.strip().splitlines()) == 2 + 4
   with open(sweep_dir / "report.csv") as f:
     rows = list(csv.DictReader(f))
   assert sorted(float(r["learning_rate"]) for r in rows) == [1.0, 1.0, 2.0, 2.0]
-  assert all(float(r["step"]) == 3 and "bleu" in r for r in rows)
+  done = [r for r in rows if r["status"] == "done"]
+  assert len(done) == 2 and all(float(r["step"]) == 3 and r["bleu"] != "" for r in done)
   assert {"report.csv", "report.md", "report_bleu.png"} <= set(os.listdir(sweep_dir))
 
 

@@ -60,6 +60,10 @@ def base_config(size: str = "small") -> ml_collections.ConfigDict:
   c.logical_axis_rules = [list(r) for r in DEFAULT_RULES]
 
   c.log_every_steps = 50          # console, metrics.jsonl and TensorBoard cadence
+  # On CPU, MFU is against the FLOP/s of an n x n float32 matmul measured at start-up: about 3 s
+  # at 2048 on 2 cores (x the fake devices, each running one). Smaller starts sooner but measures
+  # a lower peak; the tests' tiny runs use 256. Accelerators read the peak from a table instead.
+  c.cpu_peak_matmul_size = 2048
   c.eval_every_steps = 500        # validation loss/accuracy over the whole validation split
   c.bleu_every_steps = 1000       # sacreBLEU on the first bleu_num_sentences validation pairs
   c.bleu_num_sentences = 256
@@ -116,6 +120,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for field in ("adam_b1", "adam_b2", "label_smoothing"):
     if not 0 <= c[field] < 1:
       bad(field, c[field], "must be in [0, 1)")
+  if c.cpu_peak_matmul_size < 16:
+    bad("cpu_peak_matmul_size", c.cpu_peak_matmul_size, "must be >= 16 (2048 measures the peak)")
   if c.beam_size < 1:
     bad("beam_size", c.beam_size, "must be >= 1")
   if c.max_len_margin < 0:

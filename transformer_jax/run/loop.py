@@ -97,7 +97,8 @@ class _Run:
     # are dropped, so every step appears once in metrics.jsonl and TensorBoard.
     self.writer = metrics_lib.MetricsWriter(workdir, enabled=main, resume_step=self.step)
     self.progress = metrics_lib.Progress(self.config.num_train_steps, self.step, enabled=main)
-    peak, peak_source = flops.peak_flops(trainer.model_cfg.dtype)
+    peak, peak_source = flops.peak_flops(trainer.model_cfg.dtype,
+                                          n=self.config.cpu_peak_matmul_size)
     # On CPU the measured peak is the whole host's (fake devices share its cores).
     total_peak = peak if jax.devices()[0].platform == "cpu" else peak * jax.device_count()
     self.meter = ThroughputMeter(trainer.model_cfg, total_peak, trainer.checkpointer.directory)

@@ -15,39 +15,47 @@ flags, in its own workdir named after its overrides.
   spec.py    building points, their names, reading a config file's sweep()
   runner.py  local subprocesses on disjoint devices; DONE/FAILED markers and status
   slurm.py   the same points as a SLURM array job
-  report.py  the table and plot of a metric over the points
+  report.py  the table and plot of a metric over the points, mean and spread over seeds
 """
-from transformer_jax.sweeps.report import collect, lower_is_better, plot, report, sort_rows
+from transformer_jax.sweeps.report import (
+    collect,
+    lower_is_better,
+    plot,
+    report,
+    seed_summary,
+    sort_rows,
+)
 from transformer_jax.sweeps.runner import DONE, FAILED, RUNNING, Runner, finished, slot_env, status
 from transformer_jax.sweeps.slurm import (
-                                          SubmitError,
-                                          array_spec,
+    SubmitError,
+    array_spec,
     log_path,
-                                          sbatch_script,
-                                          submit,
-                                          unfinished,
-                                          write_sbatch,
+    sbatch_script,
+    submit,
+    unfinished,
+    write_sbatch,
 )
 from transformer_jax.sweeps.spec import (
-                                          Point,
-                                          Sweep,
-                                          SweepError,
-                                          apply_overrides,
-                                          chain,
-                                          cross,
-                                          load_sweep,
-                                          override_flags,
-                                          point_dir,
-                                          point_name,
-                                          points_from_config,
-                                          product,
-                                          zipped,
+    Point,
+    Sweep,
+    SweepError,
+    apply_overrides,
+    chain,
+    cross,
+    load_sweep,
+    override_flags,
+    point_dir,
+    point_name,
+    points_from_config,
+    product,
+    zipped,
 )
 
 __all__ = [
     "DONE", "FAILED", "RUNNING", "Point", "Runner", "SubmitError", "Sweep", "SweepError",
     "apply_overrides", "array_spec", "chain", "collect", "cross", "finished", "load_sweep",
     "log_path", "lower_is_better", "override_flags", "plot", "point_dir", "point_name",
-    "points_from_config", "product", "report", "sbatch_script", "slot_env", "sort_rows",
+    "points_from_config", "product", "report", "sbatch_script", "seed_summary", "slot_env",
+    "sort_rows",
     "status", "submit", "unfinished", "write_sbatch", "zipped",
 ]

@@ -1,5 +1,6 @@
 """A sweep's report: one row per point with its fields, status and last metrics, sorted by one
-metric, as `report.csv`, `report.md` and a plot of the metric against each swept field."""
+metric, as `report.csv`, `report.md` and a plot of the metric against each swept field; where a
+setting ran with several seeds, their mean and spread as `report_seeds.csv/.md`."""
 from __future__ import annotations
 
 import csv
@@ -119,6 +120,44 @@ def plot(rows: list[dict], fields: list[str], metric: str, path: str) -> str | N
   return path
 
 
+def _number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and not (
+      isinstance(v, float) and math.isnan(v))
+
+
+def seed_summary(rows: list[dict], fields: list[str], metric: str, lower: bool | None = None,
+                 seed_field: str = "seed") -> list[dict]:
+  """Points that differ only in `seed_field` merged into one row per setting: the seeds, n, and
+  the mean, sample standard deviation, min and max of `metric`, best mean first.
+
+  [] unless some setting has the metric from two seeds or more: one seed gives no spread, and
+  a difference between settings means little until it is compared with the spread.
+  """
+  if seed_field not in fields:
+    return []
+  others = [f for f in fields if f != seed_field]
+  groups: dict[str, list[dict]] = {}
+  for r in rows:
+    if _number(r.get(metric)):
+      key = json.dumps([r.get(f) for f in others], default=str)
+      groups.setdefault(key, []).append(r)
+  if not any(len(g) > 1 for g in groups.values()):
+    return []
+  out = []
+  for group in groups.values():
+    values = [float(r[metric]) for r in group]
+    n, mean = len(values), sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
+    out.append({**{f: group[0].get(f) for f in others},
+                "seeds": " ".join(str(seed) for seed in sorted(
+                    (r.get(seed_field) for r in group),
+                    key=lambda v: (0, v, "") if _number(v) else (1, 0, str(v)))),
+                "n": n,
+                f"{metric}_mean": mean, f"{metric}_std": std,
+                f"{metric}_min": min(values), f"{metric}_max": max(values)})
+  return sort_rows(out, f"{metric}_mean", lower_is_better(metric) if lower is None else lower)
+
+
 def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> dict:
   """`report.csv`, `report.md` and `report_<metric>.png` in the sweep directory."""
   with open(os.path.join(sweep_dir, "sweep.json")) as f:
@@ -132,4 +171,10 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> d
     files.append(png)
   with open(prefix + ".md") as f:
     table = f.read()
-  return {"rows": rows, "fields": fields, "files": files, "markdown": table}
+  seeds = seed_summary(rows, fields, metric, lower)
+  if seeds:
+    columns = list(seeds[0])
+    files += write_rows(seeds, columns, columns, prefix + "_seeds")
+    with open(prefix + "_seeds.md") as f:
+      table += f"\nOver seeds ({metric}: mean, sample standard deviation, range):\n\n" + f.read()
+  return {"rows": rows, "fields": fields, "files": files, "markdown": table, "seeds": seeds}
