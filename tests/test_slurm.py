@@ -93,6 +93,7 @@ def test_srun_trains_with_two_processes_found_by_jax_and_one_process_restores(re
   workdir, output = reference
   # JAX read the cluster from SLURM's environment: both tasks joined one run of 2 processes.
   assert output.count("2 process(es)") == 2, output[-3000:]
+  assert "(measured float32 256x256 matmul)" in output  # the config's CPU peak size was used
   assert sorted(losses(workdir)) == list(range(1, STEPS + 1))   # logged once, by process 0
   step, params = checkpointing.load_params(str(workdir))          # this one process restores
   assert step == STEPS and params

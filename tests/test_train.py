@@ -144,6 +144,7 @@ def test_gradient_accumulation_equals_big_batch():
     ("grad_accum_steps", 3, r"config.grad_accum_steps=3: must divide the 8 rows"),
     ("data.batching", "foo", r"data.batching='foo'"),
     ("bleu_num_sentences", 0, r"config.bleu_num_sentences=0: must be >= 1"),
+    ("cpu_peak_matmul_size", 8, r"config.cpu_peak_matmul_size=8: must be >= 16"),
     # The tiny config warms up for 10 of its 6 steps: no steps are left for a cosine decay.
     ("schedule", "cosine", r"config.warmup_steps=10: must be < num_train_steps=6"),
 ])
