@@ -1,5 +1,5 @@
 """Test setup: 8 fake CPU devices and quick compiles (tests/xla_env.py), set before jax is imported
-anywhere, one XLA cache, and the heaviest test modules first."""
+anywhere, and one XLA cache."""
 import atexit
 import os
 import shutil
@@ -18,19 +18,3 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 
-
-# The modules that take longest, longest first (their summed test times with `-n 2`, measured
-# 2026-11-23: test_slurm 171 s, test_benchmark 147, test_model 147, test_train 135, ...).
-# `pytest -n 2 --dist loadfile` (the README's command) hands whole modules to its two workers in
-# collection order: started first, the long ones overlap each other and the many short modules
-# fill the gaps, instead of one long module running alone at the end while the other idles.
-HEAVIEST_FIRST = ("test_slurm.py", "test_benchmark.py", "test_model.py", "test_train.py",
-                  "test_multihost.py", "test_workdir.py", "test_parallel.py", "test_decode.py",
-                  "test_mutation.py", "test_sweeps.py", "test_tools.py", "test_steps.py")
-
-
-def pytest_collection_modifyitems(config, items):
-  del config
-  rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
-  # A stable sort: each module's tests stay together and in their order.
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

@@ -281,8 +281,8 @@ def test_wide_beam_equals_exhaustive_search(peaked, alpha):
     differs.append(np.asarray(greedy_tokens[i]).tolist() != row.tolist())
   if alpha == 0.6:  # at 2, greedy's long outputs happen to be the best here
     assert any(differs), "greedy already finds the best output: the test would not test search"
-  # Here the best output is not greedy's, yet beam size 1 still is greedy search (EOS candidates
-  # ranked below the beam are not finished: see beam_search).
+  # At alpha 0.6 the best output is not greedy's, yet beam size 1 still is greedy search (EOS
+  # candidates ranked below the beam are not finished: see beam_search).
   one, _ = search.beam_search(cfg, params, src, beam_size=1, alpha=alpha,
                               max_len_margin=SMALL_MARGIN)
   np.testing.assert_array_equal(one, greedy_tokens)

@@ -195,9 +195,11 @@ def test_report_plot_leaves_the_matplotlib_backend_alone(tmp_path):
 
 
 def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
-  """Points that differ only in `seed` are merged per setting: n, mean, sample std, range."""
+  """Points that differ only in `seed` are merged per setting: n, mean, sample std, range; only
+  finished seeds with a finite metric count, the others are named with their status."""
   bleu = {(1.0, 0): 10.0, (1.0, 1): 12.0, (1.0, 2): 14.0,
-          (2.0, 0): 20.0, (2.0, 1): 21.0, (2.0, 2): 22.0, (4.0, 0): 30.0}
+          (2.0, 0): 20.0, (2.0, 1): 21.0, (2.0, 2): 22.0, (2.0, 3): float("nan"),
+          (2.0, 4): 99.0, (4.0, 0): 30.0}
   points = [{"learning_rate": lr, "seed": seed} for lr, seed in bleu]
   (tmp_path / "sweep.json").write_text(json.dumps({"points": [{"overrides": p} for p in points]}))
   for (lr, seed), value in bleu.items():
@@ -205,6 +207,8 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
     os.makedirs(d)
     with open(os.path.join(d, "metrics.jsonl"), "w") as f:
       f.write(json.dumps({"step": 3, "bleu": value, "eval_loss": 5.0 - value / 10}) + "\n")
+    if seed != 4:  # seed 4 is still running: its BLEU of an early step must not count
+      open(os.path.join(d, sweeps.DONE), "w").close()
   out = sweeps.report(str(tmp_path), "bleu")
   seeds = out["seeds"]
   assert [r["learning_rate"] for r in seeds] == [4.0, 2.0, 1.0]     # best mean first
@@ -212,16 +216,25 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
   assert (two["seeds"], two["n"]) == ("0 1 2", 3)
   assert two["bleu_mean"] == pytest.approx(21.0) and two["bleu_std"] == pytest.approx(1.0)
   assert (two["bleu_min"], two["bleu_max"]) == (20.0, 22.0)
-  assert seeds[2]["bleu_std"] == pytest.approx(2.0)
+  assert two["left_out"] == "3 (bleu NaN), 4 (partial)"
+  assert seeds[2]["bleu_std"] == pytest.approx(2.0) and seeds[2]["left_out"] == ""
   assert seeds[0]["n"] == 1 and math.isnan(seeds[0]["bleu_std"])   # one seed: no spread
   assert "Over seeds" in out["markdown"] and "| 21 | 1 | 20 | 22 |" in out["markdown"]
   assert {"report_seeds.csv", "report_seeds.md"} <= set(os.listdir(tmp_path))
-  # A loss sorts lowest first; without a repeated setting there is no summary.
+  # A loss sorts lowest first; learning_rate 1 and 1.0 are one setting, as their workdirs are.
   by_loss = sweeps.seed_summary(out["rows"], out["fields"], "eval_loss")
   assert [r["learning_rate"] for r in by_loss] == [4.0, 2.0, 1.0]
+  as_int = [dict(r, learning_rate=1) if r["learning_rate"] == 1.0 and r["seed"] == 0 else r
+            for r in out["rows"]]
+  assert sweeps.seed_summary(as_int, out["fields"], "bleu")[2]["n"] == 3
+  # Without a repeated setting there is no summary, and a new report drops the old files.
   single = [r for r in out["rows"] if r["seed"] == 0]
   assert sweeps.seed_summary(single, out["fields"], "bleu") == []
   assert sweeps.seed_summary(out["rows"], ["learning_rate"], "bleu") == []
+  with open(tmp_path / "sweep.json", "w") as f:
+    json.dump({"points": [{"overrides": p} for p in points if p["seed"] == 0]}, f)
+  assert "seeds" not in json.dumps(sweeps.report(str(tmp_path), "bleu")["files"])
+  assert "report_seeds.csv" not in os.listdir(tmp_path)
 
 
 def test_config_overrides_reach_every_point(tmp_path, monkeypatch, capsys):

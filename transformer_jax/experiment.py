@@ -39,7 +39,7 @@ def base_config(size: str = "small") -> ml_collections.ConfigDict:
   # The data pipeline: dataset, tokenizer, lengths, batching (see transformer_jax/data/config.py).
   c.data = data_config.default_data_config()
 
-  c.seed = 0                      # parameter init, dropout and (through data.shuffle_seed) order
+  c.seed = 0                      # parameter init and dropout (the data order: data.shuffle_seed)
   c.num_train_steps = 2000        # optimizer updates
   # Learning rate: "rsqrt" is the paper's d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
   # multiplied by learning_rate; "constant"/"cosine" use learning_rate as the peak after warmup.

@@ -125,10 +125,16 @@ def _number(v) -> bool:
       isinstance(v, float) and math.isnan(v))
 
 
+def _seed_order(v):
+  return (0, v, "") if _number(v) else (1, 0, str(v))
+
+
 def seed_summary(rows: list[dict], fields: list[str], metric: str, lower: bool | None = None,
                  seed_field: str = "seed") -> list[dict]:
-  """Points that differ only in `seed_field` merged into one row per setting: the seeds, n, and
-  the mean, sample standard deviation, min and max of `metric`, best mean first.
+  """Points that differ only in `seed_field` merged into one row per setting: the seeds that
+  count (done, with a finite `metric`), n, the mean, sample standard deviation, min and max of
+  `metric`, and the seeds left out with their status (failed, still running, not started, or
+  done with a NaN metric: a diverged run), best mean first.
 
   [] unless some setting has the metric from two seeds or more: one seed gives no spread, and
   a difference between settings means little until it is compared with the spread.
@@ -138,23 +144,32 @@ def seed_summary(rows: list[dict], fields: list[str], metric: str, lower: bool |
   others = [f for f in fields if f != seed_field]
   groups: dict[str, list[dict]] = {}
   for r in rows:
-    if _number(r.get(metric)):
-      key = json.dumps([r.get(f) for f in others], default=str)
-      groups.setdefault(key, []).append(r)
-  if not any(len(g) > 1 for g in groups.values()):
+    # Grouped as the workdirs are named, so learning_rate 1 and 1.0 are one setting.
+    groups.setdefault(point_name({f: r.get(f) for f in others}), []).append(r)
+
+  def counts(r):
+    return r.get("status") == "done" and _number(r.get(metric))
+
+  if not any(sum(map(counts, g)) > 1 for g in groups.values()):
     return []
   out = []
   for group in groups.values():
-    values = [float(r[metric]) for r in group]
-    n, mean = len(values), sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
-    out.append({**{f: group[0].get(f) for f in others},
-                "seeds": " ".join(str(seed) for seed in sorted(
-                    (r.get(seed_field) for r in group),
-                    key=lambda v: (0, v, "") if _number(v) else (1, 0, str(v)))),
-                "n": n,
-                f"{metric}_mean": mean, f"{metric}_std": std,
-                f"{metric}_min": min(values), f"{metric}_max": max(values)})
+    used = sorted((r for r in group if counts(r)), key=lambda r: _seed_order(r.get(seed_field)))
+    left = sorted((r for r in group if not counts(r)),
+                  key=lambda r: _seed_order(r.get(seed_field)))
+    row = {**{f: group[0].get(f) for f in others},
+           "seeds": " ".join(str(r.get(seed_field)) for r in used), "n": len(used)}
+    values = [float(r[metric]) for r in used]
+    if values:
+      n, mean = len(values), sum(values) / len(values)
+      row.update({f"{metric}_mean": mean,
+                  f"{metric}_std": (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+                                    if n > 1 else float("nan")),
+                  f"{metric}_min": min(values), f"{metric}_max": max(values)})
+    row["left_out"] = ", ".join(
+        f"{r.get(seed_field)} ({r.get('status') if r.get('status') != 'done' else metric + ' NaN'})"
+        for r in left)
+    out.append(row)
   return sort_rows(out, f"{metric}_mean", lower_is_better(metric) if lower is None else lower)
 
 
@@ -172,8 +187,12 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> d
   with open(prefix + ".md") as f:
     table = f.read()
   seeds = seed_summary(rows, fields, metric, lower)
+  for stale in (prefix + "_seeds.csv", prefix + "_seeds.md"):  # from an earlier report
+    if os.path.exists(stale):
+      os.remove(stale)
   if seeds:
-    columns = list(seeds[0])
+    columns = [*[f for f in fields if f != "seed"], "seeds", "n", f"{metric}_mean",
+               f"{metric}_std", f"{metric}_min", f"{metric}_max", "left_out"]
     files += write_rows(seeds, columns, columns, prefix + "_seeds")
     with open(prefix + "_seeds.md") as f:
       table += f"\nOver seeds ({metric}: mean, sample standard deviation, range):\n\n" + f.read()
