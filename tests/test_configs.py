@@ -62,10 +62,12 @@ def test_locale_variants_differ_only_where_documented():
   points = locale.sweep()
   grid = [p for p in points if p["seed"] == 0]
   assert len(grid) == 4 and {p["model.norm_position"] for p in grid} == {"post", "pre"}
-  # The paper's point (post-LN, multiplier 1) again with two more seeds, for its spread.
-  paper_seeds = [p for p in points if p["model.norm_position"] == "post" and
-                 p["learning_rate"] == 1.0]
-  assert sorted(p["seed"] for p in paper_seeds) == [0, 1, 2]
+  # The grid's best point and the paper's (post-LN, multiplier 1) with 3 seeds, for the spread.
+  for setting in (locale.BEST_SHORT, locale.PAPER_SHORT):
+    assert setting in [{k: v for k, v in p.items() if k != "seed"} for p in grid]
+    assert sorted(p["seed"] for p in points if setting.items() <= p.items()) == [0, 1, 2]
+  assert locale.PAPER_SHORT == {"model.norm_position": "post", "learning_rate": 1.0}
+  assert len(points) == 8
   for p in points:
     sweeps.apply_overrides(short, p)
   with pytest.raises(ValueError, match="expected <pair>"):
