@@ -19,9 +19,10 @@ pair has a near-duplicate in training (docs/data.md). The paper's recipe, scaled
 in model size and steps: Adam(0.9, 0.98, 1e-9), the rsqrt schedule with warmup, label smoothing
 0.1, beam 4 with alpha 0.6, output limit source + 50, the average of the last 5 checkpoints.
 What differs (docs/results.md: step times measured, and the sweep, where post-LN with the
-schedule compressed to 375 steps did not learn): pre-LN, dropout 0.3 (and 0.1 on the attention weights: 18,000 pairs are seen about
-30 times in an hour), the schedule's multiplier 2, a 4,000-piece vocabulary. `<pair>_paper`
-keeps the paper's choices there too (post-LN, dropout 0.1, multiplier 1).
+schedule compressed to 375 steps did not learn): pre-LN, dropout 0.3 (and 0.1 on the attention
+weights: 18,000 pairs are seen about 30 times in an hour), the schedule's multiplier 2, a
+4,000-piece vocabulary. `<pair>_paper` keeps the paper's choices there too (post-LN, dropout 0.1,
+multiplier 1).
 """
 from transformer_jax import sweeps
 from transformer_jax.experiment import base_config
