@@ -77,7 +77,7 @@ def get_config(arg="ende"):
   return c
 
 
-BEST_SHORT = {"model.norm_position": "pre", "learning_rate": 2.0}  # the best of the 2 x 2 grid
+BEST_SHORT = {"model.norm_position": "pre", "learning_rate": 1.0}  # the best of the 2 x 2 grid
 PAPER_SHORT = {"model.norm_position": "post", "learning_rate": 1.0}
 
 
