@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import statistics
 
 from transformer_jax.run.metrics import last_values
 from transformer_jax.sweeps.runner import status
@@ -154,17 +155,14 @@ def seed_summary(rows: list[dict], fields: list[str], metric: str, lower: bool |
     return []
   out = []
   for group in groups.values():
-    used = sorted((r for r in group if counts(r)), key=lambda r: _seed_order(r.get(seed_field)))
-    left = sorted((r for r in group if not counts(r)),
-                  key=lambda r: _seed_order(r.get(seed_field)))
+    group = sorted(group, key=lambda r: _seed_order(r.get(seed_field)))
+    used, left = [r for r in group if counts(r)], [r for r in group if not counts(r)]
     row = {**{f: group[0].get(f) for f in others},
            "seeds": " ".join(str(r.get(seed_field)) for r in used), "n": len(used)}
     values = [float(r[metric]) for r in used]
     if values:
-      n, mean = len(values), sum(values) / len(values)
-      row.update({f"{metric}_mean": mean,
-                  f"{metric}_std": (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-                                    if n > 1 else float("nan")),
+      row.update({f"{metric}_mean": statistics.mean(values),
+                  f"{metric}_std": statistics.stdev(values) if len(values) > 1 else float("nan"),
                   f"{metric}_min": min(values), f"{metric}_max": max(values)})
     row["left_out"] = ", ".join(
         f"{r.get(seed_field)} ({r.get('status') if r.get('status') != 'done' else metric + ' NaN'})"
