@@ -129,7 +129,7 @@ def test_cached_decoding_equals_teacher_forcing(setup):
   np.testing.assert_allclose(stepwise, full, atol=1e-5)
   # The encoder-decoder keys/values were computed once (prime) and are only read afterwards.
   cross = cache["decoder"]["layer_0"]["cross_attention"]["kv_cache"]
-  assert cross["cross_key"].shape == (3, 9, cfg.num_heads, cfg.head_dim)
+  assert cross["cross_key"].shape == (3, cfg.num_heads, 9, cfg.head_dim)  # head-major
   assert not np.asarray(cross["cross_valid"])[1, 5:].any()
   # A decode step takes one position per sentence; two are refused, naming the count.
   dcfg = cfg.replace(deterministic=True, decode=True)

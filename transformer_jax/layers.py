@@ -162,7 +162,11 @@ class MultiHeadAttention(nn.Module):
     if not (self.config.decode and self.cache == "cross"):
       raise ValueError("prime is only for cross-attention in decode mode")
     k, v = self._project_kv(inputs_kv)
-    self.kv_cache(cross_key=k, cross_value=v, cross_valid=kv_valid.astype(jnp.bool_))
+    # Stored head-major, [batch, heads, kv_len, kv], the layout the attention reads: every
+    # decoding step would otherwise transpose them again (12 copies a step in a 3-layer decoder,
+    # 17% of greedy search on the 2-core CPU; docs/benchmarks.md).
+    self.kv_cache(cross_key=k.swapaxes(1, 2), cross_value=v.swapaxes(1, 2),
+                  cross_valid=kv_valid.astype(jnp.bool_))
 
   def __call__(self, inputs_q, inputs_kv=None, mask=None):
     """inputs_q `[batch, q_len, d_model]`; inputs_kv defaults to inputs_q (self-attention).
@@ -178,49 +182,67 @@ class MultiHeadAttention(nn.Module):
       q, k, v = _split_heads(self.qkv(inputs_q), 3)
     else:
       q = _constrain_heads(self.query(inputs_q))
+    head_major = False  # whether k, v are [batch, heads, kv_len, kv] (the decoding cache)
     if cfg.decode and self.cache == "cross":
       if not self.kv_cache.has_variable("cache", "cross_key"):
         # Model initialisation in decode mode: create the cache from the encoder output's shape.
         self.prime(inputs_kv, jnp.ones(inputs_kv.shape[:2], jnp.bool_))
       k, v, valid = self.kv_cache.read("cross_key", "cross_value", "cross_valid")
-      mask = valid[:, None, None, :]
+      mask, head_major = valid[:, None, None, :], True
+      rows, sources = q.shape[0], k.shape[0]
+      if rows != sources:
+        # Beam search: the cache holds each source's keys/values once, and the `rows // sources`
+        # hypotheses of a source (consecutive rows) are that source's queries, so the keys and
+        # values are read once per source instead of once per beam.
+        if q.shape[1] != 1 or rows % sources:
+          raise ValueError(f"cross-attention cache of {sources} sources for {rows} rows of "
+                           f"{q.shape[1]} positions: expected one position and a multiple")
+        q = q.reshape((sources, rows // sources) + q.shape[2:])
     else:
       if not self.fused_self:
         k, v = self._project_kv(inputs_kv)
       if cfg.decode and self.cache == "self":
-        k, v, mask = self._append_to_cache(inputs_q, k, v)
+        k, v, mask, head_major = self._append_to_cache(inputs_q, k, v)
 
     dropout_rng = None
     if not cfg.deterministic and cfg.attention_dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
     if cfg.attention_impl == "cudnn":
+      if head_major:
+        k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
       x = fused_attention(cfg, q, k, v, mask)
     else:
       # [batch, length, heads, kv] -> [batch, heads, length, kv] for the head-batched formula.
+      if not head_major:
+        k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
       x, weights = scaled_dot_product_attention(
-          q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), mask=mask,
-          dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng)
+          q.swapaxes(1, 2), k, v, mask=mask, dropout_rate=cfg.attention_dropout_rate,
+          dropout_rng=dropout_rng)
       self.sow("intermediates", "attention_weights", weights)
       x = x.swapaxes(1, 2)
+    if x.shape[0] != inputs_q.shape[0]:  # grouped beams: back to one row per hypothesis
+      x = x.reshape(inputs_q.shape[:2] + x.shape[2:])
     x = self.out(_constrain_heads(x))
     return constrain(x, ("batch", "length", "embed"))
 
   def _append_to_cache(self, inputs_q, k, v):
-    """Decoder self-attention in decode mode: (all keys, all values, mask) after writing this
-    position's key and value. The first call (model initialisation) creates the cache, sized by
-    the target length it is given."""
+    """Decoder self-attention in decode mode: (all keys, all values, mask, head-major) after
+    writing this position's key and value. The first call (model initialisation) creates the
+    cache, sized by the target length it is given, and attends as in training. The cache is
+    head-major, [batch, heads, max_len, kv], as the cross-attention's (see `prime`)."""
     if not self.kv_cache.has_variable("cache", "cached_key"):
-      self.kv_cache(cached_key=jnp.zeros_like(k), cached_value=jnp.zeros_like(v),
+      self.kv_cache(cached_key=jnp.zeros_like(k.swapaxes(1, 2)),
+                    cached_value=jnp.zeros_like(v.swapaxes(1, 2)),
                     cache_index=jnp.array(0, jnp.int32))
-      return k, v, None
+      return k, v, None, False
     if inputs_q.shape[1] != 1:
       raise ValueError(f"decode mode takes one target position per call, got {inputs_q.shape[1]}")
     cached_k, cached_v, i = self.kv_cache.read("cached_key", "cached_value", "cache_index")
-    cached_k = jax.lax.dynamic_update_slice(cached_k, k, (0, i, 0, 0))
-    cached_v = jax.lax.dynamic_update_slice(cached_v, v, (0, i, 0, 0))
+    cached_k = jax.lax.dynamic_update_slice(cached_k, k.swapaxes(1, 2), (0, 0, i, 0))
+    cached_v = jax.lax.dynamic_update_slice(cached_v, v.swapaxes(1, 2), (0, 0, i, 0))
     self.kv_cache(cached_key=cached_k, cached_value=cached_v, cache_index=i + 1)
     # The new query sees every cached position up to and including its own.
-    return cached_k, cached_v, (jnp.arange(cached_k.shape[1]) <= i)[None, None, None, :]
+    return cached_k, cached_v, (jnp.arange(cached_k.shape[2]) <= i)[None, None, None, :], True
 
 
 def _stacked_projection(cfg: TransformerConfig, num: int) -> "Projection":

@@ -67,8 +67,9 @@ def _decode_model(config: TransformerConfig) -> Transformer:
 
 
 def _primed_cache(model: Transformer, params, inputs, buffer_len: int, repeat: int = 1):
-  """Encode once, compute the encoder-decoder keys/values once, then repeat every row `repeat`
-  times (row b becomes rows b*repeat .. b*repeat + repeat - 1: the beams of sentence b)."""
+  """Encode once and compute the encoder-decoder keys/values once per sentence; the
+  self-attention cache gets `repeat` rows per sentence (rows b*repeat .. b*repeat + repeat - 1:
+  the beams of sentence b)."""
   batch, source_len = inputs.shape
   cache = init_cache(model.config, batch, source_len, buffer_len)
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
@@ -76,31 +77,42 @@ def _primed_cache(model: Transformer, params, inputs, buffer_len: int, repeat: i
                            method=Transformer.prime_cache, mutable=["cache"])
   cache = mutated["cache"]
   if repeat > 1:
+    # Only the self-attention keys/values get a row per beam. The encoder-decoder entries stay
+    # one per sentence: attention reads them for all the sentence's beams at once (layers.py).
     # Scalars (cache_index, decode_position) are shared by all rows and stay as they are.
-    cache = jax.tree.map(lambda x: jnp.repeat(x, repeat, axis=0) if x.ndim else x, cache)
+    def per_beam(path, x):
+      name = getattr(path[-1], "key", None)
+      return jnp.repeat(x, repeat, axis=0) if name in _SELF_CACHE else x
+    cache = jax.tree_util.tree_map_with_path(per_beam, cache)
   return cache
+
+
+def _step_logits(model: Transformer, params, cache, last_tokens):
+  """One decoder step: float32 logits `[rows, vocab]`, new cache."""
+  logits, mutated = model.apply({"params": params, "cache": cache}, last_tokens[:, None],
+                                method=Transformer.decode_step, mutable=["cache"])
+  return logits[:, 0].astype(jnp.float32), mutated["cache"]
 
 
 def _step_log_probs(model: Transformer, params, cache, last_tokens):
   """One decoder step: float32 log-probabilities `[rows, vocab]` (padding forbidden), new cache."""
-  logits, mutated = model.apply({"params": params, "cache": cache}, last_tokens[:, None],
-                                method=Transformer.decode_step, mutable=["cache"])
-  log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1)
-  log_probs = log_probs.at[:, model.config.pad_id].set(-jnp.inf)
-  return log_probs, mutated["cache"]
+  logits, cache = _step_logits(model, params, cache, last_tokens)
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  return log_probs.at[:, model.config.pad_id].set(-jnp.inf), cache
 
 
 def _gather_self_cache(cache, rows):
   """Reorder the self-attention keys/values along the batch*beam axis.
 
   Only `cached_key`/`cached_value` depend on a hypothesis's history. The cross-attention entries
-  need no gather: a beam's parent is always a beam of the same sentence, and all beams of one
-  sentence hold identical copies of that sentence's encoder keys/values, so the gather would be
-  the identity. The position counters are shared scalars.
+  are one per sentence (a beam's parent is always a beam of the same sentence), and the position
+  counters are shared scalars.
   """
   def gather(path, x):
     name = getattr(path[-1], "key", None)
-    return jnp.take(x, rows, axis=0) if name in _SELF_CACHE else x
+    # In bounds by construction: "clip" clamps the row indices, where the default ("fill")
+    # masks every element of the gathered cache (a select over all of it).
+    return jnp.take(x, rows, axis=0, mode="clip") if name in _SELF_CACHE else x
   return jax.tree_util.tree_map_with_path(gather, cache)
 
 
@@ -124,8 +136,10 @@ def greedy_search(config: TransformerConfig, params, inputs, *, max_len_margin: 
 
   def step(state):
     i, cache, last, tokens, done = state
-    log_probs, cache = _step_log_probs(model, params, cache, last)
-    token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+    # The argmax of the logits is that of the log-probabilities: no softmax pass over the
+    # vocabulary. Padding is forbidden as in beam search.
+    logits, cache = _step_logits(model, params, cache, last)
+    token = jnp.argmax(logits.at[:, config.pad_id].set(-jnp.inf), axis=-1).astype(jnp.int32)
     token = jnp.where(done, config.pad_id, token)
     tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
     done = done | (token == config.eos_id) | (i + 1 >= limits)

@@ -39,57 +39,106 @@ def sinusoid(max_len, d):
   return jnp.array(pe[None])
 
 
-def attention(name=None):
+def attention(train: bool, decode: bool = False):
   return nn.MultiHeadDotProductAttention(
       num_heads=H, qkv_features=D, kernel_init=kernel_init, bias_init=bias_init, use_bias=False,
-      broadcast_dropout=False, dropout_rate=ADROP, deterministic=False, name=name)
+      broadcast_dropout=False, dropout_rate=ADROP, deterministic=not train, decode=decode)
+
+
+class AddPosition(nn.Module):
+  """The example's `AddPositionEmbs` with its fixed table: in decode mode one position per call,
+  counted in the "cache" collection."""
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    pe = sinusoid(2048, D)
+    if self.decode:
+      initialized = self.has_variable("cache", "cache_index")
+      index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.uint32))
+      if initialized:
+        i = index.value
+        index.value = i + 1
+        return x + jax.lax.dynamic_slice(pe, (0, i.astype(jnp.int32), 0), (1, 1, D))
+    return x + pe[:, :x.shape[1]]
 
 
 class Mlp(nn.Module):
+  train: bool = True
+
   @nn.compact
   def __call__(self, x):
     y = nn.relu(nn.Dense(F, kernel_init=kernel_init, bias_init=bias_init)(x))
-    y = nn.Dropout(DROP)(y, deterministic=False)
+    y = nn.Dropout(DROP)(y, deterministic=not self.train)
     y = nn.Dense(D, kernel_init=kernel_init, bias_init=bias_init)(y)
-    return nn.Dropout(DROP)(y, deterministic=False)
+    return nn.Dropout(DROP)(y, deterministic=not self.train)
 
 
 class EncoderBlock(nn.Module):
+  train: bool = True
+
   @nn.compact
   def __call__(self, x, mask):
-    y = attention()(nn.LayerNorm()(x), mask=mask)
-    x = x + nn.Dropout(DROP)(y, deterministic=False)
-    return x + Mlp()(nn.LayerNorm()(x))
+    y = attention(self.train)(nn.LayerNorm()(x), mask=mask)
+    x = x + nn.Dropout(DROP)(y, deterministic=not self.train)
+    return x + Mlp(self.train)(nn.LayerNorm()(x))
 
 
 class DecoderBlock(nn.Module):
+  train: bool = True
+  decode: bool = False
+
   @nn.compact
   def __call__(self, t, encoded, self_mask, cross_mask):
-    x = attention()(nn.LayerNorm()(t), mask=self_mask)
-    x = t + nn.Dropout(DROP)(x, deterministic=False)
-    y = attention()(nn.LayerNorm()(x), encoded, mask=cross_mask)
-    y = x + nn.Dropout(DROP)(y, deterministic=False)
-    return y + Mlp()(nn.LayerNorm()(y))
+    # As the example: only the self-attention caches; cross-attention projects the encoder
+    # output again at every decoding step.
+    x = attention(self.train, self.decode)(nn.LayerNorm()(t), mask=self_mask)
+    x = t + nn.Dropout(DROP)(x, deterministic=not self.train)
+    y = attention(self.train)(nn.LayerNorm()(x), encoded, mask=cross_mask)
+    y = x + nn.Dropout(DROP)(y, deterministic=not self.train)
+    return y + Mlp(self.train)(nn.LayerNorm()(y))
 
 
 class Model(nn.Module):
-  @nn.compact
+  """`__call__` for training (teacher forcing); `encode` and `decode_logits` for the search, as
+  the example's `Transformer.encode` / `Transformer.decode` (in decode mode `targets` is the
+  one token of the step, and the cache holds the position and the self-attention keys/values)."""
+  train: bool = True
+  decode: bool = False
+
+  def setup(self):
+    self.embed = nn.Embed(V, D, embedding_init=nn.initializers.normal(stddev=1.0))
+    self.encoder_position = AddPosition()
+    self.encoder_blocks = [EncoderBlock(self.train) for _ in range(N)]
+    self.encoder_norm = nn.LayerNorm()
+    self.decoder_position = AddPosition(self.decode)
+    self.decoder_blocks = [DecoderBlock(self.train, self.decode) for _ in range(N)]
+    self.decoder_norm = nn.LayerNorm()
+    self.dropout = nn.Dropout(DROP)
+
+  def encode(self, inputs):
+    x = self.dropout(self.encoder_position(self.embed(inputs)), deterministic=not self.train)
+    mask = nn.make_attention_mask(inputs > 0, inputs > 0)
+    for block in self.encoder_blocks:
+      x = block(x, mask)
+    return self.encoder_norm(x)
+
+  def decode_logits(self, encoded, inputs, targets):
+    if self.decode:
+      self_mask, y = None, targets  # the cache masks the future; no shift
+      cross_mask = nn.make_attention_mask(jnp.ones_like(targets) > 0, inputs > 0)
+    else:
+      self_mask = nn.combine_masks(nn.make_attention_mask(targets > 0, targets > 0),
+                                   nn.make_causal_mask(targets))
+      cross_mask = nn.make_attention_mask(targets > 0, inputs > 0)
+      y = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+    y = self.dropout(self.decoder_position(self.embed(y)), deterministic=not self.train)
+    for block in self.decoder_blocks:
+      y = block(y, encoded, self_mask, cross_mask)
+    return self.embed.attend(self.decoder_norm(y)) / jnp.sqrt(D)
+
   def __call__(self, inputs, targets):
-    embed = nn.Embed(V, D, embedding_init=nn.initializers.normal(stddev=1.0))
-    pe = sinusoid(2048, D)
-    x = nn.Dropout(DROP)(embed(inputs) + pe[:, :L], deterministic=False)
-    encoder_mask = nn.make_attention_mask(inputs > 0, inputs > 0)
-    for _ in range(N):
-      x = EncoderBlock()(x, encoder_mask)
-    encoded = nn.LayerNorm()(x)
-    self_mask = nn.combine_masks(nn.make_attention_mask(targets > 0, targets > 0),
-                                 nn.make_causal_mask(targets))
-    cross_mask = nn.make_attention_mask(targets > 0, inputs > 0)
-    y = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-    y = nn.Dropout(DROP)(embed(y) + pe[:, :L], deterministic=False)
-    for _ in range(N):
-      y = DecoderBlock()(y, encoded, self_mask, cross_mask)
-    return embed.attend(nn.LayerNorm()(y)) / jnp.sqrt(D)
+    return self.decode_logits(self.encode(inputs), inputs, targets)
 
 
 def loss_fn(logits, targets, weights, smoothing=0.1):
