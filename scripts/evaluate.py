@@ -33,7 +33,7 @@ from transformer_jax.data import get_data, raw_split
 from transformer_jax.inference import evaluation
 from transformer_jax.inference import translator as translator_lib
 from transformer_jax.inference.flags import define_checkpoint_flags, translator_from_flags
-from transformer_jax.run.workdir import load_run_config
+from transformer_jax.run.workdir import RunError, load_run_config
 
 
 def define(values):
@@ -50,6 +50,12 @@ def define(values):
 
 
 def _data_config(values, run: dict):
+  if "split" not in run["data"]:
+    # Recorded since 2026-11-23 13:31; the held-out pairs depend on it, so it is not guessed.
+    raise RunError(
+        f"{os.path.join(values.workdir, 'config.json')} has no data.split (the run predates "
+        "its recording): add \"split\": \"grouped\" to its \"data\" section for a run made "
+        "after 2026-11-23 11:55 (near-duplicates grouped), else \"split\": \"source\"")
   data_config = ml_collections.ConfigDict(run["data"])
   if values.data_dir:
     data_config.data_dir = values.data_dir

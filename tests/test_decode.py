@@ -64,6 +64,27 @@ def uncached_greedy(cfg, params, src, margin, buffer_len):
   return tokens
 
 
+@pytest.fixture(scope="module", autouse=True)
+def short_stages():
+  """Stages of 4 positions (3 per 12-position buffer here), so that every search in this module
+  grows its self-attention cache: the module's searches are traced (and compiled) while this is
+  in place, and their results are checked against the uncached model."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(search, "FIRST_STAGE", 4)
+    yield
+
+
+def test_stage_ends():
+  assert search.stage_ends(12) == [4, 8, 12]  # with the module's stages of 4
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(search, "FIRST_STAGE", 16)
+    assert search.stage_ends(10) == [10]
+    assert search.stage_ends(16) == [16]
+    assert search.stage_ends(64) == [16, 32, 64]
+    assert search.stage_ends(66) == [16, 32, 66]     # 2 positions would be a stage of their own
+    assert search.stage_ends(114) == [16, 32, 64, 114]
+
+
 @pytest.fixture(scope="module")
 def tiny():
   cfg = tj.model_config("tiny", vocab_size=VOCAB)

@@ -232,6 +232,15 @@ def test_copy_baseline_scores_the_sources_as_translations(workdir, tmp_path, cap
   rc, out, err = run_main(evaluate_script, ["--workdir", str(bare), "--baseline", "copy"], capsys)
   assert rc == 0 and json.loads(out)["bleu"] == pytest.approx(expected), err
   assert sorted(os.listdir(bare)) == ["baselines", "config.json"]
+  # A run from before data.split was recorded is told what to add, not guessed (its held-out
+  # pairs depend on it) and not a KeyError traceback.
+  with open(bare / "config.json") as f:
+    old = json.load(f)
+  del old["data"]["split"]
+  with open(bare / "config.json", "w") as f:
+    json.dump(old, f)
+  rc, _, err = run_main(evaluate_script, ["--workdir", str(bare), "--baseline", "copy"], capsys)
+  assert rc == 1 and f"{bare}/config.json has no data.split" in err and '"split": "source"' in err
   # Flags only: a stray argument is an error, not ignored.
   assert run_main(evaluate_script, ["--workdir", workdir, "test"], capsys)[0] == 2
 
