@@ -83,6 +83,8 @@ def test_stage_ends():
     assert search.stage_ends(64) == [16, 32, 64]
     assert search.stage_ends(66) == [16, 32, 66]     # 2 positions would be a stage of their own
     assert search.stage_ends(114) == [16, 32, 64, 114]
+    assert search.stage_ends(88) == [16, 32, 88]        # 24 more positions: merged
+    assert search.stage_ends(96) == [16, 32, 64, 96]    # 32 more: a stage of their own
 
 
 @pytest.fixture(scope="module")
