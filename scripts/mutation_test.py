@@ -1,6 +1,6 @@
 """Mutation testing of the core: which one-line bugs would the test suite let through?
 
-  python scripts/mutation_test.py --out /tmp/mutation                 # every core module, ~1 h
+  python scripts/mutation_test.py --out /tmp/mutation                 # every core module
   python scripts/mutation_test.py --out /tmp/mutation --modules losses,optim
   python scripts/mutation_test.py --out /tmp/mutation --report        # the report again
 
@@ -9,7 +9,9 @@ forks with its thread pools running and no jit cache outlives a mutant) seeds on
 into a copy of the tree and runs the tests that tests/mutation/config.toml lists for the module.
 `--workers` copies of the tree run side by side, each taking every n-th mutant of every module.
 The copies share a JAX compilation cache: a mutant that leaves the compiled program unchanged
-loads it instead of compiling again.
+loads it instead of compiling again. The unmutated tests run once under coverage first, and each
+mutant runs the tests that execute its lines before the whole list (scripts/mutation_select.py;
+`--no_select` runs the whole list only).
 
 Writes under --out: report.md and report.json (killed / survived / timeout / skipped per module
 and the score), survivors/<module>.diff (every surviving mutant as a diff), sessions/ (the
@@ -36,6 +38,7 @@ from cosmic_ray.mutating import mutate_code
 from cosmic_ray.plugins import get_operator
 from cosmic_ray.work_db import WorkDB, use_db
 from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+import mutation_select  # scripts/ is on sys.path
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "tests" / "mutation" / "config.toml"
@@ -118,9 +121,11 @@ def test_command(module: dict) -> str:
                    *[f"--deselect={t}" for t in module.get("deselect", [])]])
 
 
-def session_config(module: dict, timeout: float) -> str:
+def session_config(module: dict, timeout: float, selection: Path | None = None) -> str:
+  command = (f"{sys.executable} {Path(mutation_select.__file__).resolve()} {selection}"
+             if selection else test_command(module))
   return (f'[cosmic-ray]\nmodule-path = "{module["path"]}"\ntimeout = {float(timeout)}\n'
-          f'excluded-modules = []\ntest-command = "{test_command(module)}"\n'
+          f'excluded-modules = []\ntest-command = "{command}"\n'
           f'[cosmic-ray.distributor]\nname = "local"\n')
 
 
@@ -138,7 +143,7 @@ def init_mutants(db, module_path: str, root: Path) -> list:
 
 
 def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: dict,
-            sample: int | None = None) -> list[list[Path]]:
+            sample: int | None = None, select: bool = False) -> list[list[Path]]:
   """One cosmic-ray session per module and worker; worker w runs every workers-th mutant
   (of `sample` drawn at random per module, when given)."""
   (out / "sessions").mkdir(parents=True, exist_ok=True)
@@ -151,7 +156,8 @@ def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: d
     reasons = None  # the same for every worker's session: classified once
     for w in range(workers):
       toml_path = out / "sessions" / f"{name}.{w}.toml"
-      toml_path.write_text(session_config(module, timeouts[name]))
+      selection = out / "sessions" / f"{name}.select.json" if select else None
+      toml_path.write_text(session_config(module, timeouts[name], selection))
       db_path = out / "sessions" / f"{name}.{w}.sqlite"
       db_path.unlink(missing_ok=True)
       with use_db(str(db_path)) as db:
@@ -181,13 +187,18 @@ def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: d
 
 
 def environment(work: Path, out: Path) -> dict:
-  env = dict(os.environ, PYTHONPATH=str(work), JAX_COMPILATION_CACHE_DIR=str(out / "jax_cache"))
+  # tests/mutation on the path for the coverage pass's plugin (-p pytest_plugin).
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(work), str(work / "tests" / "mutation")]),
+             JAX_COMPILATION_CACHE_DIR=str(out / "jax_cache"))
   env.pop("XLA_FLAGS", None)  # tests/conftest.py sets the 8 fake devices
   return env
 
 
-def baseline(out: Path, config: dict, names: list[str], workers: int) -> dict[str, float]:
-  """The listed tests pass on the unmutated copies, or every mutant would look killed."""
+def baseline(out: Path, config: dict, names: list[str], workers: int, select: bool = False,
+             confirm: bool = True) -> dict[str, float]:
+  """The listed tests pass on the unmutated copies, or every mutant would look killed. With
+  `select`, they run under coverage (one context per test, tests/mutation/pytest_plugin.py) and
+  each module gets sessions/<name>.select.json, the line -> tests map mutation_select reads."""
   for w in range(workers):
     work = out / f"work{w}"
     where = subprocess.run([sys.executable, "-c", "import transformer_jax as t; print(t.__file__)"],
@@ -197,22 +208,41 @@ def baseline(out: Path, config: dict, names: list[str], workers: int) -> dict[st
                        f"{where.stderr[-2000:]}: mutants would not be tested")
 
   def run(args):
-    w, command = args
+    w, k, command = args
     work = out / f"work{w}"
-    print(f"baseline: {command}", flush=True)
+    env, extra = environment(work, out), []
+    if select:
+      env.update(COVERAGE_FILE=str(out / "sessions" / f"coverage.{k}"),
+                 MUTATION_DURATIONS=str(out / "sessions" / f"durations.{k}.json"))
+      extra = ["--cov=transformer_jax", "--cov-context=test", "--cov-report=",
+               "-p", "pytest_plugin"]
+    print(f"baseline: {command}{' (under coverage)' if select else ''}", flush=True)
     start = time.time()
-    done = subprocess.run(command.split(), cwd=work, env=environment(work, out),
-                          capture_output=True, text=True)
+    done = subprocess.run(command.split() + extra, cwd=work, env=env, capture_output=True,
+                          text=True)
     return command, done, time.time() - start
 
+  (out / "sessions").mkdir(parents=True, exist_ok=True)
   commands = sorted({test_command(config["modules"][n]) for n in names})
   seconds = {}
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    for command, done, took in pool.map(run, [(i % workers, c) for i, c in enumerate(commands)]):
+    for command, done, took in pool.map(
+        run, [(k % workers, k, c) for k, c in enumerate(commands)]):
       if done.returncode != 0:
         raise SystemExit(f"the unmutated tests fail; fix them first:\n{command}\n"
                          f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
       seconds[command] = took
+  if select:
+    for name in names:
+      module = config["modules"][name]
+      k = commands.index(test_command(module))
+      durations = json.loads((out / "sessions" / f"durations.{k}.json").read_text())
+      lines = mutation_select.coverage_map(out / "sessions" / f"coverage.{k}", module["path"],
+                                           durations)
+      (out / "sessions" / f"{name}.select.json").write_text(json.dumps({
+          "module_path": module["path"], "original": f"{name}.py", "tests": module["tests"],
+          "deselect": module.get("deselect", []), "confirm": confirm, "durations": durations,
+          "lines": lines}))
   # A mutant's time limit: 3x the unmutated tests' time (which compiled from an empty cache)
   # plus a minute for a busy machine, unless the config sets one.
   return {n: config["modules"][n].get("timeout", round(3 * seconds[test_command(
@@ -249,8 +279,8 @@ def report(out: Path, config: dict, names: list[str]) -> dict:
   (out / "survivors").mkdir(parents=True, exist_ok=True)
   rows = {}
   for name in names:
-    counts = dict.fromkeys(["killed", "timeout", "survived", "equivalent", "incompetent",
-                            "pending", "filtered"], 0)
+    counts = dict.fromkeys(["killed", "timeout", "survived", "not_executed", "equivalent",
+                            "incompetent", "pending", "filtered"], 0)
     survivors = []
     sessions = sorted((out / "sessions").glob(f"{name}.*.sqlite"))
     if not sessions:
@@ -266,6 +296,8 @@ def report(out: Path, config: dict, names: list[str]) -> dict:
           if kind in counts and (first or kind not in ("equivalent", "filtered")):
             counts[kind] += 1
           if kind == "survived":
+            # No listed test executes its lines in-process (the whole list still ran).
+            counts["not_executed"] += mutation_select.NOT_EXECUTED in (result.output or "")
             before, after = mutant_lines(code, item.mutations[0])
             survivors.append((item.mutations[0].start_pos[0], before, after, result.diff))
     caught = counts["killed"] + counts["timeout"]
@@ -277,11 +309,13 @@ def report(out: Path, config: dict, names: list[str]) -> dict:
         f.write(f"# line {line}\n# line = {json.dumps(before)}\n# mutant = {json.dumps(after)}\n"
                 f"{diff}\n\n")
   (out / "report.json").write_text(json.dumps(rows, indent=1))
-  header = "| module | killed | timeout | survived | score % | equivalent | incompetent | pending |"
-  lines = [header, "|" + "---|" * 8]
+  header = ("| module | killed | timeout | survived | of which not executed | score % | "
+            "equivalent | incompetent | pending |")
+  lines = [header, "|" + "---|" * 9]
   for name, c in rows.items():
-    lines.append(f"| {name} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['score']} | "
-                 f"{c['equivalent']} | {c['incompetent']} | {c['pending']} |")
+    lines.append(f"| {name} | {c['killed']} | {c['timeout']} | {c['survived']} | "
+                 f"{c['not_executed']} | {c['score']} | {c['equivalent']} | {c['incompetent']} | "
+                 f"{c['pending']} |")
   (out / "report.md").write_text("\n".join(lines) + "\n")
   print("\n".join(lines))
   return rows
@@ -295,6 +329,12 @@ def main(argv=None) -> None:
   parser.add_argument("--sample", type=int, default=None,
                       help="run this many mutants per module, drawn at random (seed 0)")
   parser.add_argument("--report", action="store_true", help="only write the report again")
+  parser.add_argument("--no_select", action="store_true",
+                      help="run each mutant against its module's whole test list (no coverage "
+                           "pass, no selection)")
+  parser.add_argument("--trust_coverage", action="store_true",
+                      help="a mutant that the tests executing its lines do not catch survives "
+                           "without the whole list confirming it (faster, may over-count)")
   args = parser.parse_args(argv)
   config = load_config()
   names = [n for n in args.modules.split(",") if n] or list(config["modules"])
@@ -306,8 +346,9 @@ def main(argv=None) -> None:
   if not args.report:
     for w in range(args.workers):
       copy_tree(out / f"work{w}")
-    timeouts = baseline(out, config, names, args.workers)
-    queues = prepare(out, config, names, args.workers, timeouts, args.sample)
+    select = not args.no_select
+    timeouts = baseline(out, config, names, args.workers, select, not args.trust_coverage)
+    queues = prepare(out, config, names, args.workers, timeouts, args.sample, select)
     with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
       list(pool.map(lambda wq: execute(out, *wq), enumerate(queues)))
   report(out, config, names)

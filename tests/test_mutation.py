@@ -4,6 +4,8 @@ a sample of seeded bugs in one module is run through cosmic-ray and killed."""
 import ast
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -70,3 +72,79 @@ def test_a_sample_of_seeded_bugs_is_killed(tmp_path):
   assert report["score"] == 100.0
   assert (tmp_path / "survivors" / "optim.diff").read_text() == ""
   assert "| optim | " in (tmp_path / "report.md").read_text()
+
+
+select = load_script("mutation_select")
+
+
+def test_changed_lines_and_the_statement_around_them():
+  code = ("import functools\n"                      # 1
+          "@functools.cache\n"                      # 2
+          "def f(x,\n"                              # 3
+          "      n=2):\n"                           # 4
+          "  if (x > 0 and\n"                       # 5
+          "      n < 3):\n"                         # 6
+          "    return (x +\n"                       # 7
+          "            n)\n"                        # 8
+          "  return 0\n")                           # 9
+  mutated = code.replace("n < 3", "n <= 3")
+  assert select.changed_lines(code, mutated) == [6]
+  assert select.changed_lines(code, code.replace("@functools.cache\n", "")) == [2]
+  assert select.statement_lines(code, 6) == [5, 6]         # the if's header, not its body
+  assert select.statement_lines(code, 8) == [7, 8]
+  assert select.statement_lines(code, 9) == [9]
+  assert select.statement_lines(code, 4) == [3, 4]         # a default argument: the def line
+  assert select.statement_lines(code, 2) is None           # a decorator: every test
+
+
+def test_selection_runs_the_tests_of_the_mutated_lines_fastest_first():
+  code = "a = 1\nb = 2\nc = 3\n"
+  lines = {"1": ["t::x", "t::y"], "2": [select.ALL]}
+  durations = {"t::x": 5.0, "t::y": 1.0}
+  assert select.select(lines, durations, code, code.replace("a = 1", "a = 2")) == ["t::y", "t::x"]
+  assert select.select(lines, durations, code, code.replace("b = 2", "b = 3")) is None
+  assert select.select(lines, durations, code, code.replace("c = 3", "c = 4")) == []
+
+
+def test_coverage_map_sees_every_test_that_runs_a_jitted_line(tmp_path):
+  # Two tests call one jitted function. Without the plugin's cache clearing only the first
+  # traces it (the second hits the jit cache), and a mutant there would run one test of two.
+  (tmp_path / "pkg").mkdir()
+  (tmp_path / "pkg" / "__init__.py").write_text("")
+  (tmp_path / "pkg" / "mod.py").write_text(
+      "import jax\n\n\n@jax.jit\ndef double(x):\n  return x * 2\n\n\n"
+      "def fixture_value():\n  return 3\n\n\ndef unused():\n  return 4\n")
+  (tmp_path / "test_mod.py").write_text(
+      "import pytest\nfrom pkg import mod\n\n\n@pytest.fixture(scope='module')\n"
+      "def value():\n  return mod.fixture_value()\n\n\n"
+      "def test_a(value):\n  assert mod.double(value) == 6\n\n\n"
+      "def test_b(value):\n  assert mod.double(1) == 2\n\n\ndef test_c():\n  pass\n")
+  env = dict(os.environ, COVERAGE_FILE=str(tmp_path / "cov"),
+             MUTATION_DURATIONS=str(tmp_path / "durations.json"),
+             PYTHONPATH=os.pathsep.join([str(tmp_path), os.path.join(REPO, "tests", "mutation")]))
+  subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
+                  "addopts=", "--cov=pkg", "--cov-context=test", "--cov-report=",
+                  "-p", "pytest_plugin", "test_mod.py"], cwd=tmp_path, env=env, check=True)
+  durations = json.loads((tmp_path / "durations.json").read_text())
+  assert sorted(durations) == ["test_mod.py::test_a", "test_mod.py::test_b", "test_mod.py::test_c"]
+  lines = select.coverage_map(tmp_path / "cov", "pkg/mod.py", durations)
+  assert lines["6"] == ["test_mod.py::test_a", "test_mod.py::test_b"]   # x * 2, traced by both
+  # The module-scoped fixture ran in test_a's setup: it serves the whole file.
+  assert lines["10"] == sorted(durations)
+  assert lines["1"] == [select.ALL]                  # import time
+  assert "14" not in lines                           # never run
+
+
+def test_a_mutant_no_test_executes_is_still_run_against_the_whole_list(tmp_path, capfd):
+  (tmp_path / "m.py").write_text("a = 1\n")
+  (tmp_path / "orig.py").write_text("a = 1\n")
+  (tmp_path / "test_m.py").write_text("import m\n\ndef test_m():\n  assert m.a == 1\n")
+  spec = {"module_path": "m.py", "original": "orig.py", "tests": ["test_m.py"], "deselect": [],
+          "confirm": True, "durations": {}, "lines": {}}
+  (tmp_path / "sel.json").write_text(json.dumps(spec))
+  (tmp_path / "m.py").write_text("a = 2\n")
+  # Line 1 has no test in the map ("not executed"), but the whole list confirms and kills it.
+  assert select.run(tmp_path / "sel.json", cwd=tmp_path) != 0
+  assert select.NOT_EXECUTED in capfd.readouterr().out
+  (tmp_path / "sel.json").write_text(json.dumps(dict(spec, confirm=False)))
+  assert select.run(tmp_path / "sel.json", cwd=tmp_path) == 0   # --trust_coverage

@@ -1,0 +1,137 @@
+"""Run a mutant against the tests that execute the mutated line (scripts/mutation_test.py).
+
+    python scripts/mutation_select.py SELECTION_JSON     # cosmic-ray's test command, in a copy
+
+A mutant's tests used to be its module's whole test list. Most mutants are killed by one of a
+few tests, and a surviving one ran every test, so a run of the core took hours. Instead:
+
+1. `coverage_map` (once per module, from the unmutated tests run under coverage with one context
+   per test and JAX's caches emptied before each test, tests/mutation/pytest_plugin.py): for
+   every line of the module, the tests that executed it.
+2. Here, per mutant: the lines that differ from the unmutated module (kept beside the session)
+   and the statement around each; the tests that executed any of them, fastest first, run with
+   `pytest -x`. A failure kills the mutant.
+3. A mutant that none of them catch, or whose lines no test executed in-process ("not executed"),
+   is run against the module's whole list before it counts as surviving (`confirm`, the
+   default): a test that depends on the line without executing it in the coverage pass
+   (through a fixture or a cache filled by another test, or in a subprocess) still gets its
+   chance. So the selection only makes killing faster; it cannot make a mutant survive that the
+   whole list would kill. `--trust_coverage` skips the confirmation (a quick look).
+
+Lines executed outside any test (at import, or in a session fixture) select the whole list.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+from pathlib import Path
+import subprocess
+import sys
+
+ALL = "*"  # in a line's test list: every listed test
+NOT_EXECUTED = "mutation_select: no listed test executes the mutated lines"
+
+
+def coverage_map(data_file: Path, module_path: str, durations: dict[str, float]) -> dict:
+  """{line: sorted test ids, or [ALL]} of `module_path` from a pytest-cov run with
+  `--cov-context=test` (contexts "<nodeid>|setup", "|run", "|teardown"; "" outside tests)."""
+  import coverage  # pylint: disable=import-outside-toplevel
+  data = coverage.CoverageData(basename=str(data_file))
+  data.read()
+  measured = [f for f in data.measured_files() if f.endswith("/" + module_path)]
+  if len(measured) != 1:
+    raise SystemExit(f"{data_file}: expected one measured file ending in {module_path}, found "
+                     f"{measured}: did the tests import the module from the copy?")
+  per_file: dict[str, set[str]] = {}
+  for nodeid in durations:
+    per_file.setdefault(nodeid.split("::")[0], set()).add(nodeid)
+  lines = {}
+  for line, contexts in (data.contexts_by_lineno(measured[0]) or {}).items():
+    tests = set()
+    for context in contexts:
+      nodeid, _, phase = context.rpartition("|")
+      if not nodeid:
+        tests = {ALL}  # import time or a session fixture: any test may depend on it
+        break
+      # A fixture's setup runs in the first test that asks for it, and a module-scoped one
+      # serves the rest of the file: count every test of that file.
+      tests |= {nodeid} if phase == "run" else per_file.get(nodeid.split("::")[0], {ALL})
+    lines[str(line)] = sorted(tests) if ALL not in tests else [ALL]
+  return lines
+
+
+def changed_lines(original: str, mutated: str) -> list[int]:
+  """1-based lines of `original` that the mutant replaced or removed (or inserted before)."""
+  matcher = difflib.SequenceMatcher(a=original.splitlines(), b=mutated.splitlines(),
+                                    autojunk=False)
+  lines = []
+  for tag, i1, i2, _, _ in matcher.get_opcodes():
+    if tag != "equal":
+      lines += list(range(i1 + 1, max(i2, i1 + 1) + 1))
+  return lines
+
+
+def statement_lines(code: str, line: int) -> list[int] | None:
+  """The lines of the innermost statement around `line` (a multi-line statement is traced on
+  any of its lines); a compound statement's header only. None when no statement holds it (a
+  decorator, a comment between statements): the caller then takes every test."""
+  best = None
+  for node in ast.walk(ast.parse(code)):
+    if isinstance(node, ast.stmt) and node.lineno <= line <= node.end_lineno:
+      if best is None or node.end_lineno - node.lineno <= best.end_lineno - best.lineno:
+        best = node
+  if best is None:
+    return None
+  body = [n for field in ("body", "orelse", "finalbody", "handlers")
+          for n in getattr(best, field, []) or [] if isinstance(n, ast.AST)]
+  end = min([n.lineno - 1 for n in body] + [best.end_lineno])
+  if line > end:  # a line between the header and the body: comments
+    return None
+  return list(range(best.lineno, end + 1))
+
+
+def select(lines_map: dict, durations: dict, original: str, mutated: str) -> list[str] | None:
+  """The tests to run for a mutant, fastest first; [] when none executes it; None for all."""
+  tests = set()
+  for line in changed_lines(original, mutated):
+    span = statement_lines(original, line)
+    if span is None:
+      return None
+    for covered in span:
+      tests |= set(lines_map.get(str(covered), []))
+  if ALL in tests:
+    return None
+  return sorted(tests, key=lambda t: (durations.get(t, 0.0), t))
+
+
+def pytest_command(python: str, tests: list[str], deselect: list[str]) -> list[str]:
+  return [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+          *tests, *[f"--deselect={t}" for t in deselect]]
+
+
+def run(selection_file: Path, cwd: Path = Path(".")) -> int:
+  """cosmic-ray's test command: exit 0 if the mutant survives, else the tests' exit code."""
+  spec = json.loads(selection_file.read_text())
+  original = (selection_file.parent / spec["original"]).read_text()
+  mutated = (cwd / spec["module_path"]).read_text()
+  full = pytest_command(sys.executable, spec["tests"], spec["deselect"])
+  chosen = select(spec["lines"], spec["durations"], original, mutated)
+  confirm = spec.get("confirm", True)
+  if chosen == []:
+    print(NOT_EXECUTED, flush=True)
+  elif chosen is not None:
+    print(f"mutation_select: {len(chosen)} test(s) execute the mutated lines", flush=True)
+    code = subprocess.run(pytest_command(sys.executable, chosen, []), cwd=cwd).returncode
+    if code != 0:
+      return code
+  if chosen is not None and not confirm:
+    return 0
+  if chosen is not None:
+    print("mutation_select: the whole list confirms", flush=True)
+  return subprocess.run(full, cwd=cwd).returncode
+
+if __name__ == "__main__":
+  if len(sys.argv) != 2:
+    sys.exit(__doc__)
+  sys.exit(run(Path(sys.argv[1])))
