@@ -340,3 +340,23 @@ def test_attention_kernels_have_the_variance_of_a_plain_glorot_matrix(fused):
   assert len(ffn) == 4
   for w in ffn:
     assert abs(w.std() / np.sqrt(2 / (d + cfg.d_ff)) - 1) < 0.05
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_embedding_is_scaled_by_sqrt_d_model_and_logits_use_the_plain_table(scale):
+  # The paper, 3.4: the shared weight matrix is multiplied by sqrt(d_model) in the embedding
+  # layers, not in the pre-softmax projection. At init the table's std is d_model^-0.5, so the
+  # scaled embeddings have unit variance, the scale of the sinusoids they are added to.
+  from transformer_jax.layers import Embed
+  cfg = tj.model_config("tiny", vocab_size=VOCAB, scale_embeddings=scale)
+  embed = Embed(cfg, num_embeddings=VOCAB)
+  ids = jnp.array([[4, 5, 39]])
+  params = embed.init(jax.random.key(0), ids)["params"]
+  table = np.asarray(nn.meta.unbox(params["embedding"]))
+  factor = np.sqrt(cfg.d_model) if scale else 1.0
+  np.testing.assert_allclose(embed.apply({"params": params}, ids), table[[4, 5, 39]][None] * factor,
+                             rtol=1e-6)
+  x = np.asarray(jax.random.normal(jax.random.key(1), (2, cfg.d_model)))
+  np.testing.assert_allclose(embed.apply({"params": params}, x, method=Embed.attend), x @ table.T,
+                             rtol=1e-5, atol=1e-5)
+  assert abs(table.std() * np.sqrt(cfg.d_model) - 1) < 0.1
