@@ -18,7 +18,9 @@ few tests, and a surviving one ran every test, so a run of the core took hours. 
    chance. So the selection only makes killing faster; it cannot make a mutant survive that the
    whole list would kill. `--trust_coverage` skips the confirmation (a quick look).
 
-Lines executed outside any test (at import, or in a session fixture) select the whole list.
+Lines executed outside any test (at import) select the whole list; lines run while a fixture was
+set up or torn down select every test of the file whose setup it was (a module fixture serves
+that file; a session fixture serves more, which the confirmation covers).
 """
 from __future__ import annotations
 
@@ -118,18 +120,22 @@ def run(selection_file: Path, cwd: Path = Path(".")) -> int:
   full = pytest_command(sys.executable, spec["tests"], spec["deselect"])
   chosen = select(spec["lines"], spec["durations"], original, mutated)
   confirm = spec.get("confirm", True)
+  code = 0
   if chosen == []:
     print(NOT_EXECUTED, flush=True)
   elif chosen is not None:
     print(f"mutation_select: {len(chosen)} test(s) execute the mutated lines", flush=True)
     code = subprocess.run(pytest_command(sys.executable, chosen, []), cwd=cwd).returncode
-    if code != 0:
+    # 1: a test failed. Any other failure (no such test id, none collected: a mutant can rename
+    # a parametrized test) is not a verdict; the whole list gives it.
+    if code == 1:
       return code
-  if chosen is not None and not confirm:
+  if chosen is not None and not confirm and code == 0:
     return 0
   if chosen is not None:
     print("mutation_select: the whole list confirms", flush=True)
   return subprocess.run(full, cwd=cwd).returncode
+
 
 if __name__ == "__main__":
   if len(sys.argv) != 2:

@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -116,17 +117,18 @@ def copy_tree(dst: Path) -> None:
 
 
 def test_command(module: dict) -> str:
-  return " ".join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+  return shlex.join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                    "-o", "addopts=", *module["tests"],
                    *[f"--deselect={t}" for t in module.get("deselect", [])]])
 
 
 def session_config(module: dict, timeout: float, selection: Path | None = None) -> str:
-  command = (f"{sys.executable} {Path(mutation_select.__file__).resolve()} {selection}"
-             if selection else test_command(module))
-  return (f'[cosmic-ray]\nmodule-path = "{module["path"]}"\ntimeout = {float(timeout)}\n'
-          f'excluded-modules = []\ntest-command = "{command}"\n'
-          f'[cosmic-ray.distributor]\nname = "local"\n')
+  # cosmic-ray splits the command with shlex; TOML strings take JSON's escapes.
+  command = (shlex.join([sys.executable, str(Path(mutation_select.__file__).resolve()),
+                         str(selection)]) if selection else test_command(module))
+  return (f'[cosmic-ray]\nmodule-path = {json.dumps(module["path"])}\n'
+          f'timeout = {float(timeout)}\nexcluded-modules = []\n'
+          f'test-command = {json.dumps(command)}\n[cosmic-ray.distributor]\nname = "local"\n')
 
 
 def init_mutants(db, module_path: str, root: Path) -> list:
@@ -150,8 +152,10 @@ def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: d
   queues = [[] for _ in range(workers)]
   for name in names:
     module = config["modules"][name]
-    code = (REPO / module["path"]).read_text()
-    (out / "sessions" / f"{name}.py").write_text(code)  # for the report: the copies get mutated
+    # The module as the copies hold it (the mutants' and the coverage map's lines): kept for
+    # the report and for mutation_select's diff, since the copies get mutated.
+    code = (out / "work0" / module["path"]).read_text()
+    (out / "sessions" / f"{name}.py").write_text(code)
     spans = annotation_spans(code)
     reasons = None  # the same for every worker's session: classified once
     for w in range(workers):
@@ -218,7 +222,7 @@ def baseline(out: Path, config: dict, names: list[str], workers: int, select: bo
                "-p", "pytest_plugin"]
     print(f"baseline: {command}{' (under coverage)' if select else ''}", flush=True)
     start = time.time()
-    done = subprocess.run(command.split() + extra, cwd=work, env=env, capture_output=True,
+    done = subprocess.run(shlex.split(command) + extra, cwd=work, env=env, capture_output=True,
                           text=True)
     return command, done, time.time() - start
 
@@ -244,8 +248,10 @@ def baseline(out: Path, config: dict, names: list[str], workers: int, select: bo
           "deselect": module.get("deselect", []), "confirm": confirm, "durations": durations,
           "lines": lines}))
   # A mutant's time limit: 3x the unmutated tests' time (which compiled from an empty cache)
-  # plus a minute for a busy machine, unless the config sets one.
-  return {n: config["modules"][n].get("timeout", round(3 * seconds[test_command(
+  # plus a minute for a busy machine, unless the config sets one; twice that when a survivor
+  # runs its selected tests and then the whole list.
+  runs = 2 if select and confirm else 1
+  return {n: runs * config["modules"][n].get("timeout", round(3 * seconds[test_command(
       config["modules"][n])] + 60)) for n in names}
 
 

@@ -148,3 +148,9 @@ def test_a_mutant_no_test_executes_is_still_run_against_the_whole_list(tmp_path,
   assert select.NOT_EXECUTED in capfd.readouterr().out
   (tmp_path / "sel.json").write_text(json.dumps(dict(spec, confirm=False)))
   assert select.run(tmp_path / "sel.json", cwd=tmp_path) == 0   # --trust_coverage
+  # A selected test that no longer exists (pytest exits 4, not 1) is no verdict: the whole
+  # list gives it, and here the mutant survives it.
+  (tmp_path / "m.py").write_text("a = 1 + 0\n")
+  (tmp_path / "sel.json").write_text(json.dumps(dict(spec, lines={"1": ["test_m.py::gone"]})))
+  assert select.run(tmp_path / "sel.json", cwd=tmp_path) == 0
+  assert "the whole list confirms" in capfd.readouterr().out
