@@ -360,3 +360,54 @@ def test_embedding_is_scaled_by_sqrt_d_model_and_logits_use_the_plain_table(scal
   np.testing.assert_allclose(embed.apply({"params": params}, x, method=Embed.attend), x @ table.T,
                              rtol=1e-5, atol=1e-5)
   assert abs(table.std() * np.sqrt(cfg.d_model) - 1) < 0.1
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_residual_puts_layer_norm_where_configured(norm):
+  # post (the paper): LayerNorm(x + Sublayer(x)); pre: x + Sublayer(LayerNorm(x)). At init the
+  # LayerNorm has scale 1 and bias 0, so it is (x - mean) / sqrt(var + eps) over d_model.
+  from transformer_jax.layers import Residual
+  cfg = tj.model_config("tiny", vocab_size=VOCAB, norm_position=norm).replace(deterministic=True)
+  x = jax.random.normal(jax.random.key(0), (2, 3, cfg.d_model)) * 3 + 1
+  sublayer = lambda y: 2.0 * y + 0.5  # noqa: E731
+  residual = Residual(cfg)
+  params = residual.init(jax.random.key(1), x, sublayer)
+  got = residual.apply(params, x, sublayer)
+
+  def layer_norm(y):
+    y = np.asarray(y, np.float64)
+    mean, var = y.mean(-1, keepdims=True), y.var(-1, keepdims=True)
+    return (y - mean) / np.sqrt(var + cfg.layer_norm_epsilon)
+
+  x64 = np.asarray(x, np.float64)
+  expected = (layer_norm(x64 + sublayer(x64)) if norm == "post"
+              else x64 + sublayer(layer_norm(x64)))
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_cross_attention_reads_one_cache_row_per_source_for_all_its_beams():
+  # Beam search keeps each source's encoder keys/values once; the beams of source b are the
+  # consecutive rows b*beam .. b*beam + beam - 1. The result must equal attention against a
+  # cache copied once per row, and a row count that is not a multiple is refused.
+  from transformer_jax.layers import MultiHeadAttention
+  cfg = tj.model_config("tiny", vocab_size=VOCAB).replace(deterministic=True, decode=True)
+  attention = MultiHeadAttention(cfg, cache="cross")
+  encoded = jax.random.normal(jax.random.key(0), (2, 5, cfg.d_model))
+  variables = attention.init(jax.random.key(1), encoded[:, :1], encoded)
+  queries = jax.random.normal(jax.random.key(2), (6, 1, cfg.d_model))  # 2 sources x 3 beams
+  grouped, _ = attention.apply(variables, queries, encoded, mutable=["cache"])
+  per_row = jax.tree_util.tree_map(lambda c: jnp.repeat(c, 3, axis=0), variables["cache"])
+  expected, _ = attention.apply({"params": variables["params"], "cache": per_row}, queries,
+                                jnp.repeat(encoded, 3, axis=0), mutable=["cache"])
+  assert grouped.shape == (6, 1, cfg.d_model)
+  np.testing.assert_allclose(grouped, expected, rtol=1e-5, atol=1e-5)
+  # One source with all its beams (translating a single sentence with beam search).
+  one = jax.tree_util.tree_map(lambda c: c[:1], variables["cache"])
+  alone, _ = attention.apply({"params": variables["params"], "cache": one}, queries[:3],
+                             encoded[:1], mutable=["cache"])
+  np.testing.assert_allclose(alone, expected[:3], rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="2 sources for 5 rows of 1 positions"):
+    attention.apply(variables, queries[:5], encoded, mutable=["cache"])
+  with pytest.raises(ValueError, match="2 sources for 4 rows of 2 positions"):
+    attention.apply(variables, queries[:4].reshape(2, 2, -1).repeat(2, 0), encoded,
+                    mutable=["cache"])

@@ -220,8 +220,8 @@ class MultiHeadAttention(nn.Module):
           dropout_rng=dropout_rng)
       self.sow("intermediates", "attention_weights", weights)
       x = x.swapaxes(1, 2)
-    if x.shape[0] != inputs_q.shape[0]:  # grouped beams: back to one row per hypothesis
-      x = x.reshape(inputs_q.shape[:2] + x.shape[2:])
+    # Grouped beams ([sources, beams, ...]) back to one row per hypothesis; otherwise a no-op.
+    x = x.reshape(inputs_q.shape[:2] + x.shape[2:])
     x = self.out(_constrain_heads(x))
     return constrain(x, ("batch", "length", "embed"))
 
