@@ -127,6 +127,10 @@ def test_cached_decoding_equals_teacher_forcing(setup):
   full = apply(params, src, tgt)
   stepwise, cache = greedy_cached_logits(cfg, params, src, tj.shift_right(tgt, cfg.bos_id))
   np.testing.assert_allclose(stepwise, full, atol=1e-5)
+  # The fused-attention path reads the same head-major cache.
+  fused, _ = greedy_cached_logits(cfg.replace(attention_impl="cudnn"), params, src,
+                                  tj.shift_right(tgt, cfg.bos_id))
+  np.testing.assert_allclose(fused, full, atol=1e-5)
   # The encoder-decoder keys/values were computed once (prime) and are only read afterwards.
   cross = cache["decoder"]["layer_0"]["cross_attention"]["kv_cache"]
   assert cross["cross_key"].shape == (3, cfg.num_heads, 9, cfg.head_dim)  # head-major
@@ -411,3 +415,14 @@ def test_cross_attention_reads_one_cache_row_per_source_for_all_its_beams():
   with pytest.raises(ValueError, match="2 sources for 4 rows of 2 positions"):
     attention.apply(variables, queries[:4].reshape(2, 2, -1).repeat(2, 0), encoded,
                     mutable=["cache"])
+
+
+def test_fused_qkv_self_attention_takes_no_other_inputs():
+  from transformer_jax.layers import MultiHeadAttention
+  cfg = tj.model_config("tiny", vocab_size=VOCAB, fused_qkv=True).replace(deterministic=True)
+  attention = MultiHeadAttention(cfg)
+  x = jax.random.normal(jax.random.key(0), (1, 4, cfg.d_model))
+  variables = attention.init(jax.random.key(1), x)
+  np.testing.assert_allclose(attention.apply(variables, x, x), attention.apply(variables, x))
+  with pytest.raises(ValueError, match="fused_qkv: a self-attention module takes inputs_kv=None"):
+    attention.apply(variables, x, x + 1)
