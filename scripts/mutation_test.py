@@ -281,37 +281,46 @@ def outcome(result: WorkResult) -> str:
   return "incompetent"
 
 
+def module_results(out: Path, name: str) -> tuple[dict, list] | None:
+  """(counts by outcome, survivors as (line, source line, mutated line, diff)) of `name`'s
+  sessions in `out`, or None when it was not run there."""
+  counts = dict.fromkeys(["killed", "timeout", "survived", "not_executed", "equivalent",
+                          "incompetent", "pending", "filtered"], 0)
+  survivors = []
+  sessions = sorted((out / "sessions").glob(f"{name}.*.sqlite"))
+  if not sessions:
+    return None
+  code = (out / "sessions" / f"{name}.py").read_text()  # as it was when mutated
+  for first, db_path in zip([True] + [False] * len(sessions), sessions):
+    with use_db(str(db_path), WorkDB.Mode.open) as db:
+      results = dict(db.results)
+      for item in db.work_items:
+        result = results.get(item.job_id)
+        kind = outcome(result) if result else "pending"
+        # Every session lists the skipped mutants: count those once.
+        if kind in counts and (first or kind not in ("equivalent", "filtered")):
+          counts[kind] += 1
+        if kind == "survived":
+          # No listed test executes its lines in-process (the whole list still ran).
+          counts["not_executed"] += mutation_select.NOT_EXECUTED in (result.output or "")
+          before, after = mutant_lines(code, item.mutations[0])
+          survivors.append((item.mutations[0].start_pos[0], before, after, result.diff))
+  caught = counts["killed"] + counts["timeout"]
+  run = caught + counts["survived"]
+  counts["score"] = round(100 * caught / run, 1) if run else None
+  return counts, sorted(survivors)
+
+
 def report(out: Path, config: dict, names: list[str]) -> dict:
   (out / "survivors").mkdir(parents=True, exist_ok=True)
   rows = {}
   for name in names:
-    counts = dict.fromkeys(["killed", "timeout", "survived", "not_executed", "equivalent",
-                            "incompetent", "pending", "filtered"], 0)
-    survivors = []
-    sessions = sorted((out / "sessions").glob(f"{name}.*.sqlite"))
-    if not sessions:
+    found = module_results(out, name)
+    if found is None:
       continue  # not run into this --out
-    code = (out / "sessions" / f"{name}.py").read_text()  # as it was when mutated
-    for first, db_path in zip([True] + [False] * len(sessions), sessions):
-      with use_db(str(db_path), WorkDB.Mode.open) as db:
-        results = dict(db.results)
-        for item in db.work_items:
-          result = results.get(item.job_id)
-          kind = outcome(result) if result else "pending"
-          # Every session lists the skipped mutants: count those once.
-          if kind in counts and (first or kind not in ("equivalent", "filtered")):
-            counts[kind] += 1
-          if kind == "survived":
-            # No listed test executes its lines in-process (the whole list still ran).
-            counts["not_executed"] += mutation_select.NOT_EXECUTED in (result.output or "")
-            before, after = mutant_lines(code, item.mutations[0])
-            survivors.append((item.mutations[0].start_pos[0], before, after, result.diff))
-    caught = counts["killed"] + counts["timeout"]
-    run = caught + counts["survived"]
-    counts["score"] = round(100 * caught / run, 1) if run else None
-    rows[name] = counts
+    rows[name], survivors = found
     with open(out / "survivors" / f"{name}.diff", "w") as f:
-      for line, before, after, diff in sorted(survivors):
+      for line, before, after, diff in survivors:
         f.write(f"# line {line}\n# line = {json.dumps(before)}\n# mutant = {json.dumps(after)}\n"
                 f"{diff}\n\n")
   (out / "report.json").write_text(json.dumps(rows, indent=1))
@@ -327,6 +336,81 @@ def report(out: Path, config: dict, names: list[str]) -> dict:
   return rows
 
 
+def apply_survivor(code: str, line: int, before: str, after: str) -> str | None:
+  """`code` with the survivor's line (`before`, stripped, nearest to its old `line`) replaced by
+  `after` at the same indentation; None when no line reads `before` any more."""
+  lines = code.splitlines(keepends=True)
+  found = [i for i, text in enumerate(lines) if text.strip() == before]
+  if not found:
+    return None
+  i = min(found, key=lambda k: abs(k + 1 - line))
+  indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
+  lines[i] = indent + after + "\n"
+  return "".join(lines)
+
+
+def retest(out: Path, config: dict, names: list[str]) -> dict:
+  """Run the survivors of the sessions in `out` again, on a fresh copy of the tree as it is now
+  (after tests were added): each one killed now, still surviving, or gone (its line changed).
+  Writes retest.md / retest.json; the score counts the first run's kills plus the new ones."""
+  first = {n: module_results(out, n) for n in names}
+  names = [n for n in names if first[n]]
+  if not names:
+    raise SystemExit(f"{out}: no sessions to retest; run the modules there first")
+  again = out / "retest"
+  copy_tree(again / "work0")
+  timeouts = baseline(again, config, names, 1, select=True)
+  work, rows = again / "work0", {}
+  for name in names:
+    module = config["modules"][name]
+    path = work / module["path"]
+    code = path.read_text()
+    (again / "sessions" / f"{name}.py").write_text(code)  # the selection's diff base
+    outcomes = {"killed": [], "survived": [], "gone": [], "equivalent": []}
+    equivalent = {(e["line"], e["mutant"]) for e in config.get("equivalent", [])
+                  if e["module"] == name}
+    for line, before, after, _ in first[name][1]:
+      if (before, after) in equivalent:  # listed since the first run
+        outcomes["equivalent"].append((line, before, after))
+        continue
+      mutated = apply_survivor(code, line, before, after)
+      if mutated is None:
+        outcomes["gone"].append((line, before, after))
+        continue
+      path.write_text(mutated)
+      try:
+        done = subprocess.run([sys.executable, mutation_select.__file__,
+                               str(again / "sessions" / f"{name}.select.json")], cwd=work,
+                              env=environment(work, again), capture_output=True, text=True,
+                              timeout=timeouts[name])
+        killed = done.returncode != 0
+      except subprocess.TimeoutExpired:
+        killed = True
+      finally:
+        path.write_text(code)
+      outcomes["killed" if killed else "survived"].append((line, before, after))
+      print(f"retest {name}:{line}: {'killed' if killed else 'survives'}: {after}", flush=True)
+    c = first[name][0]
+    caught = c["killed"] + c["timeout"] + len(outcomes["killed"])
+    run = (c["killed"] + c["timeout"] + c["survived"] - len(outcomes["gone"])
+           - len(outcomes["equivalent"]))
+    rows[name] = {"first_run": c, **{k: len(v) for k, v in outcomes.items()},
+                  "score": round(100 * caught / run, 1) if run else None,
+                  "still_surviving": outcomes["survived"], "gone_mutants": outcomes["gone"]}
+  (out / "retest.json").write_text(json.dumps(rows, indent=1))
+  lines = ["| module | survivors of the first run | killed now | still surviving | "
+           "equivalent now | gone | score now % |", "|" + "---|" * 7]
+  for name, r in rows.items():
+    lines.append(f"| {name} | {r['first_run']['survived']} | {r['killed']} | {r['survived']} | "
+                 f"{r['equivalent']} | {r['gone']} | {r['score']} |")
+  for name, r in rows.items():
+    lines += [f"\n{name}, still surviving:"] + [f"- line {n}: `{b}` -> `{a}`"
+                                                  for n, b, a in r["still_surviving"]]
+  (out / "retest.md").write_text("\n".join(lines) + "\n")
+  print("\n".join(lines))
+  return rows
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", type=Path, required=True, help="where the copies and reports go")
@@ -335,6 +419,9 @@ def main(argv=None) -> None:
   parser.add_argument("--sample", type=int, default=None,
                       help="run this many mutants per module, drawn at random (seed 0)")
   parser.add_argument("--report", action="store_true", help="only write the report again")
+  parser.add_argument("--retest", action="store_true",
+                      help="run the survivors of the sessions in --out again on the tree as it "
+                           "is now (after new tests): retest.md")
   parser.add_argument("--no_select", action="store_true",
                       help="run each mutant against its module's whole test list (no coverage "
                            "pass, no selection)")
@@ -349,6 +436,9 @@ def main(argv=None) -> None:
     raise SystemExit(f"--modules: {sorted(unknown)} not in {CONFIG}; "
                      f"known: {sorted(config['modules'])}")
   out = args.out.resolve()
+  if args.retest:
+    retest(out, config, names)
+    return
   if not args.report:
     for w in range(args.workers):
       copy_tree(out / f"work{w}")

@@ -154,3 +154,13 @@ def test_a_mutant_no_test_executes_is_still_run_against_the_whole_list(tmp_path,
   (tmp_path / "sel.json").write_text(json.dumps(dict(spec, lines={"1": ["test_m.py::gone"]})))
   assert select.run(tmp_path / "sel.json", cwd=tmp_path) == 0
   assert "the whole list confirms" in capfd.readouterr().out
+
+
+def test_a_survivor_is_applied_to_the_current_code_at_its_nearest_line():
+  code = "def f(x):\n  return x + 1\n\n\ndef g(x):\n  return x + 1\n"
+  # The line moved by a few lines since the first run: the nearest equal line is taken.
+  assert (mutation.apply_survivor(code, 7, "return x + 1", "return x - 1")
+          == "def f(x):\n  return x + 1\n\n\ndef g(x):\n  return x - 1\n")
+  assert mutation.apply_survivor(code, 1, "return x + 1", "return x - 1").startswith(
+      "def f(x):\n  return x - 1\n")
+  assert mutation.apply_survivor(code, 2, "return x * 2", "return x / 2") is None  # gone
