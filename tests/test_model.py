@@ -426,3 +426,21 @@ def test_fused_qkv_self_attention_takes_no_other_inputs():
   np.testing.assert_allclose(attention.apply(variables, x, x), attention.apply(variables, x))
   with pytest.raises(ValueError, match="fused_qkv: a self-attention module takes inputs_kv=None"):
     attention.apply(variables, x, x + 1)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_projection_is_x_times_kernel_plus_bias(bias):
+  # Attention's projections contract x's last axes with the kernel's first (`num_in`) axes;
+  # with attention_bias the bias is added (biases start at zero, so set one by hand).
+  from transformer_jax.layers import Projection
+  cfg = tj.model_config("tiny", vocab_size=VOCAB, attention_bias=bias)
+  shape = (cfg.d_model, cfg.num_heads, cfg.head_dim)
+  projection = Projection(cfg, shape, 1, ("embed", "heads", "kv"))
+  x = jax.random.normal(jax.random.key(0), (2, 3, cfg.d_model))
+  params = nn.meta.unbox(projection.init(jax.random.key(1), x)["params"])
+  assert ("bias" in params) == bias
+  if bias:
+    params["bias"] = jax.random.normal(jax.random.key(2), shape[1:])
+  expected = np.einsum("bld,dhk->blhk", x, params["kernel"]) + (params["bias"] if bias else 0)
+  np.testing.assert_allclose(projection.apply({"params": params}, x), expected, rtol=1e-5,
+                             atol=1e-5)
