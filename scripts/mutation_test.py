@@ -3,6 +3,7 @@
   python scripts/mutation_test.py --out /tmp/mutation                 # every core module
   python scripts/mutation_test.py --out /tmp/mutation --modules losses,optim
   python scripts/mutation_test.py --out /tmp/mutation --report        # the report again
+  python scripts/mutation_test.py --out /tmp/mutation --retest        # survivors, after new tests
 
 cosmic-ray (chosen over mutmut: it runs each mutant's tests in a fresh process, so JAX never
 forks with its thread pools running and no jit cache outlives a mutant) seeds one bug at a time
