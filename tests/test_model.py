@@ -444,3 +444,15 @@ def test_projection_is_x_times_kernel_plus_bias(bias):
   expected = np.einsum("bld,dhk->blhk", x, params["kernel"]) + (params["bias"] if bias else 0)
   np.testing.assert_allclose(projection.apply({"params": params}, x), expected, rtol=1e-5,
                              atol=1e-5)
+
+
+def test_normal_kernel_init_has_std_0_02():
+  # kernel_init="normal" (BERT/GPT practice): every matmul kernel N(0, 0.02), whatever its fans.
+  cfg, model = make(kernel_init="normal", num_encoder_layers=1, num_decoder_layers=1)
+  params = jax.jit(model.init)(jax.random.key(0), random_tokens(0, (1, 8)),
+                               random_tokens(1, (1, 8)))["params"]
+  kernels = [np.asarray(v) for k, v in flax.traverse_util.flatten_dict(
+      nn.meta.unbox(params)).items() if k[-1] == "kernel"]
+  assert len(kernels) == 16   # 4 + 2 in the encoder layer, 8 + 2 in the decoder layer
+  for w in kernels:
+    assert abs(w.std() - 0.02) < 0.002 and abs(w.mean()) < 0.002, w.shape
