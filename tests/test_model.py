@@ -456,3 +456,25 @@ def test_normal_kernel_init_has_std_0_02():
   assert len(kernels) == 16   # 4 + 2 in the encoder layer, 8 + 2 in the decoder layer
   for w in kernels:
     assert abs(w.std() - 0.02) < 0.002 and abs(w.mean()) < 0.002, w.shape
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_feed_forward_is_the_papers_equation_2(activation):
+  # FFN(x) = max(0, x W1 + b1) W2 + b2 (GELU instead of the max with activation="gelu"),
+  # against a hand computation with biases set away from their zero init.
+  from transformer_jax.layers import FeedForward
+  cfg = tj.model_config("tiny", vocab_size=VOCAB, activation=activation).replace(
+      deterministic=True)
+  ffn = FeedForward(cfg)
+  x = jax.random.normal(jax.random.key(0), (2, 3, cfg.d_model))
+  params = nn.meta.unbox(ffn.init(jax.random.key(1), x)["params"])
+  params["wi"]["bias"] = jax.random.normal(jax.random.key(2), (cfg.d_ff,))
+  params["wo"]["bias"] = jax.random.normal(jax.random.key(3), (cfg.d_model,))
+  x64 = np.asarray(x, np.float64)
+  h = x64 @ np.asarray(params["wi"]["kernel"]) + np.asarray(params["wi"]["bias"])
+  if activation == "relu":
+    h = np.maximum(h, 0)
+  else:  # the tanh approximation, flax's default
+    h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+  expected = h @ np.asarray(params["wo"]["kernel"]) + np.asarray(params["wo"]["bias"])
+  np.testing.assert_allclose(ffn.apply({"params": params}, x), expected, rtol=1e-4, atol=1e-4)
