@@ -478,3 +478,17 @@ def test_feed_forward_is_the_papers_equation_2(activation):
     h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
   expected = h @ np.asarray(params["wo"]["kernel"]) + np.asarray(params["wo"]["bias"])
   np.testing.assert_allclose(ffn.apply({"params": params}, x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_only_a_decoding_cross_attention_can_be_primed():
+  from transformer_jax.layers import MultiHeadAttention
+  cfg = tj.model_config("tiny", vocab_size=VOCAB).replace(deterministic=True)
+  encoded = jnp.ones((1, 4, cfg.d_model))
+  valid = jnp.ones((1, 4), jnp.bool_)
+  for config, cache in ((cfg.replace(decode=True), "self"), (cfg, "cross"),
+                        (cfg.replace(decode=True), "none")):
+    attention = MultiHeadAttention(config, cache=cache)
+    variables = attention.init(jax.random.key(0), encoded)
+    with pytest.raises(ValueError, match="prime is only for cross-attention in decode mode"):
+      attention.apply(variables, encoded, valid, method=MultiHeadAttention.prime,
+                      mutable=["cache"])
