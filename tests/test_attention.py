@@ -68,6 +68,9 @@ def test_attention_dropout_is_seeded_and_rescaled(qkv):
   # No key (evaluation, decoding): no dropout whatever the rate.
   d, _ = tj.scaled_dot_product_attention(q, k, v, dropout_rate=0.5, dropout_rng=None)
   np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-5)
+  # A key and no rate: the rate defaults to 0, nothing is dropped.
+  e, _ = tj.scaled_dot_product_attention(q, k, v, dropout_rng=jax.random.key(0))
+  np.testing.assert_allclose(e, ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])

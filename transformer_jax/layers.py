@@ -278,7 +278,9 @@ def fused_attention(cfg: TransformerConfig, q, k, v, mask):
   # empty inside the kernel, and its output is set to zeros afterwards, as the reference does
   # (its gradient is then zero too).
   x = jax.nn.dot_product_attention(q, k, v, mask=mask | ~live, implementation=implementation)
-  return jnp.where(live[:, 0, :, :, None], x, 0)
+  # live [batch, 1, q_len, 1] -> [batch, q_len, 1, 1] against x [batch, q_len, heads, kv]
+  # (squeeze, not [:, 0]: JAX clamps an out-of-range index, so [:, 1] would pass unnoticed).
+  return jnp.where(live.squeeze(1)[..., None], x, 0)
 
 
 class Dropout(nn.Module):
