@@ -137,3 +137,14 @@ def test_sinusoidal_position_encoding_formula():
       assert pe[pos, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
   with pytest.raises(ValueError, match="even"):
     tj.sinusoidal_position_encoding(4, 5)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_keep_mask_keeps_exactly_its_probability_of_the_16_bit_numbers(monkeypatch, rate):
+  # With every 16-bit number drawn exactly once (random bits replaced by 0, 1, ..., 65535), the
+  # mask keeps exactly keep_prob * 65536 of them: the threshold's boundary is counted once.
+  from transformer_jax.attention import keep_mask
+  every = np.arange(65536, dtype=np.uint16).view(np.uint32).reshape(1, 32768)
+  monkeypatch.setattr(jax.random, "bits", lambda *a, **k: jnp.asarray(every))
+  keep, keep_prob = keep_mask(jax.random.key(0), rate, (1, 65536))
+  assert int(np.asarray(keep).sum()) == round(keep_prob * 65536) == 65536 - round(rate * 65536)
