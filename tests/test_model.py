@@ -492,3 +492,14 @@ def test_only_a_decoding_cross_attention_can_be_primed():
     with pytest.raises(ValueError, match="prime is only for cross-attention in decode mode"):
       attention.apply(variables, encoded, valid, method=MultiHeadAttention.prime,
                       mutable=["cache"])
+
+
+def test_non_embedding_count_leaves_out_every_table_wherever_it_sits():
+  # Learned position tables sit inside the encoder and decoder, before the shared embedding in
+  # the parameter tree, and an untied output projection counts as an embedding (Kaplan et al.).
+  cfg = tj.model_config("tiny", vocab_size=VOCAB, position_encoding="learned",
+                        tie_output_embedding=False)
+  shapes = jax.eval_shape(tj.Transformer(cfg).init, jax.random.key(0),
+                          jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32))["params"]
+  tables = VOCAB * cfg.d_model + 2 * cfg.max_len * cfg.d_model + (cfg.d_model * VOCAB + VOCAB)
+  assert tj.count_params(shapes, non_embedding=True) == tj.count_params(shapes) - tables
