@@ -119,21 +119,21 @@ def run(selection_file: Path, cwd: Path = Path(".")) -> int:
   mutated = (cwd / spec["module_path"]).read_text()
   full = pytest_command(sys.executable, spec["tests"], spec["deselect"])
   chosen = select(spec["lines"], spec["durations"], original, mutated)
-  confirm = spec.get("confirm", True)
+  if chosen is None:  # every listed test
+    return subprocess.run(full, cwd=cwd).returncode
   code = 0
-  if chosen == []:
-    print(NOT_EXECUTED, flush=True)
-  elif chosen is not None:
+  if chosen:
     print(f"mutation_select: {len(chosen)} test(s) execute the mutated lines", flush=True)
     code = subprocess.run(pytest_command(sys.executable, chosen, []), cwd=cwd).returncode
     # 1: a test failed. Any other failure (no such test id, none collected: a mutant can rename
     # a parametrized test) is not a verdict; the whole list gives it.
     if code == 1:
       return code
-  if chosen is not None and not confirm and code == 0:
+  else:
+    print(NOT_EXECUTED, flush=True)
+  if code == 0 and not spec.get("confirm", True):
     return 0
-  if chosen is not None:
-    print("mutation_select: the whole list confirms", flush=True)
+  print("mutation_select: the whole list confirms", flush=True)
   return subprocess.run(full, cwd=cwd).returncode
 
 

@@ -118,9 +118,8 @@ def copy_tree(dst: Path) -> None:
 
 
 def test_command(module: dict) -> str:
-  return shlex.join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                   "-o", "addopts=", *module["tests"],
-                   *[f"--deselect={t}" for t in module.get("deselect", [])]])
+  return shlex.join(mutation_select.pytest_command(sys.executable, module["tests"],
+                                                   module.get("deselect", [])))
 
 
 def session_config(module: dict, timeout: float, selection: Path | None = None) -> str:
