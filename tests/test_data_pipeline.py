@@ -275,3 +275,42 @@ def test_an_epoch_of_batches_holds_every_pair_once(base, mode):
       assert source.keys() == target.keys()
       seen += [str((source[s], target[s])) for s in source]
   assert sorted(seen) == epoch
+
+
+def test_pack_rows_is_first_fit_decreasing():
+  # Rows of 10 + 10 tokens; pairs of (source, target) lengths 4+4, 6+6, 5+5, 4+4. Longest first,
+  # each into the first row where both sides fit: 6+6 opens row 0, 5+5 opens row 1 (row 0 has
+  # 4 left), the first 4+4 fills row 0, the second goes to row 1. Two rows; increasing order
+  # would need three, and "the last row that fits" would put the first 4+4 into row 1.
+  pairs = [([i + 10] * n, [i + 20] * n) for i, n in enumerate([4, 6, 5, 4])]
+  rows, num_rows = pipeline.pack_rows(pairs, 10, 10)
+  assert num_rows == 2 and rows["inputs"].shape == (4, 10)
+  assert rows["inputs"][0].tolist() == [11] * 6 + [10] * 4
+  assert rows["inputs"][1].tolist() == [12] * 5 + [13] * 4 + [0]
+  assert rows["targets"][1].tolist() == [22] * 5 + [23] * 4 + [0]
+  assert rows["targets_segmentation"][1].tolist() == [1] * 5 + [2] * 4 + [0]
+  assert rows["inputs_positions"][0].tolist() == list(range(6)) + list(range(4))
+  assert not rows["inputs"][2:].any()  # the rows not used stay padding
+
+
+def test_bucket_lengths_and_rows():
+  # Boundaries at or past the longest length are cut; the longest length is always a bucket.
+  assert pipeline.bucket_lengths((8, 16, 24, 32, 40), 32) == [8, 16, 24, 32]
+  assert pipeline.bucket_lengths((16, 8), 20) == [8, 16, 20]
+  # 512 tokens: 64 rows of 8, 32 of 16, 21 of 24 rounded down to a multiple of 4 = 20, and at
+  # least the multiple when a bucket's length alone exceeds the budget.
+  assert pipeline.bucket_rows([8, 16, 24, 1024], 512, 4) == [64, 32, 20, 4]
+
+
+def test_eval_lengths_round_up_to_eight_and_never_truncate(base):
+  _, data = base
+  tok = data.tokenizer
+  pairs = [("one two", "eins zwei"), ("x " * 9, "y " * 17)]
+  batches = list(pipeline.eval_batches(pairs, tok, batch_size=3))
+  assert len(batches) == 1 and batches[0]["num_real"] == 2
+  longest = max(len(tok.encode(t)) + 1 for t, _ in pairs)
+  assert batches[0]["inputs"].shape == (3, -(-longest // 8) * 8)
+  assert batches[0]["inputs_segmentation"][1].sum() == len(tok.encode(pairs[1][0])) + 1
+  # min_len pads further, never shorter than the longest sentence.
+  padded = next(pipeline.eval_batches(pairs, tok, batch_size=3, min_len=40))
+  assert padded["targets"].shape == (3, 40)
