@@ -8,7 +8,9 @@ Every pair of the split is decoded (nothing dropped or truncated for length: sin
 positions extend past max_len; with a learned position table sources are cut to max_len - 1
 pieces with a warning). The hypotheses go to `<checkpoint>/hypotheses.<split>.txt`, one line per
 pair in the split's order, and the result, printed as one JSON object on stdout, also to
-`<checkpoint>/eval.<split>.json`, where <checkpoint> is the step directory used (e.g.
+`<checkpoint>/eval.<split>.json`, and `--examples` pairs drawn at random (seed 0) plus the one
+with the lowest sentence chrF, as a Markdown table with the references, to
+`<checkpoint>/examples.<split>.md`, where <checkpoint> is the step directory used (e.g.
 runs/default/checkpoints/1000 or runs/default/averaged/1000).
 
 `--baseline copy` needs no checkpoint: it scores each source copied as its translation, the
@@ -47,6 +49,9 @@ def define(values):
   flags.DEFINE_enum("baseline", None, list(evaluation.BASELINES),
                     "score a baseline instead of the model: 'copy' = the source as translation",
                     flag_values=values)
+  flags.DEFINE_integer("examples", 10, "pairs drawn at random (seed 0), plus the worst by "
+                       "sentence chrF, written with their references to examples.<split>.md; "
+                       "0: none", lower_bound=0, flag_values=values)
 
 
 def _data_config(values, run: dict):
@@ -66,13 +71,14 @@ def body(values, args):
   if values.baseline:
     pairs = raw_split(_data_config(values, load_run_config(values.workdir)), values.split)
     output_dir = values.output_dir or os.path.join(values.workdir, "baselines")
-    result = evaluation.copy_baseline(pairs, values.split, output_dir)
+    result = evaluation.copy_baseline(pairs, values.split, output_dir, values.examples)
     print(f"evaluate: {values.split}: baseline {values.baseline}: BLEU {result['bleu']:.2f}, "
           f"chrF {result['chrf']:.2f} on {result['sentences']} sentences", file=sys.stderr)
   else:
     translator = translator_from_flags(values, truncate=None)
     data = get_data(_data_config(values, translator.run), values.workdir)
-    result = evaluation.evaluate(translator, data, values.split, values.output_dir)
+    result = evaluation.evaluate(translator, data, values.split, values.output_dir,
+                                 values.examples)
     print(f"evaluate: {values.split}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} on "
           f"{result['sentences']} sentences; {translator_lib.throughput_line(translator.stats)}; "
           f"hypotheses in {result['hypotheses']}", file=sys.stderr)

@@ -17,7 +17,7 @@ import pytest
 
 from transformer_jax import bleu
 from transformer_jax.data import get_data
-from transformer_jax.inference import attention_maps
+from transformer_jax.inference import attention_maps, evaluation
 from transformer_jax.inference import flags as tool_flags
 from transformer_jax.inference import translator as translator_lib
 from transformer_jax.run import averaging, checkpointing, loop
@@ -204,9 +204,38 @@ def test_evaluate_writes_hypotheses_and_reports_json(workdir, capsys):
   with open(hyp_path, encoding="utf-8") as f:
     assert len(f.read().split("\n")) == EVAL_SIZE + 1
   assert "sentences/s" in err
+  # 10 pairs drawn at random plus the worst, with their references, in the split's order.
+  assert result["examples"] == os.path.join(workdir, "checkpoints", "6", "examples.test.md")
+  with open(result["examples"], encoding="utf-8") as f:
+    table = f.read().splitlines()
+  assert len(table) == 2 + 11 and table[-1].startswith("| ") and "(worst)" in table[-1]
+  with open(hyp_path, encoding="utf-8") as f:
+    hyps = f.read().splitlines()
+  numbers = [int(row.split(" | ")[0].strip("| (worst)")) for row in table[2:]]
+  assert numbers[:10] == sorted(numbers[:10]) and len(set(numbers)) == 11
+  assert all(hyps[n - 1] in row for n, row in zip(numbers, table[2:]))
   # The files beside the checkpoint do not disturb loading it (or resuming from it).
   step, _ = checkpointing.load_params(workdir)
   assert step == 6
+
+
+def test_examples_are_a_seeded_draw_plus_the_worst_and_escape_table_cells():
+  pairs = [(f"source {i}", f"reference number {i}") for i in range(30)]
+  hyps = [f"reference number {i}" if i % 3 else "x | y" for i in range(30)]
+  rows = evaluation.examples(pairs, hyps, num=5, worst=2, seed=0)
+  assert rows == evaluation.examples(pairs, hyps, num=5, worst=2, seed=0)
+  assert rows[:5] != evaluation.examples(pairs, hyps, num=5, worst=2, seed=1)[:5]
+  drawn = [r["pair"] for r in rows[:5]]
+  assert drawn == sorted(drawn) and not any(r["worst"] for r in rows[:5])
+  # The worst: the lowest sentence chrF among the pairs not drawn (ties: the earlier pair).
+  others = sorted(((bleu.sentence_chrf(hyps[i], pairs[i][1]), i + 1) for i in range(30)
+                   if i + 1 not in drawn))
+  assert [r["pair"] for r in rows[5:]] == [n for _, n in others[:2]]
+  assert all(r["worst"] and r["chrf"] < 50 for r in rows[5:])
+  assert all(r["chrf"] == 100 for r in rows if r["hypothesis"] == r["reference"])
+  table = evaluation.examples_markdown(rows)
+  assert table.count("\n") == 2 + 7 and "x \\| y" in table
+  assert all(line.count(" | ") == 5 for line in table.splitlines()[2:])
 
 
 def test_copy_baseline_scores_the_sources_as_translations(workdir, tmp_path, capsys):

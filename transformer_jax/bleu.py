@@ -15,3 +15,8 @@ def corpus_chrf(hypotheses: list[str], references: list[str]) -> tuple[float, st
   metric = sacrebleu.metrics.CHRF()
   score = metric.corpus_score(hypotheses, [references])
   return score.score, str(metric.get_signature())
+
+
+def sentence_chrf(hypothesis: str, reference: str) -> float:
+  """chrF of one sentence (what a table of examples shows next to each translation)."""
+  return sacrebleu.metrics.CHRF().sentence_score(hypothesis, [reference]).score
