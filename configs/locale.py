@@ -1,6 +1,6 @@
 r"""Real human translations offline: this machine's gettext catalogs, EN-DE or EN-FR.
 
-The CPU recipe, about 60 minutes of training on 2 cores (docs/results.md has what it reaches):
+The CPU recipe, 45-65 minutes of training on 2 cores (docs/results.md has what it reaches):
 
     python scripts/train.py --config configs/locale.py:ende --workdir runs/locale_ende
     python scripts/average_checkpoints.py --workdir runs/locale_ende          # the last 5
@@ -29,7 +29,7 @@ from transformer_jax.experiment import base_config
 
 PAIRS = {"ende": ("en", "de"), "enfr": ("en", "fr"), "deen": ("de", "en"), "fren": ("fr", "en")}
 VARIANTS = ("", "short", "paper")
-STEPS = 1500          # about 60 minutes at 2.4 s a step (4,100 target tokens) on 2 cores
+STEPS = 1500          # 4,100 target tokens a step: 44-46 min on 2 cores (2026-11-24)
 SHORT_STEPS = 375     # the sweep's points: about 15 minutes
 
 

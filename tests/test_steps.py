@@ -1,4 +1,6 @@
 """The pure train and eval steps against a direct computation: what one step reports and changes."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -121,3 +123,27 @@ def test_setup_context_enters_every_manager_and_leaves_in_reverse():
     log.append("body")
   assert log == [("enter", "mesh"), ("enter", "rules"), "body", ("exit", "rules"),
                  ("exit", "mesh")]
+
+
+def test_trace_step_prints_the_step_program_and_tells_programs_apart(capsys):
+  # scripts/trace_step.py: the check that a run made at one commit stands for another.
+  from scripts_under_test import load_script
+  script = load_script("trace_step")
+  tiny = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_config.py")
+
+  def trace(*overrides, what="train"):
+    rc = script.main(["--config", tiny, "--what", what, *overrides])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return out
+
+  first = trace()
+  assert "lambda" in first and "dot_general" in first
+  assert "f32[8,32,200]" in first  # logits of the config's batch and vocabulary
+  assert trace() == first
+  assert trace("--config.num_train_steps=99") == first  # not part of the program
+  assert trace("--config.model.norm_position=pre") != first  # tiny_config is post-LN
+  assert trace("--config.label_smoothing=0.2") != first
+  evaluation = trace(what="eval")
+  assert evaluation != first and "f32[8,32,200]" in evaluation
+  assert script.main([]) == 1 and "--config" in capsys.readouterr().err

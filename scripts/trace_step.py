@@ -1,0 +1,62 @@
+"""Print the jaxpr of a config's jitted train step: did a refactor change the program?
+
+    python scripts/trace_step.py --config configs/locale.py:ende_paper > /tmp/now.txt
+    git worktree add /tmp/before 66d541e
+    (cd /tmp/before && PYTHONPATH=/tmp/before python /work/main/scripts/trace_step.py \
+        --config configs/locale.py:ende_paper > /tmp/before.txt)
+    cmp /tmp/now.txt /tmp/before.txt && echo "same program"
+
+Traces `steps.TrainSetup(config, model).train_step` on abstract packed batches of the config's
+shape (rows `data.batch_size`, lengths `data.max_source_len` / `data.max_target_len`, every key
+of the batch schema) with the config's `data.vocab_size`: nothing is compiled, run or read from
+disk, so it takes seconds. The same jaxpr means the same operations on the same values in the
+same order; a run made at one commit then stands for the other (docs/results.md uses it).
+`--what eval` prints the evaluation step instead.
+"""
+import sys
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+
+from transformer_jax import batch as batch_lib
+from transformer_jax import cli, steps
+from transformer_jax.experiment import transformer_config
+from transformer_jax.model import Transformer
+from transformer_jax.run.workdir import RunError
+
+
+def define(values):
+  flags.DEFINE_enum("what", "train", ["train", "eval"], "which step to trace",
+                    flag_values=values)
+
+
+def step_jaxpr(config, what: str = "train") -> str:
+  """The jaxpr of the config's train (or eval) step, as text."""
+  setup = steps.TrainSetup(config, transformer_config(config, config.data.vocab_size))
+  d = config.data
+  lengths = {"inputs": d.max_source_len, "targets": d.max_target_len}
+  batch = {key: jax.ShapeDtypeStruct((d.batch_size, lengths[side]), jnp.int32)
+           for side in lengths for key in batch_lib.side_keys(side)}
+  with setup.context():
+    if what == "train":
+      return str(setup.train_step.trace(setup.state_shapes, batch).jaxpr)
+    eval_step = jax.jit(steps.make_eval_step(
+        Transformer(setup.model.config.replace(deterministic=True)),
+        config.label_smoothing))
+    return str(eval_step.trace(setup.state_shapes.params, batch).jaxpr)
+
+
+def body(values, args):
+  if values.config is None:
+    raise RunError("give the config to trace: --config configs/<file>.py[:arg]")
+  print(step_jaxpr(values.config, values.what))
+  return 0
+
+
+def main(argv=None):
+  return cli.run(body, argv, doc=__doc__, define=define, config=None)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
