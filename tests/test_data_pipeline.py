@@ -314,3 +314,16 @@ def test_eval_lengths_round_up_to_eight_and_never_truncate(base):
   # min_len pads further, never shorter than the longest sentence.
   padded = next(pipeline.eval_batches(pairs, tok, batch_size=3, min_len=40))
   assert padded["targets"].shape == (3, 40)
+
+
+def test_bucket_budget_is_batch_tokens_split_over_processes_else_rows_times_length(base):
+  _, data = base
+  c = data_with(base, batching="bucket", bucket_boundaries=(8, 16), bucket_rows_multiple=1,
+                batch_tokens=1024).config
+  # 1,024 tokens, whatever the rows: 128 rows of 8, 64 of 16, 32 of 32.
+  assert pipeline.Batcher(c, rows=16, process_count=1).rows == [128, 64, 32]
+  # Each of 2 processes gets half the budget.
+  assert pipeline.Batcher(c, rows=16, process_count=2).rows == [64, 32, 16]
+  # No token budget: rows x the longest length (16 x 32 = 512 tokens) per batch.
+  c.batch_tokens = 0
+  assert pipeline.Batcher(c, rows=16, process_count=1).rows == [64, 32, 16]
