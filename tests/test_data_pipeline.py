@@ -291,6 +291,9 @@ def test_pack_rows_is_first_fit_decreasing():
   assert rows["targets_segmentation"][1].tolist() == [1] * 5 + [2] * 4 + [0]
   assert rows["inputs_positions"][0].tolist() == list(range(6)) + list(range(4))
   assert not rows["inputs"][2:].any()  # the rows not used stay padding
+  # "Longest" is source + target: (8, 1) goes before (2, 5), though its target is shorter.
+  rows, num_rows = pipeline.pack_rows([([5] * 2, [6] * 5), ([7] * 8, [8] * 1)], 10, 10)
+  assert num_rows == 1 and rows["inputs"][0].tolist() == [7] * 8 + [5] * 2
 
 
 def test_bucket_lengths_and_rows():
@@ -314,6 +317,13 @@ def test_eval_lengths_round_up_to_eight_and_never_truncate(base):
   # min_len pads further, never shorter than the longest sentence.
   padded = next(pipeline.eval_batches(pairs, tok, batch_size=3, min_len=40))
   assert padded["targets"].shape == (3, 40)
+  # The raw texts travel with their batch (sacreBLEU scores against them).
+  three = list(pipeline.eval_batches(pairs * 2, tok, batch_size=3))
+  assert [b["source_text"] for b in three] == [[s for s, _ in pairs * 2][:3],
+                                                [s for s, _ in pairs * 2][3:]]
+  assert [b["target_text"] for b in three] == [[t for _, t in pairs * 2][:3],
+                                                [t for _, t in pairs * 2][3:]]
+  assert [b["num_real"] for b in three] == [3, 1]
 
 
 def test_bucket_budget_is_batch_tokens_split_over_processes_else_rows_times_length(base):
@@ -327,3 +337,30 @@ def test_bucket_budget_is_batch_tokens_split_over_processes_else_rows_times_leng
   # No token budget: rows x the longest length (16 x 32 = 512 tokens) per batch.
   c.batch_tokens = 0
   assert pipeline.Batcher(c, rows=16, process_count=1).rows == [64, 32, 16]
+
+
+def test_a_state_saved_before_the_first_batch_restores_the_same_stream(base):
+  # A resume at step 0 (saved before anything was read) sees what a fresh run sees.
+  data = data_with(base)
+  expected = take(iter(data.train_dataset()), 4)
+  fresh = iter(data.train_dataset())
+  state = json.loads(json.dumps(fresh.get_state()))
+  resumed = iter(data.train_dataset())
+  resumed.set_state(state)
+  for x, y in zip(expected, take(resumed, 4)):
+    for key in KEYS:
+      np.testing.assert_array_equal(x[key], y[key])
+
+
+def test_train_dataset_defaults_to_one_process_and_refuses_a_process_without_data(base):
+  _, data = base
+  c = data.config
+  source, tok = data.sources["train"], data.tokenizer
+  whole = next(iter(pipeline.train_dataset(source, tok, c, rows=16)))
+  one = next(iter(pipeline.train_dataset(source, tok, c, rows=16, process_index=0,
+                                         process_count=1)))
+  for key in KEYS:
+    np.testing.assert_array_equal(whole[key], one[key])
+  # More processes than examples: the last one's slice is empty, which is said, not trained on.
+  with pytest.raises(ValueError, match="process 3 of 4 has no training data"):
+    pipeline.ReadChunk([None] * 3, tok, c, 3, 4)  # 3 examples (only their count is read here)
