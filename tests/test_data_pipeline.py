@@ -337,6 +337,9 @@ def test_bucket_budget_is_batch_tokens_split_over_processes_else_rows_times_leng
   # No token budget: rows x the longest length (16 x 32 = 512 tokens) per batch.
   c.batch_tokens = 0
   assert pipeline.Batcher(c, rows=16, process_count=1).rows == [64, 32, 16]
+  # A budget of 1 token is a budget: the fewest rows allowed (the multiple), not rows x length.
+  c.batch_tokens = 1
+  assert pipeline.Batcher(c, rows=16, process_count=1).rows == [1, 1, 1]
 
 
 def test_a_state_saved_before_the_first_batch_restores_the_same_stream(base):
