@@ -6,11 +6,12 @@
         --config configs/locale.py:ende_paper > /tmp/before.txt)
     cmp /tmp/now.txt /tmp/before.txt && echo "same program"
 
-Traces `steps.TrainSetup(config, model).train_step` on abstract packed batches of the config's
-shape (rows `data.batch_size`, lengths `data.max_source_len` / `data.max_target_len`, every key
-of the batch schema) with the config's `data.vocab_size`: nothing is compiled, run or read from
-disk, so it takes seconds. The same jaxpr means the same operations on the same values in the
-same order; a run made at one commit then stands for the other (docs/results.md uses it).
+Traces `steps.TrainSetup(config, model).train_step` (or `.eval_step`: the jitted steps
+training runs) on abstract packed batches of the config's shape (rows `data.batch_size`,
+lengths `data.max_source_len` / `data.max_target_len`, every key of the batch schema) with the
+config's `data.vocab_size`: nothing is compiled, run or read from disk, so it takes seconds.
+The same jaxpr means the same operations on the same values in the same order; a run made at
+one commit then stands for the other (docs/results.md uses it).
 `--what eval` prints the evaluation step instead.
 """
 import sys
@@ -22,7 +23,6 @@ import jax.numpy as jnp
 from transformer_jax import batch as batch_lib
 from transformer_jax import cli, steps
 from transformer_jax.experiment import transformer_config
-from transformer_jax.model import Transformer
 from transformer_jax.run.workdir import RunError
 
 
@@ -41,10 +41,7 @@ def step_jaxpr(config, what: str = "train") -> str:
   with setup.context():
     if what == "train":
       return str(setup.train_step.trace(setup.state_shapes, batch).jaxpr)
-    eval_step = jax.jit(steps.make_eval_step(
-        Transformer(setup.model.config.replace(deterministic=True)),
-        config.label_smoothing))
-    return str(eval_step.trace(setup.state_shapes.params, batch).jaxpr)
+    return str(setup.eval_step.trace(setup.state_shapes.params, batch).jaxpr)
 
 
 def body(values, args):

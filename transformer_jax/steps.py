@@ -117,10 +117,12 @@ def unbox(tree):
 
 
 class TrainSetup:
-  """The mesh, model, optimizer, state shardings, initialiser and jitted train step of a config.
+  """The mesh, model, optimizer, state shardings, initialiser and jitted train and eval steps
+  of a config.
 
-  What `run.trainer.Trainer` runs and `scripts/benchmark.py --what train` times, built in one
-  place so the two cannot drift apart. Trace and call the step inside `context()`.
+  What `run.trainer.Trainer` runs, `scripts/benchmark.py --what train` times and
+  `scripts/trace_step.py` prints, built in one place so they cannot drift apart. Trace and call
+  the steps inside `context()`.
   """
 
   def __init__(self, config, model_cfg: TransformerConfig):
@@ -140,6 +142,11 @@ class TrainSetup:
                         config.grad_accum_steps),
         in_shardings=(self.state_shardings, self.batch_sharding),
         out_shardings=(self.state_shardings, sharding.replicated(self.mesh)), donate_argnums=0)
+    # Evaluation: the same model with dropout off, on the training state's parameters.
+    self.eval_model = Transformer(model_cfg.replace(deterministic=True))
+    self.eval_step = jax.jit(make_eval_step(self.eval_model, config.label_smoothing),
+                             in_shardings=(self.state_shardings.params, self.batch_sharding),
+                             out_shardings=sharding.replicated(self.mesh))
 
   def context(self):
     """Mesh and logical rules for tracing: `nn.with_logical_constraint` needs both."""

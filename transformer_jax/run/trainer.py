@@ -23,12 +23,11 @@ from transformer_jax import bleu as bleu_lib
 from transformer_jax import experiment, flops, sharding
 from transformer_jax.config import TransformerConfig
 from transformer_jax.data import Data, get_data, pipeline
-from transformer_jax.model import Transformer
 from transformer_jax.run import checkpointing, distributed
 from transformer_jax.run import metrics as metrics_lib
 from transformer_jax.run.workdir import SPM_MODEL, RunError, init_from_vocabulary
 from transformer_jax.search import output_ids, search_batch
-from transformer_jax.steps import TrainSetup, make_eval_step
+from transformer_jax.steps import TrainSetup
 
 
 class Trainer:
@@ -40,10 +39,7 @@ class Trainer:
     self.config, self.data, self.model_cfg = config, data, model_cfg
     self.setup, self.checkpointer = setup, checkpointer
     self.train_step, self.context = setup.train_step, setup.context
-    self.eval_model = Transformer(model_cfg.replace(deterministic=True))
-    self.eval_step = jax.jit(make_eval_step(self.eval_model, config.label_smoothing),
-                             in_shardings=(setup.state_shardings.params, setup.batch_sharding),
-                             out_shardings=sharding.replicated(setup.mesh))
+    self.eval_model, self.eval_step = setup.eval_model, setup.eval_step
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, workdir: str) -> "Trainer":
