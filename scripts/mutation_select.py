@@ -21,18 +21,29 @@ few tests, and a surviving one ran every test, so a run of the core took hours. 
 Lines executed outside any test (at import) select the whole list; lines run while a fixture was
 set up or torn down select every test of the file whose setup it was (a module fixture serves
 that file; a session fixture serves more, which the confirmation covers).
+
+Each pytest run has its own time limit: `TIMEOUT_FACTOR` x the unmutated time of the tests it runs
+(from the coverage pass, which compiled from empty caches) + `TIMEOUT_SLACK` for start-up. A
+mutant that makes a loop run forever is stopped there (the process group killed), printed as
+`TIMED_OUT` and reported as a timeout (killed), after seconds instead of cosmic-ray's limit for
+the whole list, which stays as the backstop.
 """
 from __future__ import annotations
 
 import ast
 import difflib
 import json
+import os
 from pathlib import Path
+import signal
 import subprocess
 import sys
+import time
 
 ALL = "*"  # in a line's test list: every listed test
 NOT_EXECUTED = "mutation_select: no listed test executes the mutated lines"
+TIMED_OUT = "mutation_select: timeout"
+TIMEOUT_FACTOR, TIMEOUT_SLACK = 3.0, 30.0
 
 
 def coverage_map(data_file: Path, module_path: str, durations: dict[str, float]) -> dict:
@@ -112,29 +123,58 @@ def pytest_command(python: str, tests: list[str], deselect: list[str]) -> list[s
           *tests, *[f"--deselect={t}" for t in deselect]]
 
 
+def time_limit(durations: dict[str, float], tests: list[str] | None) -> float:
+  """Seconds a run of `tests` (None: every test in `durations`) may take."""
+  seconds = sum(durations.values()) if tests is None else sum(durations.get(t, 0.0) for t in tests)
+  return TIMEOUT_FACTOR * seconds + TIMEOUT_SLACK
+
+
+def run_tests(command: list[str], cwd: Path, limit: float) -> int:
+  """The exit code of `command`, or 124 after printing TIMED_OUT when it runs past `limit` s
+  (its whole process group is killed: the tests may have started processes of their own)."""
+  process = subprocess.Popen(command, cwd=cwd, start_new_session=True)
+  try:
+    return process.wait(timeout=limit)
+  except subprocess.TimeoutExpired:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    print(f"{TIMED_OUT}: still running after {limit:.0f} s", flush=True)
+    return 124
+
+
 def run(selection_file: Path, cwd: Path = Path(".")) -> int:
   """cosmic-ray's test command: exit 0 if the mutant survives, else the tests' exit code."""
-  spec = json.loads(selection_file.read_text())
-  original = (selection_file.parent / spec["original"]).read_text()
+  start = time.monotonic()
+  try:
+    return _run(json.loads(selection_file.read_text()), selection_file.parent, cwd)
+  finally:
+    print(f"mutation_select: {time.monotonic() - start:.1f} s", flush=True)
+
+
+def _run(spec: dict, sessions: Path, cwd: Path) -> int:
+  original = (sessions / spec["original"]).read_text()
   mutated = (cwd / spec["module_path"]).read_text()
+  durations = spec["durations"]
   full = pytest_command(sys.executable, spec["tests"], spec["deselect"])
-  chosen = select(spec["lines"], spec["durations"], original, mutated)
+  chosen = select(spec["lines"], durations, original, mutated)
   if chosen is None:  # every listed test
-    return subprocess.run(full, cwd=cwd).returncode
+    return run_tests(full, cwd, time_limit(durations, None))
   code = 0
   if chosen:
     print(f"mutation_select: {len(chosen)} test(s) execute the mutated lines", flush=True)
-    code = subprocess.run(pytest_command(sys.executable, chosen, []), cwd=cwd).returncode
-    # 1: a test failed. Any other failure (no such test id, none collected: a mutant can rename
-    # a parametrized test) is not a verdict; the whole list gives it.
-    if code == 1:
+    code = run_tests(pytest_command(sys.executable, chosen, []), cwd,
+                     time_limit(durations, chosen))
+    # 1: a test failed; 124: they ran far past their time. Any other failure (no such test id,
+    # none collected: a mutant can rename a parametrized test) is not a verdict; the whole list
+    # gives it.
+    if code in (1, 124):
       return code
   else:
     print(NOT_EXECUTED, flush=True)
   if code == 0 and not spec.get("confirm", True):
     return 0
   print("mutation_select: the whole list confirms", flush=True)
-  return subprocess.run(full, cwd=cwd).returncode
+  return run_tests(full, cwd, time_limit(durations, None))
 
 
 if __name__ == "__main__":

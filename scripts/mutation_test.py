@@ -124,8 +124,10 @@ def test_command(module: dict) -> str:
 
 def session_config(module: dict, timeout: float, selection: Path | None = None) -> str:
   # cosmic-ray splits the command with shlex; TOML strings take JSON's escapes.
-  command = (shlex.join([sys.executable, str(Path(mutation_select.__file__).resolve()),
-                         str(selection)]) if selection else test_command(module))
+  # The copy's own mutation_select.py (cosmic-ray runs in the copy): editing the checkout's
+  # scripts during a run changes nothing in it.
+  command = (shlex.join([sys.executable, "scripts/mutation_select.py", str(selection)])
+             if selection else test_command(module))
   return (f'[cosmic-ray]\nmodule-path = {json.dumps(module["path"])}\n'
           f'timeout = {float(timeout)}\nexcluded-modules = []\n'
           f'test-command = {json.dumps(command)}\n[cosmic-ray.distributor]\nname = "local"\n')
@@ -277,7 +279,8 @@ def outcome(result: WorkResult) -> str:
   if result.test_outcome == TestOutcome.SURVIVED:
     return "survived"
   if result.test_outcome == TestOutcome.KILLED:
-    return "timeout" if result.output == "timeout" else "killed"
+    timed_out = result.output == "timeout" or mutation_select.TIMED_OUT in (result.output or "")
+    return "timeout" if timed_out else "killed"
   return "incompetent"
 
 
@@ -286,6 +289,7 @@ def module_results(out: Path, name: str) -> tuple[dict, list] | None:
   sessions in `out`, or None when it was not run there."""
   counts = dict.fromkeys(["killed", "timeout", "survived", "not_executed", "equivalent",
                           "incompetent", "pending", "filtered"], 0)
+  seconds = []  # per mutant run, as mutation_select printed it
   survivors = []
   sessions = sorted((out / "sessions").glob(f"{name}.*.sqlite"))
   if not sessions:
@@ -300,6 +304,10 @@ def module_results(out: Path, name: str) -> tuple[dict, list] | None:
         # Every session lists the skipped mutants: count those once.
         if kind in counts and (first or kind not in ("equivalent", "filtered")):
           counts[kind] += 1
+        took = re.search(r"^mutation_select: ([0-9.]+) s$", (result.output or "") if result
+                         else "", re.M)
+        if took:
+          seconds.append(float(took.group(1)))
         if kind == "survived":
           # No listed test executes its lines in-process (the whole list still ran).
           counts["not_executed"] += mutation_select.NOT_EXECUTED in (result.output or "")
@@ -308,6 +316,10 @@ def module_results(out: Path, name: str) -> tuple[dict, list] | None:
   caught = counts["killed"] + counts["timeout"]
   run = caught + counts["survived"]
   counts["score"] = round(100 * caught / run, 1) if run else None
+  # Worker-seconds in the mutants' tests (start-up included): a run's wall time is about their
+  # sum over the workers, plus the coverage pass.
+  counts["seconds"] = round(sum(seconds))
+  counts["seconds_per_mutant"] = round(sum(seconds) / len(seconds), 1) if seconds else None
   return counts, sorted(survivors)
 
 
@@ -325,12 +337,12 @@ def report(out: Path, config: dict, names: list[str]) -> dict:
                 f"{diff}\n\n")
   (out / "report.json").write_text(json.dumps(rows, indent=1))
   header = ("| module | killed | timeout | survived | of which not executed | score % | "
-            "equivalent | incompetent | pending |")
-  lines = [header, "|" + "---|" * 9]
+            "equivalent | incompetent | pending | worker-s (per mutant) |")
+  lines = [header, "|" + "---|" * 10]
   for name, c in rows.items():
     lines.append(f"| {name} | {c['killed']} | {c['timeout']} | {c['survived']} | "
                  f"{c['not_executed']} | {c['score']} | {c['equivalent']} | {c['incompetent']} | "
-                 f"{c['pending']} |")
+                 f"{c['pending']} | {c['seconds']} ({c['seconds_per_mutant']}) |")
   (out / "report.md").write_text("\n".join(lines) + "\n")
   print("\n".join(lines))
   return rows
@@ -379,7 +391,7 @@ def retest(out: Path, config: dict, names: list[str]) -> dict:
         continue
       path.write_text(mutated)
       try:
-        done = subprocess.run([sys.executable, mutation_select.__file__,
+        done = subprocess.run([sys.executable, "scripts/mutation_select.py",
                                str(again / "sessions" / f"{name}.select.json")], cwd=work,
                               env=environment(work, again), capture_output=True, text=True,
                               timeout=timeouts[name])

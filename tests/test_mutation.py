@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -72,6 +73,7 @@ def test_a_sample_of_seeded_bugs_is_killed(tmp_path):
   assert report["score"] == 100.0
   assert (tmp_path / "survivors" / "optim.diff").read_text() == ""
   assert "| optim | " in (tmp_path / "report.md").read_text()
+  assert report["seconds"] > 0 and report["seconds_per_mutant"] > 0  # mutation_select's times
 
 
 select = load_script("mutation_select")
@@ -164,3 +166,30 @@ def test_a_survivor_is_applied_to_the_current_code_at_its_nearest_line():
   assert mutation.apply_survivor(code, 1, "return x + 1", "return x - 1").startswith(
       "def f(x):\n  return x - 1\n")
   assert mutation.apply_survivor(code, 2, "return x * 2", "return x / 2") is None  # gone
+
+
+def test_a_mutant_that_hangs_is_stopped_at_its_tests_time_limit(tmp_path, capfd, monkeypatch):
+  # The limit is the selected tests' unmutated time x TIMEOUT_FACTOR + TIMEOUT_SLACK, not
+  # cosmic-ray's limit for the whole list: a mutant that loops forever costs seconds.
+  assert select.time_limit({"a": 1.0, "b": 2.0}, ["b"]) == 2.0 * select.TIMEOUT_FACTOR + 30.0
+  assert select.time_limit({"a": 1.0, "b": 2.0}, None) == 3.0 * select.TIMEOUT_FACTOR + 30.0
+  monkeypatch.setattr(select, "TIMEOUT_SLACK", 3.0)
+  (tmp_path / "orig.py").write_text("a = 1\n")
+  (tmp_path / "m.py").write_text("a = 1\nwhile a: pass\n")  # the mutant: an endless loop
+  (tmp_path / "test_m.py").write_text("import m\n\ndef test_m():\n  assert m.a == 1\n")
+  spec = {"module_path": "m.py", "original": "orig.py", "tests": ["test_m.py"], "deselect": [],
+          "confirm": True, "durations": {"test_m.py::test_m": 0.1},
+          "lines": {"1": ["test_m.py::test_m"]}}
+  (tmp_path / "sel.json").write_text(json.dumps(spec))
+  start = time.monotonic()
+  assert select.run(tmp_path / "sel.json", cwd=tmp_path) == 124
+  assert time.monotonic() - start < 60
+  out = capfd.readouterr().out
+  assert select.TIMED_OUT in out and "the whole list confirms" not in out
+  # ... and the report counts it as a timeout (caught), not a plain kill.
+  result = mutation.WorkResult(output=out, test_outcome=mutation.TestOutcome.KILLED,
+                               worker_outcome=mutation.WorkerOutcome.NORMAL)
+  assert mutation.outcome(result) == "timeout"
+  failed = mutation.WorkResult(output="1 failed", test_outcome=mutation.TestOutcome.KILLED,
+                               worker_outcome=mutation.WorkerOutcome.NORMAL)
+  assert mutation.outcome(failed) == "killed"
