@@ -109,6 +109,41 @@ def beam4(tiny):
                             return_all=True)
 
 
+def test_beam_cache_follows_parents_like_a_reordered_cache(tiny):
+  # Beam search's cache leaves keys and values in the slot that wrote them and moves only
+  # `cache_rows` when the beams are reordered (layers.py). Against the plain per-row cache whose
+  # keys and values are physically reordered by the parents at every step: the same logits at
+  # every step, across a stage boundary (stages of 4), for random tokens and random parents.
+  cfg, params, src = tiny
+  sources, beams, steps = 2, 3, 7
+  src = src[:sources]
+  model = search._decode_model(cfg)
+  ends = [4, 8]
+  grouped = search._primed_cache(model, params, src, ends[0], repeat=beams)
+  per_row = search._primed_cache(model, params, jnp.repeat(src, beams, axis=0), ends[0])
+  assert "cache_rows" in str(jax.tree_util.tree_structure(grouped))
+  rng = np.random.default_rng(0)
+
+  def reorder_keys_and_values(cache, rows):
+    def take(path, x):
+      moves = getattr(path[-1], "key", None) in search._SELF_CACHE
+      return jnp.take(x, rows, axis=0) if moves else x
+    return jax.tree_util.tree_map_with_path(take, cache)
+
+  for step in range(steps):
+    if step == ends[0]:
+      grouped = search._grow_self_cache(grouped, ends[0], ends[1])
+      per_row = search._grow_self_cache(per_row, ends[0], ends[1])
+    tokens = jnp.asarray(rng.integers(4, VOCAB, sources * beams), jnp.int32)
+    got, grouped = search._step_logits(model, params, grouped, tokens)
+    want, per_row = search._step_logits(model, params, per_row, tokens)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+    parents = rng.integers(0, beams, (sources, beams))   # some beams die, some fork
+    rows = (np.arange(sources)[:, None] * beams + parents).reshape(-1)
+    grouped = search._reorder_beams(grouped, jnp.asarray(rows))
+    per_row = reorder_keys_and_values(per_row, jnp.asarray(rows))
+
+
 def check_well_formed(tokens, lengths, limits, eos_id, pad_id=0, scores=None):
   """Output = lengths[i] non-pad tokens, then pad; EOS last, or no EOS and the limit reached.
   Rows whose score is -inf (empty slots of a beam's finished set) are all padding."""

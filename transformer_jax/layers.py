@@ -203,6 +203,8 @@ class MultiHeadAttention(nn.Module):
         k, v = self._project_kv(inputs_kv)
       if cfg.decode and self.cache == "self":
         k, v, mask, head_major = self._append_to_cache(inputs_q, k, v)
+        if head_major and k.shape[0] != q.shape[0]:  # beam search's grouped cache: per source
+          q = q.reshape((k.shape[0], q.shape[0] // k.shape[0]) + q.shape[2:])
 
     dropout_rng = None
     if not cfg.deterministic and cfg.attention_dropout_rate > 0.0:
@@ -238,11 +240,40 @@ class MultiHeadAttention(nn.Module):
     if inputs_q.shape[1] != 1:
       raise ValueError(f"decode mode takes one target position per call, got {inputs_q.shape[1]}")
     cached_k, cached_v, i = self.kv_cache.read("cached_key", "cached_value", "cache_index")
-    cached_k = jax.lax.dynamic_update_slice(cached_k, k.swapaxes(1, 2), (0, 0, i, 0))
-    cached_v = jax.lax.dynamic_update_slice(cached_v, v.swapaxes(1, 2), (0, 0, i, 0))
+    k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [rows, heads, 1, kv]
+    if self.kv_cache.has_variable("cache", "cache_rows"):
+      return self._append_to_beam_cache(cached_k, cached_v, i, k, v)
+    cached_k = jax.lax.dynamic_update_slice(cached_k, k, (0, 0, i, 0))
+    cached_v = jax.lax.dynamic_update_slice(cached_v, v, (0, 0, i, 0))
     self.kv_cache(cached_key=cached_k, cached_value=cached_v, cache_index=i + 1)
     # The new query sees every cached position up to and including its own.
     return cached_k, cached_v, (jnp.arange(cached_k.shape[2]) <= i)[None, None, None, :], True
+
+  def _append_to_beam_cache(self, cached_k, cached_v, i, k, v):
+    """Beam search's self-attention cache (search.py): keys and values stay where they were
+    written, `[sources, heads, positions x beams, kv]` (position t of beam slot c at t * beams
+    + c), and `cache_rows` `[rows, positions]` says which beam slot of the same source holds
+    each position of the hypothesis in each row. Reordering the beams then moves only
+    `cache_rows`: moving the keys and values (a gather and a copy of the whole cache per layer
+    and step) was a fifth of beam search's time on the 2-core CPU (docs/benchmarks.md).
+
+    Returns (keys, values, mask, head-major) for the grouped attention that cross-attention
+    does too: each source's `beams` queries against all of its `positions x beams` keys, the
+    mask keeping, for each query, its own hypothesis's positions up to `i`."""
+    (rows,) = self.kv_cache.read("cache_rows")
+    sources, heads, _, depth = cached_k.shape
+    beams, length = rows.shape[0] // sources, rows.shape[1]
+    def write(cache, x):  # x [rows, heads, 1, kv] -> positions i * beams ... + beams - 1
+      x = x.reshape(sources, beams, heads, depth).swapaxes(1, 2)
+      return jax.lax.dynamic_update_slice(cache, x, (0, 0, i * beams, 0))
+    cached_k, cached_v = write(cached_k, k), write(cached_v, v)
+    slot = jnp.arange(sources * beams, dtype=rows.dtype)[:, None] % beams
+    rows = jax.lax.dynamic_update_slice(rows, slot, (0, i))
+    self.kv_cache(cached_key=cached_k, cached_value=cached_v, cache_index=i + 1, cache_rows=rows)
+    # [sources, beams (queries), positions, beams (slots)] -> [sources, 1, beams, keys]
+    held = rows.reshape(sources, beams, length, 1) == jnp.arange(beams)
+    mask = held & (jnp.arange(length) <= i)[:, None]
+    return cached_k, cached_v, mask.reshape(sources, 1, beams, length * beams), True
 
 
 def _stacked_projection(cfg: TransformerConfig, num: int) -> "Projection":

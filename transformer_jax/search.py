@@ -77,13 +77,28 @@ def _primed_cache(model: Transformer, params, inputs, buffer_len: int, repeat: i
                            method=Transformer.prime_cache, mutable=["cache"])
   cache = mutated["cache"]
   if repeat > 1:
-    # Only the self-attention keys/values get a row per beam. The encoder-decoder entries stay
-    # one per sentence: attention reads them for all the sentence's beams at once (layers.py).
-    # Scalars (cache_index, decode_position) are shared by all rows and stay as they are.
-    def per_beam(path, x):
-      name = getattr(path[-1], "key", None)
-      return jnp.repeat(x, repeat, axis=0) if name in _SELF_CACHE else x
-    cache = jax.tree_util.tree_map_with_path(per_beam, cache)
+    cache = _beam_cache(cache, repeat)
+  return cache
+
+
+def _beam_cache(cache, beams: int):
+  """The cache with a slot per beam in the self-attention keys/values, `[sources, heads,
+  positions x beams, kv]`, and beside them `cache_rows` `[sources * beams, positions]`: which beam
+  slot holds each position of the hypothesis in each row (layers.py; each row its own slot at
+  first).
+  `_reorder_beams` follows the beams' parents in `cache_rows`; keys and values never move.
+
+  The encoder-decoder entries stay one per sentence: attention reads them for all the sentence's
+  beams at once. Scalars (cache_index, decode_position) are shared by all rows."""
+  if not isinstance(cache, dict):
+    return cache
+  cache = {name: _beam_cache(value, beams) for name, value in cache.items()}
+  if "cached_key" in cache:
+    sources, _, positions, _ = cache["cached_key"].shape
+    for name in _SELF_CACHE:  # zeros [sources, heads, positions, kv]: a slot per beam
+      cache[name] = jnp.repeat(cache[name], beams, axis=2)
+    slots = jnp.arange(sources * beams, dtype=jnp.int32) % beams
+    cache["cache_rows"] = jnp.broadcast_to(slots[:, None], (sources * beams, positions))
   return cache
 
 
@@ -101,18 +116,19 @@ def _step_log_probs(model: Transformer, params, cache, last_tokens):
   return log_probs.at[:, model.config.pad_id].set(-jnp.inf), cache
 
 
-def _gather_self_cache(cache, rows):
-  """Reorder the self-attention keys/values along the batch*beam axis.
+def _reorder_beams(cache, rows):
+  """Row b of every hypothesis-dependent cache entry becomes row `rows[b]` (its parent's).
 
-  Only `cached_key`/`cached_value` depend on a hypothesis's history. The cross-attention entries
-  are one per sentence (a beam's parent is always a beam of the same sentence), and the position
-  counters are shared scalars.
+  Only the self-attention's history depends on the hypothesis, and of it only `cache_rows` moves
+  (beam slots within the same source): the keys and values stay in the slots that wrote them.
+  The cross-attention entries are one per sentence (a beam's parent is always a beam of the same
+  sentence), and the position counters are shared scalars.
   """
   def gather(path, x):
-    name = getattr(path[-1], "key", None)
     # In bounds by construction: "clip" clamps the row indices, where the default ("fill")
-    # masks every element of the gathered cache (a select over all of it).
-    return jnp.take(x, rows, axis=0, mode="clip") if name in _SELF_CACHE else x
+    # masks every element of the result (a select over all of it).
+    moves = getattr(path[-1], "key", None) == "cache_rows"
+    return jnp.take(x, rows, axis=0, mode="clip") if moves else x
   return jax.tree_util.tree_map_with_path(gather, cache)
 
 
@@ -134,12 +150,18 @@ def stage_ends(buffer_len: int) -> list[int]:
   return ends + [buffer_len]
 
 
-def _grow_self_cache(cache, length: int):
-  """Zero-pad the self-attention keys/values `[rows, heads, positions, kv]` to `length`."""
+def _grow_self_cache(cache, old: int, length: int):
+  """Zero-pad the self-attention keys/values `[rows, heads, positions, kv]` from `old` to `length`
+  positions (beam search's: `[sources, heads, positions x beams, kv]` and `cache_rows`
+  `[rows, positions]`; unwritten positions are masked, so slot 0 for them is as good as any)."""
   def grow(path, x):
-    if getattr(path[-1], "key", None) not in _SELF_CACHE:
+    name = getattr(path[-1], "key", None)
+    if name == "cache_rows":
+      return jnp.pad(x, ((0, 0), (0, length - x.shape[1])))
+    if name not in _SELF_CACHE:
       return x
-    return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
+    per_position = x.shape[2] // old  # beams, or 1
+    return jnp.pad(x, ((0, 0), (0, 0), (0, (length - old) * per_position), (0, 0)))
   return jax.tree_util.tree_map_with_path(grow, cache)
 
 
@@ -155,7 +177,7 @@ def _run_in_stages(step, not_done, state, ends, *, position, get_cache, set_cach
   """
   for n, end in enumerate(ends):
     if n:
-      state = set_cache(state, _grow_self_cache(get_cache(state), end))
+      state = set_cache(state, _grow_self_cache(get_cache(state), ends[n - 1], end))
     state = jax.lax.while_loop(lambda s, end=end: not_done(s) & (position(s) < end), step, state)
   return state
 
@@ -273,7 +295,7 @@ def beam_search(config: TransformerConfig, params, inputs, *, beam_size: int = 4
     live_log_probs, keep = jax.lax.top_k(jnp.where(valid & ~ends, top_log_probs, neg_inf), beam)
     live_seqs, live_parent, last = take(seqs, keep), take(parent, keep), take(token, keep)
     rows = (jnp.arange(batch)[:, None] * beam + live_parent).reshape(batch * beam)
-    cache = _gather_self_cache(cache, rows)
+    cache = _reorder_beams(cache, rows)
 
     best_live = live_log_probs[:, 0]
     reachable = best_live / jnp.maximum(length_penalty(length + 1, alpha), limit_penalty)
