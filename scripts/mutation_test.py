@@ -3,6 +3,7 @@
   python scripts/mutation_test.py --out /tmp/mutation                 # every core module
   python scripts/mutation_test.py --out /tmp/mutation --modules losses,optim
   python scripts/mutation_test.py --out /tmp/mutation --report        # the report again
+  python scripts/mutation_test.py --out /tmp/mutation --modules search --since main  # a change
   python scripts/mutation_test.py --out /tmp/mutation --retest        # survivors, after new tests
 
 cosmic-ray (chosen over mutmut: it runs each mutant's tests in a fresh process, so JAX never
@@ -105,6 +106,18 @@ def classify(code: str, spans, mutation, config: dict, module: str) -> str | Non
   return None
 
 
+def lines_changed_since(revision: str, path: str, repo: Path = REPO) -> set[int]:
+  """Lines of the working tree's `path` added or changed since git `revision` (git diff -U0)."""
+  diff = subprocess.run(["git", "diff", "-U0", revision, "--", path], cwd=repo,
+                        capture_output=True, text=True)
+  if diff.returncode != 0:
+    raise SystemExit(f"--since {revision}: git diff failed: {diff.stderr.strip()}")
+  lines = set()
+  for start, count in re.findall(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", diff.stdout, re.M):
+    lines |= set(range(int(start), int(start) + (1 if count == "" else int(count))))
+  return lines
+
+
 def copy_tree(dst: Path) -> None:
   """The files git knows (tracked, or new and not ignored), as they are in the working tree."""
   if dst.exists():
@@ -147,9 +160,11 @@ def init_mutants(db, module_path: str, root: Path) -> list:
 
 
 def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: dict,
-            sample: int | None = None, select: bool = False) -> list[list[Path]]:
+            sample: int | None = None, select: bool = False,
+            since: str | None = None) -> list[list[Path]]:
   """One cosmic-ray session per module and worker; worker w runs every workers-th mutant
-  (of `sample` drawn at random per module, when given)."""
+  (of `sample` drawn at random per module, when given; only those on lines changed since git
+  revision `since`, when given)."""
   (out / "sessions").mkdir(parents=True, exist_ok=True)
   queues = [[] for _ in range(workers)]
   for name in names:
@@ -171,6 +186,11 @@ def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: d
         items = init_mutants(db, module["path"], out / f"work{w}")
         if reasons is None:
           reasons = [classify(code, spans, item.mutations[0], config, name) for item in items]
+          if since is not None:
+            changed = lines_changed_since(since, module["path"])
+            reasons = [r or (None if item.mutations[0].start_pos[0] in changed
+                             else f"unchanged: line not changed since {since}")
+                       for r, item in zip(reasons, items)]
           runnable = [i for i, reason in enumerate(reasons) if reason is None]
           if sample is not None and sample < len(runnable):
             drawn = set(random.Random(0).sample(runnable, sample))
@@ -430,6 +450,9 @@ def main(argv=None) -> None:
   parser.add_argument("--workers", type=int, default=2, help="copies of the tree run side by side")
   parser.add_argument("--sample", type=int, default=None,
                       help="run this many mutants per module, drawn at random (seed 0)")
+  parser.add_argument("--since", default=None,
+                      help="only the mutants on lines changed since this git revision (a quick "
+                           "check of a change; the rest are skipped, not counted)")
   parser.add_argument("--report", action="store_true", help="only write the report again")
   parser.add_argument("--retest", action="store_true",
                       help="run the survivors of the sessions in --out again on the tree as it "
@@ -456,7 +479,8 @@ def main(argv=None) -> None:
       copy_tree(out / f"work{w}")
     select = not args.no_select
     timeouts = baseline(out, config, names, args.workers, select, not args.trust_coverage)
-    queues = prepare(out, config, names, args.workers, timeouts, args.sample, select)
+    queues = prepare(out, config, names, args.workers, timeouts, args.sample, select,
+                     args.since)
     with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
       list(pool.map(lambda wq: execute(out, *wq), enumerate(queues)))
   report(out, config, names)

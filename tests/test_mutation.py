@@ -193,3 +193,18 @@ def test_a_mutant_that_hangs_is_stopped_at_its_tests_time_limit(tmp_path, capfd,
   failed = mutation.WorkResult(output="1 failed", test_outcome=mutation.TestOutcome.KILLED,
                                worker_outcome=mutation.WorkerOutcome.NORMAL)
   assert mutation.outcome(failed) == "killed"
+
+
+def test_since_selects_the_lines_changed_since_a_revision(tmp_path):
+  def git(*args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                   check=True, capture_output=True)
+  git("init", "-q")
+  (tmp_path / "m.py").write_text("a = 1\nb = 2\nc = 3\nd = 4\ne = 5\n")
+  git("add", "m.py")
+  git("commit", "-qm", "first")
+  # b changed, d removed, two lines added after e: the working tree's lines 2, 5 and 6.
+  (tmp_path / "m.py").write_text("a = 1\nb = 20\nc = 3\ne = 5\nf = 6\ng = 7\n")
+  assert mutation.lines_changed_since("HEAD", "m.py", tmp_path) == {2, 5, 6}
+  with pytest.raises(SystemExit, match="--since nosuchrev"):
+    mutation.lines_changed_since("nosuchrev", "m.py", tmp_path)
