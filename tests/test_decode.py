@@ -109,12 +109,15 @@ def beam4(tiny):
                             return_all=True)
 
 
-def test_beam_cache_follows_parents_like_a_reordered_cache(tiny):
+@pytest.mark.parametrize("impl", ["xla", "cudnn"])
+def test_beam_cache_follows_parents_like_a_reordered_cache(tiny, impl):
   # Beam search's cache leaves keys and values in the slot that wrote them and moves only
   # `cache_rows` when the beams are reordered (layers.py). Against the plain per-row cache whose
   # keys and values are physically reordered by the parents at every step: the same logits at
-  # every step, across a stage boundary (stages of 4), for random tokens and random parents.
+  # every step, across a stage boundary (stages of 4), for random tokens and random parents, with
+  # both attention paths ("cudnn": jax.nn.dot_product_attention, XLA's on a CPU).
   cfg, params, src = tiny
+  cfg = cfg.replace(attention_impl=impl)
   sources, beams, steps = 2, 3, 7
   src = src[:sources]
   model = search._decode_model(cfg)

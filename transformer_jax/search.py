@@ -22,6 +22,7 @@ penalty; the differences, which make beam size 1 exactly greedy search, are in `
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 import functools
 
 import jax
@@ -67,9 +68,9 @@ def _decode_model(config: TransformerConfig) -> Transformer:
 
 
 def _primed_cache(model: Transformer, params, inputs, buffer_len: int, repeat: int = 1):
-  """Encode once and compute the encoder-decoder keys/values once per sentence; the
-  self-attention cache gets `repeat` rows per sentence (rows b*repeat .. b*repeat + repeat - 1:
-  the beams of sentence b)."""
+  """Encode once and compute the encoder-decoder keys/values once per sentence; with
+  `repeat > 1` (beam search: rows b*repeat .. b*repeat + repeat - 1 are the beams of sentence b)
+  the self-attention cache gets a slot per beam and `cache_rows` (`_beam_cache`)."""
   batch, source_len = inputs.shape
   cache = init_cache(model.config, batch, source_len, buffer_len)
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
@@ -90,7 +91,7 @@ def _beam_cache(cache, beams: int):
 
   The encoder-decoder entries stay one per sentence: attention reads them for all the sentence's
   beams at once. Scalars (cache_index, decode_position) are shared by all rows."""
-  if not isinstance(cache, dict):
+  if not isinstance(cache, Mapping):
     return cache
   cache = {name: _beam_cache(value, beams) for name, value in cache.items()}
   if "cached_key" in cache:
@@ -169,10 +170,10 @@ def _run_in_stages(step, not_done, state, ends, *, position, get_cache, set_cach
   """`while not_done(state) and position(state) < end: state = step(state)` for each end of
   `ends`, the self-attention cache grown to `end` before each stage.
 
-  A step reads and (in beam search) reorders every cached position, written or not, so a cache
-  sized for the whole buffer makes every step as slow as the last one can be. Sized by stage,
-  a search that stops after 20 tokens never touches a 66-position cache, and one that runs to
-  the end of a 64-position buffer reads on average 3/4 of it. Each stage is its own compiled
+  A step reads every cached position (in beam search, of every beam slot), written or not, so
+  a cache sized for the whole buffer makes every step as slow as the last one can be. Sized by
+  stage, a search that stops after 20 tokens never touches a 66-position cache, and one that
+  runs to the end of a 64-position buffer reads on average 3/4 of it. Each stage is its own compiled
   loop (1-3 for buffers of up to 128 positions).
   """
   for n, end in enumerate(ends):
