@@ -308,6 +308,18 @@ def test_learned_position_tables_start_at_std_0_02():
     assert abs(table.std() - 0.02) < 0.002 and abs(table.mean()) < 0.002, side
 
 
+def test_a_learned_table_takes_max_len_positions_and_refuses_more():
+  # The table has rows 0 .. max_len - 1: a sequence of exactly max_len positions fits, one more
+  # is a clear error (a lookup past the table would silently clamp to its last row).
+  cfg, model = make(position_encoding="learned", max_len=8)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), random_tokens(0, (1, 8)),
+                          random_tokens(1, (1, 8)))["params"]
+  assert nn.meta.unbox(shapes["encoder"]["position"]["embedding"]).shape == (8, cfg.d_model)
+  with pytest.raises(ValueError, match="longer than the learned position table"):
+    jax.eval_shape(model.init, jax.random.key(0), random_tokens(0, (1, 9)),
+                   random_tokens(1, (1, 8)))
+
+
 @pytest.mark.parametrize("kind", ["dropout_rate", "attention_dropout_rate", "relu_dropout_rate"])
 def test_each_dropout_acts_in_training_only(kind):
   rates = dict(dropout_rate=0.0, attention_dropout_rate=0.0, relu_dropout_rate=0.0)
