@@ -216,6 +216,11 @@ def test_beam_scores_match_teacher_forcing(tiny, beam4):
                                               max_len_margin=MARGIN)
   np.testing.assert_array_equal(np_tokens, seqs[:, 0])
   np.testing.assert_array_equal(np_lengths, (seqs[:, 0] != cfg.pad_id).sum(1))
+  # ... and so with beam 2: every beam_size but 1 is beam search, not greedy search.
+  two, _ = search.beam_search(cfg, params, src, beam_size=2, max_len_margin=MARGIN)
+  np.testing.assert_array_equal(search.search_batch(cfg, params, src, beam_size=2,
+                                                    max_len_margin=MARGIN)[0], two)
+  assert not np.array_equal(two, search.greedy_search(cfg, params, src, max_len_margin=MARGIN)[0])
 
 
 def test_eos_ends_sentences_and_pads_after(tiny, greedy):
@@ -274,6 +279,8 @@ def test_buffer_caps(tiny, greedy):
   assert search.buffer_length(cfg.replace(max_len=8), 7, MARGIN) == 8
   assert search.buffer_length(cfg, 7, MARGIN) == 12
   assert search.buffer_length(cfg, 7, MARGIN, max_decode_len=100) == cfg.max_len
+  assert search.buffer_length(cfg, 7, MARGIN, max_decode_len=1) == 1   # one token: room enough
+  assert search.buffer_length(cfg, 0, 1) == 1
   with pytest.raises(ValueError, match="no room to decode"):
     search.greedy_search(cfg, params, src, max_decode_len=0)
 
@@ -347,6 +354,56 @@ def test_wide_beam_equals_exhaustive_search(peaked, alpha):
   one, _ = search.beam_search(cfg, params, src, beam_size=1, alpha=alpha,
                               max_len_margin=SMALL_MARGIN)
   np.testing.assert_array_equal(one, greedy_tokens)
+
+
+def reference_beam_search(cfg, params, source, beam, alpha, margin, buffer_len):
+  """beam_search's documented rules, one sentence, in plain Python on teacher-forced
+  log-probabilities (no cache): (best tokens, best score)."""
+  model = tj.Transformer(cfg.replace(deterministic=True))
+  limit = min(int((np.asarray(source) != cfg.pad_id).sum()) + margin, buffer_len)
+  penalty = lambda n: ((5.0 + n) / 6.0) ** alpha  # noqa: E731
+  live, finished, num_finished = [((), 0.0)], [], 0    # live: best first, as top_k leaves it
+  for i in range(limit):
+    prefixes = np.full((beam, buffer_len), 4)           # positions >= i: any non-padding token
+    for j, (seq, _) in enumerate(live):
+      prefixes[j, :i] = seq
+    logits = teacher_forced(model, params, jnp.repeat(source[None], beam, 0),
+                            jnp.asarray(prefixes))[:, i]
+    log_probs = np.array(jax.nn.log_softmax(logits.astype(jnp.float32)), np.float64)
+    log_probs[:, cfg.pad_id] = -np.inf
+    vocab = log_probs.shape[1]
+    # The 2 * beam best one-token extensions (ties: the lower flat index, as lax.top_k).
+    extensions = sorted(((logp + log_probs[j, v], j * vocab + v, seq + (v,))
+                         for j, (seq, logp) in enumerate(live) for v in range(vocab)
+                         if np.isfinite(log_probs[j, v])), key=lambda c: (-c[0], c[1]))
+    extensions = extensions[:min(2 * beam, beam * vocab)]
+    ends = [c[2][-1] == cfg.eos_id or i + 1 >= limit for c in extensions]
+    new = [(logp / penalty(i + 1), seq) for rank, ((logp, _, seq), end)
+           in enumerate(zip(extensions, ends)) if end and rank < beam]
+    num_finished += len(new)
+    finished = sorted(finished + new, key=lambda f: -f[0])[:beam]   # stable: old ones first
+    live = [(seq, logp) for (logp, _, seq), end in zip(extensions, ends) if not end][:beam]
+    if not live or num_finished >= beam:
+      break
+    reachable = live[0][1] / max(penalty(i + 2), penalty(limit))
+    if finished and finished[0][0] >= reachable:
+      break
+  return list(finished[0][1]), finished[0][0]
+
+
+# Beams from narrow to wider than a step's candidates (then some of the 2 * beam candidates are
+# -inf, and must neither finish nor count as finished), outputs of up to 6 tokens, both alphas.
+@pytest.mark.parametrize("beam,margin,alpha", [(3, 2, 0.6), (10, 4, 2.0), (80, 4, 2.0)])
+def test_beam_search_follows_its_rules_step_by_step(peaked, beam, margin, alpha):
+  cfg, params, src = peaked
+  seqs, scores = search.beam_search(cfg, params, src, beam_size=beam, alpha=alpha,
+                                    max_len_margin=margin)
+  for i in range(src.shape[0]):
+    tokens, score = reference_beam_search(cfg, params, src[i], beam, alpha, margin,
+                                          seqs.shape[1])
+    row = np.asarray(seqs[i])
+    assert row[:len(tokens)].tolist() == tokens and (row[len(tokens):] == 0).all(), i
+    np.testing.assert_allclose(scores[i], score, rtol=1e-5, atol=1e-5)
 
 
 def test_defaults_are_the_papers_decoding_settings():
