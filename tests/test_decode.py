@@ -281,6 +281,11 @@ def test_buffer_caps(tiny, greedy):
   assert search.buffer_length(cfg, 7, MARGIN, max_decode_len=100) == cfg.max_len
   assert search.buffer_length(cfg, 7, MARGIN, max_decode_len=1) == 1   # one token: room enough
   assert search.buffer_length(cfg, 0, 1) == 1
+  # Each sentence's limit: real source tokens + margin, within the buffer; 0 for all-padding.
+  np.testing.assert_array_equal(search.length_limits(cfg, src, MARGIN, 9),
+                                expected_limits(SOURCE_LENGTHS, MARGIN, 9))
+  with pytest.raises(ValueError, match="beam_size=0"):
+    search.search_batch(cfg, params, src, beam_size=0)
   with pytest.raises(ValueError, match="no room to decode"):
     search.greedy_search(cfg, params, src, max_decode_len=0)
 

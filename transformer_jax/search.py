@@ -107,7 +107,7 @@ def _step_logits(model: Transformer, params, cache, last_tokens):
   """One decoder step: float32 logits `[rows, vocab]`, new cache."""
   logits, mutated = model.apply({"params": params, "cache": cache}, last_tokens[:, None],
                                 method=Transformer.decode_step, mutable=["cache"])
-  return logits[:, 0].astype(jnp.float32), mutated["cache"]
+  return logits.squeeze(1).astype(jnp.float32), mutated["cache"]  # squeeze: [:, 1] would clamp
 
 
 def _step_log_probs(model: Transformer, params, cache, last_tokens):
