@@ -398,7 +398,8 @@ def reference_beam_search(cfg, params, source, beam, alpha, margin, buffer_len):
 
 # Beams from narrow to wider than a step's candidates (then some of the 2 * beam candidates are
 # -inf, and must neither finish nor count as finished), outputs of 1 to 6 tokens, both alphas.
-@pytest.mark.parametrize("beam,margin,alpha", [(3, 0, 0.6), (3, 2, 0.6), (10, 4, 2.0), (80, 4, 2.0)])
+@pytest.mark.parametrize("beam,margin,alpha",
+                         [(3, 0, 0.6), (3, 2, 0.6), (10, 4, 2.0), (80, 4, 2.0)])
 def test_beam_search_follows_its_rules_step_by_step(peaked, beam, margin, alpha):
   cfg, params, src = peaked
   seqs, scores = search.beam_search(cfg, params, src, beam_size=beam, alpha=alpha,
