@@ -284,8 +284,9 @@ def test_buffer_caps(tiny, greedy):
   # Each sentence's limit: real source tokens + margin, within the buffer; 0 for all-padding.
   np.testing.assert_array_equal(search.length_limits(cfg, src, MARGIN, 9),
                                 expected_limits(SOURCE_LENGTHS, MARGIN, 9))
-  with pytest.raises(ValueError, match="beam_size=0"):
-    search.search_batch(cfg, params, src, beam_size=0)
+  for beam_size in (0, -1):
+    with pytest.raises(ValueError, match=f"beam_size={beam_size}"):
+      search.search_batch(cfg, params, src, beam_size=beam_size)
   with pytest.raises(ValueError, match="no room to decode"):
     search.greedy_search(cfg, params, src, max_decode_len=0)
 
