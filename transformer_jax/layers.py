@@ -189,22 +189,21 @@ class MultiHeadAttention(nn.Module):
         self.prime(inputs_kv, jnp.ones(inputs_kv.shape[:2], jnp.bool_))
       k, v, valid = self.kv_cache.read("cross_key", "cross_value", "cross_valid")
       mask, head_major = valid[:, None, None, :], True
-      rows, sources = q.shape[0], k.shape[0]
-      if rows != sources:
-        # Beam search: the cache holds each source's keys/values once, and the `rows // sources`
-        # hypotheses of a source (consecutive rows) are that source's queries, so the keys and
-        # values are read once per source instead of once per beam.
-        if q.shape[1] != 1 or rows % sources:
-          raise ValueError(f"cross-attention cache of {sources} sources for {rows} rows of "
-                           f"{q.shape[1]} positions: expected one position and a multiple")
-        q = q.reshape((sources, rows // sources) + q.shape[2:])
     else:
       if not self.fused_self:
         k, v = self._project_kv(inputs_kv)
       if cfg.decode and self.cache == "self":
         k, v, mask, head_major = self._append_to_cache(inputs_q, k, v)
-        if head_major and k.shape[0] != q.shape[0]:  # beam search's grouped cache: per source
-          q = q.reshape((k.shape[0], q.shape[0] // k.shape[0]) + q.shape[2:])
+    rows, sources = q.shape[0], k.shape[0]
+    if head_major and rows != sources:
+      # Beam search: the cache holds each source's keys/values once (cross-attention), or all of
+      # its beam slots (self-attention, `_append_to_beam_cache`), and the `rows // sources`
+      # hypotheses of a source (consecutive rows) are that source's queries, so the keys and
+      # values are read once per source instead of once per beam.
+      if q.shape[1] != 1 or rows % sources:
+        raise ValueError(f"{self.cache}-attention cache of {sources} sources for {rows} rows of "
+                         f"{q.shape[1]} positions: expected one position and a multiple")
+      q = q.reshape((sources, rows // sources) + q.shape[2:])
 
     dropout_rng = None
     if not cfg.deterministic and cfg.attention_dropout_rate > 0.0:
