@@ -22,11 +22,13 @@ Lines executed outside any test (at import) select the whole list; lines run whi
 set up or torn down select every test of the file whose setup it was (a module fixture serves
 that file; a session fixture serves more, which the confirmation covers).
 
-Each pytest run has its own time limit: `TIMEOUT_FACTOR` x the unmutated time of the tests it runs
-(from the coverage pass, which compiled from empty caches) + `TIMEOUT_SLACK` for start-up. A
-mutant that makes a loop run forever is stopped there (the process group killed), printed as
-`TIMED_OUT` and reported as a timeout (killed), after seconds instead of cosmic-ray's limit for
-the whole list, which stays as the backstop.
+Each test has its own time limit: `TIMEOUT_FACTOR` x its unmutated time (from the coverage pass,
+which compiled from empty caches) + `TEST_SLACK` (tests/mutation/deadline_plugin.py), and each
+pytest run `TIMEOUT_FACTOR` x the time of the tests it runs + `TIMEOUT_SLACK` for start-up. A
+mutant that makes a loop run forever is stopped at the first limit it passes (the process group
+killed), printed as `TIMED_OUT` and reported as a timeout (killed): after the hanging test's
+seconds, not those of every selected test, nor cosmic-ray's limit for the whole list, which
+stays as the backstop.
 """
 from __future__ import annotations
 
@@ -38,12 +40,17 @@ from pathlib import Path
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 ALL = "*"  # in a line's test list: every listed test
 NOT_EXECUTED = "mutation_select: no listed test executes the mutated lines"
 TIMED_OUT = "mutation_select: timeout"
 TIMEOUT_FACTOR, TIMEOUT_SLACK = 3.0, 30.0
+# Per test: a module fixture's set-up may fall in another test than in the coverage pass (the
+# order differs), and the first test initialises JAX's backend.
+TEST_SLACK = 20.0
+PLUGINS = Path(__file__).resolve().parent.parent / "tests" / "mutation"
 
 
 def coverage_map(data_file: Path, module_path: str, durations: dict[str, float]) -> dict:
@@ -129,17 +136,40 @@ def time_limit(durations: dict[str, float], tests: list[str] | None) -> float:
   return TIMEOUT_FACTOR * seconds + TIMEOUT_SLACK
 
 
-def run_tests(command: list[str], cwd: Path, limit: float) -> int:
-  """The exit code of `command`, or 124 after printing TIMED_OUT when it runs past `limit` s
-  (its whole process group is killed: the tests may have started processes of their own)."""
-  process = subprocess.Popen(command, cwd=cwd, start_new_session=True)
-  try:
-    return process.wait(timeout=limit)
-  except subprocess.TimeoutExpired:
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    print(f"{TIMED_OUT}: still running after {limit:.0f} s", flush=True)
-    return 124
+def test_limits(durations: dict[str, float]) -> dict[str, float]:
+  """Seconds each test may take."""
+  return {t: TIMEOUT_FACTOR * s + TEST_SLACK for t, s in durations.items()}
+
+
+def run_tests(command: list[str], cwd: Path, limit: float,
+              per_test: dict[str, float] | None = None) -> int:
+  """The exit code of pytest `command`, or 124 after printing TIMED_OUT when it runs past
+  `limit` s or one of its tests past its `per_test` s (the whole process group is killed: the
+  tests may have started processes of their own)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    env = dict(os.environ, MUTATION_DEADLINES=json.dumps(per_test or {}),
+               MUTATION_TIMED_OUT=os.path.join(tmp, "test"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS),
+                                                        os.environ.get("PYTHONPATH")])))
+    process = subprocess.Popen([*command, "-p", "deadline_plugin"], cwd=cwd, env=env,
+                               start_new_session=True)
+    try:
+      code = process.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+      os.killpg(process.pid, signal.SIGKILL)
+      process.wait()
+      print(f"{TIMED_OUT}: still running after {limit:.0f} s", flush=True)
+      return 124
+    finally:
+      try:  # what the tests started, if the plugin's exit left it running
+        os.killpg(process.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    if os.path.exists(env["MUTATION_TIMED_OUT"]):
+      test = Path(env["MUTATION_TIMED_OUT"]).read_text()
+      print(f"{TIMED_OUT}: {test} still running after {per_test[test]:.0f} s", flush=True)
+      return 124
+    return code
 
 
 def run(selection_file: Path, cwd: Path = Path(".")) -> int:
@@ -158,12 +188,12 @@ def _run(spec: dict, sessions: Path, cwd: Path) -> int:
   full = pytest_command(sys.executable, spec["tests"], spec["deselect"])
   chosen = select(spec["lines"], durations, original, mutated)
   if chosen is None:  # every listed test
-    return run_tests(full, cwd, time_limit(durations, None))
+    return run_tests(full, cwd, time_limit(durations, None), test_limits(durations))
   code = 0
   if chosen:
     print(f"mutation_select: {len(chosen)} test(s) execute the mutated lines", flush=True)
     code = run_tests(pytest_command(sys.executable, chosen, []), cwd,
-                     time_limit(durations, chosen))
+                     time_limit(durations, chosen), test_limits(durations))
     # 1: a test failed; 124: they ran far past their time. Any other failure (no such test id,
     # none collected: a mutant can rename a parametrized test) is not a verdict; the whole list
     # gives it.
@@ -174,7 +204,7 @@ def _run(spec: dict, sessions: Path, cwd: Path) -> int:
   if code == 0 and not spec.get("confirm", True):
     return 0
   print("mutation_select: the whole list confirms", flush=True)
-  return run_tests(full, cwd, time_limit(durations, None))
+  return run_tests(full, cwd, time_limit(durations, None), test_limits(durations))
 
 
 if __name__ == "__main__":

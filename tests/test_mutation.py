@@ -195,6 +195,31 @@ def test_a_mutant_that_hangs_is_stopped_at_its_tests_time_limit(tmp_path, capfd,
   assert mutation.outcome(failed) == "killed"
 
 
+def test_a_test_that_hangs_is_stopped_at_its_own_time_limit(tmp_path, capfd, monkeypatch):
+  # The first selected test hangs: the run stops after that test's limit (its unmutated time
+  # x TIMEOUT_FACTOR + TEST_SLACK), not after the time of every selected test, and names it.
+  assert select.test_limits({"a": 2.0}) == {"a": 2.0 * select.TIMEOUT_FACTOR + select.TEST_SLACK}
+  monkeypatch.setattr(select, "TIMEOUT_SLACK", 600.0)
+  monkeypatch.setattr(select, "TEST_SLACK", 2.0)
+  (tmp_path / "orig.py").write_text("def f():\n  return 1\n")
+  (tmp_path / "m.py").write_text("def f():\n  while True: pass\n")  # the mutant
+  (tmp_path / "test_m.py").write_text(
+      "import m\n\ndef test_fast():\n  assert m.f() == 1\n\ndef test_slow():\n  pass\n")
+  durations = {"test_m.py::test_fast": 0.1, "test_m.py::test_slow": 100.0}
+  spec = {"module_path": "m.py", "original": "orig.py", "tests": ["test_m.py"], "deselect": [],
+          "confirm": True, "durations": durations,
+          "lines": {"2": ["test_m.py::test_fast", "test_m.py::test_slow"]}}
+  (tmp_path / "sel.json").write_text(json.dumps(spec))
+  start = time.monotonic()
+  assert select.run(tmp_path / "sel.json", cwd=tmp_path) == 124
+  assert time.monotonic() - start < 60   # the run's own limit is 3 x 100.1 + 600 s
+  out = capfd.readouterr().out
+  assert f"{select.TIMED_OUT}: test_m.py::test_fast still running after 2 s" in out
+  # The unmutated function passes under the same limits.
+  (tmp_path / "m.py").write_text("def f():\n  return 1\n")
+  assert select.run(tmp_path / "sel.json", cwd=tmp_path) == 0
+
+
 def test_since_selects_the_lines_changed_since_a_revision(tmp_path):
   def git(*args):
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
