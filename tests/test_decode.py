@@ -364,7 +364,7 @@ def test_wide_beam_equals_exhaustive_search(peaked, alpha):
 
 def reference_beam_search(cfg, params, source, beam, alpha, margin, buffer_len):
   """beam_search's documented rules, one sentence, in plain Python on teacher-forced
-  log-probabilities (no cache): (best tokens, best score)."""
+  log-probabilities (no cache): the finished set, best first, as [(score, tokens)]."""
   model = tj.Transformer(cfg.replace(deterministic=True))
   limit = min(int((np.asarray(source) != cfg.pad_id).sum()) + margin, buffer_len)
   penalty = lambda n: ((5.0 + n) / 6.0) ** alpha  # noqa: E731
@@ -394,7 +394,7 @@ def reference_beam_search(cfg, params, source, beam, alpha, margin, buffer_len):
     reachable = live[0][1] / max(penalty(i + 2), penalty(limit))
     if finished and finished[0][0] >= reachable:
       break
-  return list(finished[0][1]), finished[0][0]
+  return [(score, list(seq)) for score, seq in finished]
 
 
 # Beams from narrow to wider than a step's candidates (then some of the 2 * beam candidates are
@@ -402,15 +402,37 @@ def reference_beam_search(cfg, params, source, beam, alpha, margin, buffer_len):
 @pytest.mark.parametrize("beam,margin,alpha",
                          [(3, 0, 0.6), (3, 2, 0.6), (10, 4, 2.0), (80, 4, 2.0)])
 def test_beam_search_follows_its_rules_step_by_step(peaked, beam, margin, alpha):
+  # The whole finished set, not only the best: which hypotheses stay live (an EOS among the
+  # candidates must not take a live slot) shows in the runners-up long before in the best.
   cfg, params, src = peaked
   seqs, scores = search.beam_search(cfg, params, src, beam_size=beam, alpha=alpha,
-                                    max_len_margin=margin)
+                                    max_len_margin=margin, return_all=True)
   for i in range(src.shape[0]):
-    tokens, score = reference_beam_search(cfg, params, src[i], beam, alpha, margin,
-                                          seqs.shape[1])
-    row = np.asarray(seqs[i])
-    assert row[:len(tokens)].tolist() == tokens and (row[len(tokens):] == 0).all(), i
-    np.testing.assert_allclose(scores[i], score, rtol=1e-5, atol=1e-5)
+    finished = reference_beam_search(cfg, params, src[i], beam, alpha, margin, seqs.shape[2])
+    assert len(finished) >= 1, i
+    for k in range(beam):
+      row = np.asarray(seqs[i, k])
+      if k >= len(finished):  # an empty slot
+        assert scores[i, k] == -np.inf and (row == 0).all(), (i, k)
+        continue
+      score, tokens = finished[k]
+      assert row[:len(tokens)].tolist() == tokens and (row[len(tokens):] == 0).all(), (i, k)
+      np.testing.assert_allclose(scores[i, k], score, rtol=1e-5, atol=1e-5)
+
+
+def test_an_eos_candidate_does_not_take_a_live_slot():
+  # Each step keeps `beam` live hypotheses even when some of the best candidates end in EOS:
+  # the 2 * beam candidates hold at least `beam` that go on (at most one EOS per parent). On
+  # this EOS-prone model (its EOS logit raised) EOS candidates rank within the beam; a search
+  # that let them take live slots (`beam` candidates per step) keeps the same best output here
+  # but finishes fewer hypotheses, which the step-by-step rules catch.
+  cfg = tj.model_config("tiny", vocab_size=SMALL_VOCAB, tie_output_embedding=False)
+  src = jnp.array([[4, 5], [5, 0]])
+  model = tj.Transformer(cfg.replace(deterministic=True))
+  params = nn.meta.unbox(model.init(jax.random.key(2), src, src)["params"])
+  dense = params["decoder"]["logits_dense"]
+  params["decoder"]["logits_dense"] = {**dense, "bias": dense["bias"].at[cfg.eos_id].add(2.0)}
+  test_beam_search_follows_its_rules_step_by_step((cfg, params, src), 2, 4, 0.6)
 
 
 def test_defaults_are_the_papers_decoding_settings():
