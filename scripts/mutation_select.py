@@ -53,32 +53,38 @@ TEST_SLACK = 20.0
 PLUGINS = Path(__file__).resolve().parent.parent / "tests" / "mutation"
 
 
-def coverage_map(data_file: Path, module_path: str, durations: dict[str, float]) -> dict:
-  """{line: sorted test ids, or [ALL]} of `module_path` from a pytest-cov run with
-  `--cov-context=test` (contexts "<nodeid>|setup", "|run", "|teardown"; "" outside tests)."""
+def coverage_map(data_files: Path | list[Path], module_path: str,
+                 durations: dict[str, float]) -> dict:
+  """{line: sorted test ids, or [ALL]} of `module_path` from pytest-cov runs with
+  `--cov-context=test` (contexts "<nodeid>|setup", "|run", "|teardown"; "" outside tests).
+  `durations` holds the module's tests: what other tests of the runs executed is left out."""
   import coverage  # pylint: disable=import-outside-toplevel
-  data = coverage.CoverageData(basename=str(data_file))
-  data.read()
-  measured = [f for f in data.measured_files() if f.endswith("/" + module_path)]
-  if len(measured) != 1:
-    raise SystemExit(f"{data_file}: expected one measured file ending in {module_path}, found "
-                     f"{measured}: did the tests import the module from the copy?")
-  per_file: dict[str, set[str]] = {}
+  module_tests, per_file = set(durations), {}
   for nodeid in durations:
     per_file.setdefault(nodeid.split("::")[0], set()).add(nodeid)
-  lines = {}
-  for line, contexts in (data.contexts_by_lineno(measured[0]) or {}).items():
-    tests = set()
-    for context in contexts:
-      nodeid, _, phase = context.rpartition("|")
-      if not nodeid:
-        tests = {ALL}  # import time or a session fixture: any test may depend on it
-        break
-      # A fixture's setup runs in the first test that asks for it, and a module-scoped one
-      # serves the rest of the file: count every test of that file.
-      tests |= {nodeid} if phase == "run" else per_file.get(nodeid.split("::")[0], {ALL})
-    lines[str(line)] = sorted(tests) if ALL not in tests else [ALL]
-  return lines
+  lines: dict[str, set[str]] = {}
+  for data_file in data_files if isinstance(data_files, list) else [data_files]:
+    data = coverage.CoverageData(basename=str(data_file))
+    data.read()
+    measured = [f for f in data.measured_files() if f.endswith("/" + module_path)]
+    if len(measured) != 1:
+      raise SystemExit(f"{data_file}: expected one measured file ending in {module_path}, found "
+                       f"{measured}: did the tests import the module from the copy?")
+    for line, contexts in (data.contexts_by_lineno(measured[0]) or {}).items():
+      tests = lines.setdefault(str(line), set())
+      for context in contexts:
+        nodeid, _, phase = context.rpartition("|")
+        if not nodeid:
+          tests.add(ALL)  # import time or a session fixture: any test may depend on it
+        elif phase == "run":
+          tests |= {nodeid} & module_tests
+        else:
+          # A fixture's setup runs in the first test that asks for it, and a module-scoped one
+          # serves the rest of the file: count every test of that file. (A session fixture set
+          # up in a file of another module's tests is missed here; the whole list confirms.)
+          tests |= per_file.get(nodeid.split("::")[0], set())
+  return {line: sorted(tests) if ALL not in tests else [ALL]
+          for line, tests in lines.items() if tests}
 
 
 def changed_lines(original: str, mutated: str) -> list[int]:

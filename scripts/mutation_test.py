@@ -220,11 +220,43 @@ def environment(work: Path, out: Path) -> dict:
   return env
 
 
+def listed(nodeid: str, specs: list[str]) -> bool:
+  """Whether pytest argument `specs` (files, test ids) select test `nodeid`."""
+  return any(nodeid == s or nodeid.startswith((s + "::", s + "[")) for s in specs)
+
+
+def module_durations(module: dict, durations: dict[str, float]) -> dict[str, float]:
+  """The tests of `durations` that `module`'s list runs."""
+  return {t: d for t, d in durations.items()
+          if listed(t, module["tests"]) and not listed(t, module.get("deselect", []))}
+
+
+def coverage_groups(config: dict, names: list[str], workers: int) -> list[list[str]]:
+  """The modules' test lists as one, split into up to `workers` pytest argument lists of about
+  equal size (file size as the guess of time; a whole file in one group, so its module fixtures
+  are set up once), each with the deselections that every module listing the test makes."""
+  modules = [config["modules"][n] for n in names]
+  specs = sorted({s for m in modules for s in m["tests"]})
+  specs = [s for s in specs if not listed(s, [f for f in specs if "::" not in f and f != s])]
+  deselect = sorted({d for m in modules for d in m.get("deselect", [])
+                     if all(d in m2.get("deselect", []) for m2 in modules
+                            if listed(d, m2["tests"]))})
+  size = lambda s: (REPO / s).stat().st_size if "::" not in s else 5000  # noqa: E731
+  groups: list[list[str]] = [[] for _ in range(min(workers, len(specs)))]
+  weights = [0] * len(groups)
+  for spec in sorted(specs, key=size, reverse=True):
+    k = weights.index(min(weights))
+    groups[k].append(spec)
+    weights[k] += size(spec)
+  return [g + [f"--deselect={d}" for d in deselect if listed(d, g)] for g in groups]
+
+
 def baseline(out: Path, config: dict, names: list[str], workers: int, select: bool = False,
              confirm: bool = True) -> dict[str, float]:
   """The listed tests pass on the unmutated copies, or every mutant would look killed. With
-  `select`, they run under coverage (one context per test, tests/mutation/pytest_plugin.py) and
-  each module gets sessions/<name>.select.json, the line -> tests map mutation_select reads."""
+  `select`, they run under coverage (one context per test, tests/mutation/pytest_plugin.py),
+  each test once however many modules list it, and each module gets
+  sessions/<name>.select.json, the line -> tests map mutation_select reads."""
   for w in range(workers):
     work = out / f"work{w}"
     where = subprocess.run([sys.executable, "-c", "import transformer_jax as t; print(t.__file__)"],
@@ -249,7 +281,11 @@ def baseline(out: Path, config: dict, names: list[str], workers: int, select: bo
     return command, done, time.time() - start
 
   (out / "sessions").mkdir(parents=True, exist_ok=True)
-  commands = sorted({test_command(config["modules"][n]) for n in names})
+  if select:
+    commands = [shlex.join(mutation_select.pytest_command(sys.executable, g, []))
+                for g in coverage_groups(config, names, workers)]
+  else:
+    commands = sorted({test_command(config["modules"][n]) for n in names})
   seconds = {}
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
     for command, done, took in pool.map(
@@ -259,16 +295,19 @@ def baseline(out: Path, config: dict, names: list[str], workers: int, select: bo
                          f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
       seconds[command] = took
   if select:
+    durations = {}
+    for k in range(len(commands)):
+      durations.update(json.loads((out / "sessions" / f"durations.{k}.json").read_text()))
+    data_files = [out / "sessions" / f"coverage.{k}" for k in range(len(commands))]
     for name in names:
       module = config["modules"][name]
-      k = commands.index(test_command(module))
-      durations = json.loads((out / "sessions" / f"durations.{k}.json").read_text())
-      lines = mutation_select.coverage_map(out / "sessions" / f"coverage.{k}", module["path"],
-                                           durations)
+      mine = module_durations(module, durations)
+      lines = mutation_select.coverage_map(data_files, module["path"], mine)
       (out / "sessions" / f"{name}.select.json").write_text(json.dumps({
           "module_path": module["path"], "original": f"{name}.py", "tests": module["tests"],
-          "deselect": module.get("deselect", []), "confirm": confirm, "durations": durations,
+          "deselect": module.get("deselect", []), "confirm": confirm, "durations": mine,
           "lines": lines}))
+      seconds[test_command(module)] = sum(mine.values())
   # A mutant's time limit: 3x the unmutated tests' time (which compiled from an empty cache)
   # plus a minute for a busy machine, unless the config sets one; twice that when a survivor
   # runs its selected tests and then the whole list.

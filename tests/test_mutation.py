@@ -135,6 +135,44 @@ def test_coverage_map_sees_every_test_that_runs_a_jitted_line(tmp_path):
   assert lines["10"] == sorted(durations)
   assert lines["1"] == [select.ALL]                  # import time
   assert "14" not in lines                           # never run
+  # The coverage pass runs each test once for all modules: another run (another module's
+  # tests) adds its file's data, and only the tests in `durations` count.
+  (tmp_path / "test_other.py").write_text(
+      "from pkg import mod\n\n\ndef test_d():\n  assert mod.unused() == 4\n")
+  subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
+                  "addopts=", "--cov=pkg", "--cov-context=test", "--cov-report=",
+                  "-p", "pytest_plugin", "test_other.py", "test_mod.py::test_c"], cwd=tmp_path,
+                 env=dict(env, COVERAGE_FILE=str(tmp_path / "cov2")), check=True)
+  both = select.coverage_map([tmp_path / "cov", tmp_path / "cov2"], "pkg/mod.py", durations)
+  assert both == lines                               # test_d is not one of the module's
+  with_d = dict(durations, **{"test_other.py::test_d": 1.0})
+  both = select.coverage_map([tmp_path / "cov", tmp_path / "cov2"], "pkg/mod.py", with_d)
+  assert both["14"] == ["test_other.py::test_d"]
+  assert both["6"] == lines["6"]
+
+
+def test_the_coverage_pass_lists_each_test_once_with_the_deselections_all_modules_make():
+  config = {"modules": {
+      "a": {"tests": ["tests/test_losses.py", "tests/test_optim.py::test_x"],
+            "deselect": ["tests/test_losses.py::t1"]},
+      "b": {"tests": ["tests/test_optim.py"], "deselect": ["tests/test_optim.py::t2"]},
+      "c": {"tests": ["tests/test_losses.py"]}}}
+  # test_optim.py::test_x runs with the whole file. t1 runs, since module c keeps it; t2 does
+  # not, since the only module that runs it (b) deselects it.
+  groups = mutation.coverage_groups(config, ["a", "b", "c"], 1)
+  assert [sorted(g) for g in groups] == [
+      ["--deselect=tests/test_optim.py::t2", "tests/test_losses.py", "tests/test_optim.py"]]
+  assert [sorted(g) for g in mutation.coverage_groups(config, ["a"], 1)] == [
+      ["--deselect=tests/test_losses.py::t1", "tests/test_losses.py",
+       "tests/test_optim.py::test_x"]]
+  assert sorted(map(sorted, mutation.coverage_groups(config, ["a", "b", "c"], 2))) == [
+      ["--deselect=tests/test_optim.py::t2", "tests/test_optim.py"], ["tests/test_losses.py"]]
+  durations = {"tests/test_losses.py::t1": 1.0, "tests/test_losses.py::t3[0]": 1.0,
+               "tests/test_optim.py::test_x[1]": 1.0, "tests/test_optim.py::t2": 1.0}
+  assert sorted(mutation.module_durations(config["modules"]["a"], durations)) == [
+      "tests/test_losses.py::t3[0]", "tests/test_optim.py::test_x[1]"]
+  assert sorted(mutation.module_durations(config["modules"]["b"], durations)) == [
+      "tests/test_optim.py::test_x[1]"]
 
 
 def test_a_mutant_no_test_executes_is_still_run_against_the_whole_list(tmp_path, capfd):
