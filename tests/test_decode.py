@@ -87,6 +87,41 @@ def test_stage_ends():
     assert search.stage_ends(96) == [16, 32, 64, 96]    # 32 more: a stage of their own
 
 
+def while_loop_carries(fn, *args):
+  """The shapes each while loop of `fn(*args)` carries, in program order (traced, not run)."""
+  loops = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "while":
+        loops.append([v.aval.shape for v in eqn.params["body_jaxpr"].jaxpr.invars])
+      for param in eqn.params.values():
+        if hasattr(param, "jaxpr"):  # pjit's, a closed jaxpr
+          walk(getattr(param.jaxpr, "jaxpr", param.jaxpr))
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return loops
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_self_attention_cache_grows_stage_by_stage(tiny, beam):
+  # A step reads every cached position, so each stage's loop carries a cache of that stage's
+  # length only (search.py's stages): the first loop 4 positions, not the buffer's 12.
+  cfg, params, src = tiny
+  if beam == 1:
+    fn = functools.partial(search.greedy_search, cfg, max_len_margin=MARGIN)
+  else:
+    fn = functools.partial(search.beam_search, cfg, beam_size=beam, max_len_margin=MARGIN)
+  loops = while_loop_carries(fn, params, src)
+  ends = search.stage_ends(src.shape[1] + MARGIN)
+  assert ends == [4, 8, 12] and len(loops) == len(ends)
+  layers = cfg.num_decoder_layers
+  for end, shapes in zip(ends, loops):
+    # Keys and values [rows or sources, heads, positions (x beams), kv] of every decoder layer,
+    # besides the cross-attention's source positions (7).
+    positions = sorted(s[2] for s in shapes if len(s) == 4 and s[2] != src.shape[1])
+    assert positions == [end * beam] * (2 * layers), (end, positions)
+
+
 @pytest.fixture(scope="module")
 def tiny():
   cfg = tj.model_config("tiny", vocab_size=VOCAB)
