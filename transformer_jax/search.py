@@ -85,8 +85,7 @@ def _primed_cache(model: Transformer, params, inputs, buffer_len: int, repeat: i
 def _beam_cache(cache, beams: int):
   """The cache with a slot per beam in the self-attention keys/values, `[sources, heads,
   positions x beams, kv]`, and beside them `cache_rows` `[sources * beams, positions]`: which beam
-  slot holds each position of the hypothesis in each row (layers.py; each row its own slot at
-  first).
+  slot holds each position of the hypothesis in each row (layers.py).
   `_reorder_beams` follows the beams' parents in `cache_rows`; keys and values never move.
 
   The encoder-decoder entries stay one per sentence: attention reads them for all the sentence's
@@ -98,8 +97,9 @@ def _beam_cache(cache, beams: int):
     sources, _, positions, _ = cache["cached_key"].shape
     for name in _SELF_CACHE:  # zeros [sources, heads, positions, kv]: a slot per beam
       cache[name] = jnp.repeat(cache[name], beams, axis=2)
-    slots = jnp.arange(sources * beams, dtype=jnp.int32) % beams
-    cache["cache_rows"] = jnp.broadcast_to(slots[:, None], (sources * beams, positions))
+    # Any slot: a position is read only after its step wrote it (its row's own slot there);
+    # the mask hides the ones not written yet.
+    cache["cache_rows"] = jnp.zeros((sources * beams, positions), jnp.int32)
   return cache
 
 
