@@ -5,6 +5,7 @@
   python scripts/mutation_test.py --out /tmp/mutation --report        # the report again
   python scripts/mutation_test.py --out /tmp/mutation --modules search --since main  # a change
   python scripts/mutation_test.py --out /tmp/mutation --retest        # survivors, after new tests
+  python scripts/mutation_test.py --equivalent > docs/equivalent_mutants.md   # the skipped list
 
 cosmic-ray (chosen over mutmut: it runs each mutant's tests in a fresh process, so JAX never
 forks with its thread pools running and no jit cache outlives a mutant) seeds one bug at a time
@@ -482,9 +483,32 @@ def retest(out: Path, config: dict, names: list[str]) -> dict:
   return rows
 
 
+def equivalent_markdown(config: dict) -> str:
+  """docs/equivalent_mutants.md: the equivalent mutants of the config, by module, with reasons."""
+  def code(text):  # inline code in a table cell
+    return "`" + text.replace("|", "\\|") + "`"
+  out = ["# Equivalent mutants", "",
+         "The mutants of the core that change nothing observable, which the mutation run skips",
+         "(`tests/mutation/config.toml`, `[[equivalent]]`; docs/testing.md). Written by",
+         "`python scripts/mutation_test.py --equivalent > docs/equivalent_mutants.md`;",
+         "`tests/test_mutation.py` fails when this file and the config differ.", ""]
+  for name, module in config["modules"].items():
+    entries = [e for e in config.get("equivalent", []) if e["module"] == name]
+    out += [f"## `{module['path']}` ({len(entries)})", ""]
+    if entries:
+      out += ["| line | mutant | why it is equivalent |", "|---|---|---|"]
+      out += [f"| {code(e['line'])} | {code(e['mutant'])} | {e['reason'].replace('|', '/')} |"
+              for e in entries]
+    else:
+      out.append("None.")
+    out.append("")
+  return "\n".join(out)
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--out", type=Path, required=True, help="where the copies and reports go")
+  parser.add_argument("--out", type=Path, help="where the copies and reports go (required but "
+                      "for --equivalent)")
   parser.add_argument("--modules", default="", help="comma-separated; default: every module")
   parser.add_argument("--workers", type=int, default=2, help="copies of the tree run side by side")
   parser.add_argument("--sample", type=int, default=None,
@@ -493,6 +517,8 @@ def main(argv=None) -> None:
                       help="only the mutants on lines changed since this git revision (a quick "
                            "check of a change; the rest are skipped, not counted)")
   parser.add_argument("--report", action="store_true", help="only write the report again")
+  parser.add_argument("--equivalent", action="store_true",
+                      help="print the equivalent mutants as Markdown (docs/equivalent_mutants.md)")
   parser.add_argument("--retest", action="store_true",
                       help="run the survivors of the sessions in --out again on the tree as it "
                            "is now (after new tests): retest.md")
@@ -504,6 +530,11 @@ def main(argv=None) -> None:
                            "without the whole list confirming it (faster, may over-count)")
   args = parser.parse_args(argv)
   config = load_config()
+  if args.equivalent:
+    print(equivalent_markdown(config), end="")
+    return
+  if args.out is None:
+    parser.error("--out is required")
   names = [n for n in args.modules.split(",") if n] or list(config["modules"])
   unknown = set(names) - set(config["modules"])
   if unknown:

@@ -64,6 +64,15 @@ def test_every_equivalent_entry_still_names_a_mutant(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_docs_list_every_equivalent_mutant():
+  # docs/equivalent_mutants.md is the config's [[equivalent]] list, written by the runner.
+  with open(os.path.join(REPO, "docs", "equivalent_mutants.md")) as f:
+    written = f.read()
+  assert written == mutation.equivalent_markdown(mutation.load_config()), (
+      "docs/equivalent_mutants.md is stale: python scripts/mutation_test.py --equivalent "
+      "> docs/equivalent_mutants.md")
+
+
 def test_a_sample_of_seeded_bugs_is_killed(tmp_path):
   # Three mutants of optim.py drawn at random, each run by cosmic-ray against the module's tests
   # in a copy of the tree (after a baseline run of the unmutated copy).
