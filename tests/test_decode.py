@@ -339,17 +339,24 @@ WIDE_BEAM = 80         # >= 16 live prefixes x 5 tokens: the most candidates of 
                        # limit, so no EOS candidate is ever ranked out (see beam_search)
 
 
-@pytest.fixture(scope="module")
-def peaked():
+def small_vocab_model(seed, kernel_scale=1.0, eos_bias=0.0):
+  """(config, params, sources) of a tiny model on SMALL_VOCAB, its output layer's kernel scaled
+  and its EOS logit raised."""
   cfg = tj.model_config("tiny", vocab_size=SMALL_VOCAB, tie_output_embedding=False)
   src = jnp.array([[4, 5], [5, 0]])
   model = tj.Transformer(cfg.replace(deterministic=True))
-  params = nn.meta.unbox(model.init(jax.random.key(1), src, src)["params"])
+  params = nn.meta.unbox(model.init(jax.random.key(seed), src, src)["params"])
+  dense = params["decoder"]["logits_dense"]
+  params["decoder"]["logits_dense"] = {**dense, "kernel": dense["kernel"] * kernel_scale,
+                                       "bias": dense["bias"].at[cfg.eos_id].add(eos_bias)}
+  return cfg, params, src
+
+
+@pytest.fixture(scope="module")
+def peaked():
   # Larger logits: peakier distributions that depend on the prefix. Not too peaked, or greedy
   # search finds the best output (it does at 4x here): at 2x it does not for the second sentence.
-  dense = params["decoder"]["logits_dense"]
-  params["decoder"]["logits_dense"] = {**dense, "kernel": dense["kernel"] * 2.0}
-  return cfg, params, src
+  return small_vocab_model(1, kernel_scale=2.0)
 
 
 def all_outputs(cfg, limit):
@@ -461,13 +468,7 @@ def test_an_eos_candidate_does_not_take_a_live_slot():
   # this EOS-prone model (its EOS logit raised) EOS candidates rank within the beam; a search
   # that let them take live slots (`beam` candidates per step) keeps the same best output here
   # but finishes fewer hypotheses, which the step-by-step rules catch.
-  cfg = tj.model_config("tiny", vocab_size=SMALL_VOCAB, tie_output_embedding=False)
-  src = jnp.array([[4, 5], [5, 0]])
-  model = tj.Transformer(cfg.replace(deterministic=True))
-  params = nn.meta.unbox(model.init(jax.random.key(2), src, src)["params"])
-  dense = params["decoder"]["logits_dense"]
-  params["decoder"]["logits_dense"] = {**dense, "bias": dense["bias"].at[cfg.eos_id].add(2.0)}
-  test_beam_search_follows_its_rules_step_by_step((cfg, params, src), 2, 4, 0.6)
+  test_beam_search_follows_its_rules_step_by_step(small_vocab_model(2, eos_bias=2.0), 2, 4, 0.6)
 
 
 def test_defaults_are_the_papers_decoding_settings():
