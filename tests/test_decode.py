@@ -444,9 +444,14 @@ def reference_beam_search(cfg, params, source, beam, alpha, margin, buffer_len):
 @pytest.mark.parametrize("beam,margin,alpha",
                          [(3, 0, 0.6), (3, 2, 0.6), (10, 4, 2.0), (80, 4, 2.0)])
 def test_beam_search_follows_its_rules_step_by_step(peaked, beam, margin, alpha):
-  # The whole finished set, not only the best: which hypotheses stay live (an EOS among the
-  # candidates must not take a live slot) shows in the runners-up long before in the best.
-  cfg, params, src = peaked
+  assert_finished_sets_follow_the_rules(peaked, beam, margin, alpha)
+
+
+def assert_finished_sets_follow_the_rules(model, beam, margin, alpha):
+  """beam_search's whole finished set of each sentence equals reference_beam_search's: not only
+  the best, since which hypotheses stay live (an EOS among the candidates must not take a live
+  slot) shows in the runners-up long before in the best."""
+  cfg, params, src = model
   seqs, scores = search.beam_search(cfg, params, src, beam_size=beam, alpha=alpha,
                                     max_len_margin=margin, return_all=True)
   for i in range(src.shape[0]):
@@ -468,7 +473,7 @@ def test_an_eos_candidate_does_not_take_a_live_slot():
   # this EOS-prone model (its EOS logit raised) EOS candidates rank within the beam; a search
   # that let them take live slots (`beam` candidates per step) keeps the same best output here
   # but finishes fewer hypotheses, which the step-by-step rules catch.
-  test_beam_search_follows_its_rules_step_by_step(small_vocab_model(2, eos_bias=2.0), 2, 4, 0.6)
+  assert_finished_sets_follow_the_rules(small_vocab_model(2, eos_bias=2.0), 2, 4, 0.6)
 
 
 def test_defaults_are_the_papers_decoding_settings():
