@@ -191,15 +191,16 @@ def _run(spec: dict, sessions: Path, cwd: Path) -> int:
   original = (sessions / spec["original"]).read_text()
   mutated = (cwd / spec["module_path"]).read_text()
   durations = spec["durations"]
+  per_test = test_limits(durations)
   full = pytest_command(sys.executable, spec["tests"], spec["deselect"])
   chosen = select(spec["lines"], durations, original, mutated)
   if chosen is None:  # every listed test
-    return run_tests(full, cwd, time_limit(durations, None), test_limits(durations))
+    return run_tests(full, cwd, time_limit(durations, None), per_test)
   code = 0
   if chosen:
     print(f"mutation_select: {len(chosen)} test(s) execute the mutated lines", flush=True)
     code = run_tests(pytest_command(sys.executable, chosen, []), cwd,
-                     time_limit(durations, chosen), test_limits(durations))
+                     time_limit(durations, chosen), per_test)
     # 1: a test failed; 124: they ran far past their time. Any other failure (no such test id,
     # none collected: a mutant can rename a parametrized test) is not a verdict; the whole list
     # gives it.
@@ -210,7 +211,7 @@ def _run(spec: dict, sessions: Path, cwd: Path) -> int:
   if code == 0 and not spec.get("confirm", True):
     return 0
   print("mutation_select: the whole list confirms", flush=True)
-  return run_tests(full, cwd, time_limit(durations, None), test_limits(durations))
+  return run_tests(full, cwd, time_limit(durations, None), per_test)
 
 
 if __name__ == "__main__":
