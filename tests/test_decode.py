@@ -67,11 +67,48 @@ def uncached_greedy(cfg, params, src, margin, buffer_len):
 @pytest.fixture(scope="module", autouse=True)
 def short_stages():
   """Stages of 4 positions (3 per 12-position buffer here), so that every search in this module
-  grows its self-attention cache: the module's searches are traced (and compiled) while this is
-  in place, and their results are checked against the uncached model."""
+  grows its self-attention cache, and beam search's top-k in blocks of 4 entries, so that it
+  takes its two passes (a beam of 4 over the 40 tokens of `tiny` is 40 blocks): the module's
+  searches are traced (and compiled) while this is in place, and their results are checked
+  against the uncached model and plain-Python references."""
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(search, "FIRST_STAGE", 4)
+    patch.setattr(search, "TOP_K_BLOCK", 4)
     yield
+
+
+def tie_heavy(rng, shape):
+  """Scores with many exact ties (a few distinct values) and some -inf, as a search meets them:
+  forbidden tokens, and dead beams whose scores are all -inf."""
+  x = rng.integers(0, 6, shape).astype(np.float32)
+  return np.where(rng.random(shape) < 0.2, -np.inf, x)
+
+
+@pytest.mark.parametrize("n,k,block", [(160, 8, 4), (250, 8, 16), (32000, 8, 128), (37, 3, 2),
+                                       (64, 8, 4), (10, 2, 4)])
+def test_top_k_equals_lax_top_k(n, k, block):
+  """Values and indices, ties to the lower index: blocks that divide n or not, the fewest
+  blocks that take two passes (2k), and rows too short for them (`lax.top_k` itself)."""
+  rng = np.random.default_rng(n + k)
+  x = tie_heavy(rng, (6, n))
+  x[0] = -np.inf                       # a dead row: its first k indices
+  x[1, : n - k] = -np.inf              # the k finite entries are all in the last block(s)
+  x[2] = np.arange(n)                  # ascending: the top k are in the last blocks
+  expected = jax.lax.top_k(jnp.asarray(x), k)
+  got = jax.jit(search.top_k, static_argnums=(1, 2))(jnp.asarray(x), k, block)
+  np.testing.assert_array_equal(got[0], expected[0])
+  np.testing.assert_array_equal(got[1], expected[1])
+
+
+def test_first_argmax_equals_argmax():
+  rng = np.random.default_rng(0)
+  x = tie_heavy(rng, (64, 50))
+  x[0] = -np.inf
+  x[1] = np.arange(50)
+  x[2, -1] = 9.0                       # the maximum last
+  np.testing.assert_array_equal(jax.jit(search.first_argmax)(jnp.asarray(x)), x.argmax(-1))
+  # A NaN row has no first maximum: the last index, still a token id.
+  assert jax.jit(search.first_argmax)(jnp.array([[1.0, jnp.nan, 2.0]])).tolist() == [2]
 
 
 def test_stage_ends():
@@ -115,11 +152,18 @@ def test_the_self_attention_cache_grows_stage_by_stage(tiny, beam):
   ends = search.stage_ends(src.shape[1] + MARGIN)
   assert ends == [4, 8, 12] and len(loops) == len(ends)
   layers = cfg.num_decoder_layers
+  sources, heads, head_dim = src.shape[0], cfg.num_heads, cfg.d_model // cfg.num_heads
   for end, shapes in zip(ends, loops):
-    # Keys and values [rows or sources, heads, positions (x beams), kv] of every decoder layer,
-    # besides the cross-attention's source positions (7).
-    positions = sorted(s[2] for s in shapes if len(s) == 4 and s[2] != src.shape[1])
-    assert positions == [end * beam] * (2 * layers), (end, positions)
+    # Keys and values [rows, heads, positions, kv] of every decoder layer; beam search's values
+    # [sources, heads, positions x beams, kv] and keys [sources, heads, kv, positions x beams].
+    # Besides them, the cross-attention's [sources, heads, source positions (7), kv].
+    cached = sorted(s for s in shapes if len(s) == 4 and s[2] != src.shape[1])
+    if beam == 1:
+      expected = [(sources, heads, end, head_dim)] * (2 * layers)
+    else:
+      expected = sorted([(sources, heads, end * beam, head_dim)] * layers
+                        + [(sources, heads, head_dim, end * beam)] * layers)
+    assert cached == expected, (end, cached)
 
 
 @pytest.fixture(scope="module")

@@ -250,29 +250,33 @@ class MultiHeadAttention(nn.Module):
 
   def _append_to_beam_cache(self, cached_k, cached_v, i, k, v):
     """Beam search's self-attention cache (search.py): keys and values stay where they were
-    written, `[sources, heads, positions x beams, kv]` (position t of beam slot c at t * beams
-    + c), and `cache_rows` `[rows, positions]` says which beam slot of the same source holds
-    each position of the hypothesis in each row. Reordering the beams then moves only
-    `cache_rows`: moving the keys and values (a gather and a copy of the whole cache per layer
-    and step) was a fifth of beam search's time on the 2-core CPU (docs/benchmarks.md).
+    written, values `[sources, heads, positions x beams, kv]` (position t of beam slot c at
+    t * beams + c) and keys transposed, `[sources, heads, kv, positions x beams]`, and
+    `cache_rows` `[rows, positions]` says which beam slot of the same source holds each position
+    of the hypothesis in each row. Reordering the beams then moves only `cache_rows`: moving the
+    keys and values (a gather and a copy of the whole cache per layer and step) was a fifth of
+    beam search's time on the 2-core CPU (docs/benchmarks.md). The keys are transposed for the
+    product with the `beams` queries of a source: XLA:CPU's batched matmul of [beams, kv] by
+    [kv, slots] took half the time of [beams, kv] by [slots, kv]^T (same results).
 
     Returns (keys, values, mask, head-major) for the grouped attention that cross-attention
     does too: each source's `beams` queries against all of its `positions x beams` keys, the
     mask keeping, for each query, its own hypothesis's positions up to `i`."""
     (rows,) = self.kv_cache.read("cache_rows")
-    sources, heads, _, depth = cached_k.shape
+    sources, heads, depth, _ = cached_k.shape
     beams, length = rows.shape[0] // sources, rows.shape[1]
-    def write(cache, x):  # x [rows, heads, 1, kv] -> positions i * beams ... + beams - 1
-      x = x.reshape(sources, beams, heads, depth).swapaxes(1, 2)
-      return jax.lax.dynamic_update_slice(cache, x, (0, 0, i * beams, 0))
-    cached_k, cached_v = write(cached_k, k), write(cached_v, v)
+    # [rows, heads, 1, kv] -> [sources, heads, beams, kv]: positions i * beams ... + beams - 1
+    k, v = (x.reshape(sources, beams, heads, depth).swapaxes(1, 2) for x in (k, v))
+    cached_k = jax.lax.dynamic_update_slice(cached_k, k.swapaxes(2, 3), (0, 0, 0, i * beams))
+    cached_v = jax.lax.dynamic_update_slice(cached_v, v, (0, 0, i * beams, 0))
     slot = jnp.arange(sources * beams, dtype=rows.dtype)[:, None] % beams
     rows = jax.lax.dynamic_update_slice(rows, slot, (0, i))
     self.kv_cache(cached_key=cached_k, cached_value=cached_v, cache_index=i + 1, cache_rows=rows)
     # [sources, beams (queries), positions, beams (slots)] -> [sources, 1, beams, keys]
     held = rows.reshape(sources, beams, length, 1) == jnp.arange(beams)
     mask = held & (jnp.arange(length) <= i)[:, None]
-    return cached_k, cached_v, mask.reshape(sources, 1, beams, length * beams), True
+    return (cached_k.swapaxes(2, 3), cached_v,
+            mask.reshape(sources, 1, beams, length * beams), True)
 
 
 def _stacked_projection(cfg: TransformerConfig, num: int) -> "Projection":

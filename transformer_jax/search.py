@@ -83,10 +83,11 @@ def _primed_cache(model: Transformer, params, inputs, buffer_len: int, repeat: i
 
 
 def _beam_cache(cache, beams: int):
-  """The cache with a slot per beam in the self-attention keys/values, `[sources, heads,
-  positions x beams, kv]`, and beside them `cache_rows` `[sources * beams, positions]`: which beam
-  slot holds each position of the hypothesis in each row (layers.py).
-  `_reorder_beams` follows the beams' parents in `cache_rows`; keys and values never move.
+  """The cache with a slot per beam in the self-attention values, `[sources, heads, positions x
+  beams, kv]`, and keys, transposed: `[sources, heads, kv, positions x beams]` (layers.py says
+  why); beside them `cache_rows` `[sources * beams, positions]`: which beam slot holds each
+  position of the hypothesis in each row. `_reorder_beams` follows the beams' parents in
+  `cache_rows`; keys and values never move.
 
   The encoder-decoder entries stay one per sentence: attention reads them for all the sentence's
   beams at once. Scalars (cache_index, decode_position) are shared by all rows."""
@@ -94,9 +95,10 @@ def _beam_cache(cache, beams: int):
     return cache
   cache = {name: _beam_cache(value, beams) for name, value in cache.items()}
   if "cached_key" in cache:
-    sources, _, positions, _ = cache["cached_key"].shape
-    for name in _SELF_CACHE:  # zeros [sources, heads, positions, kv]: a slot per beam
-      cache[name] = jnp.repeat(cache[name], beams, axis=2)
+    sources, heads, positions, depth = cache["cached_key"].shape
+    cache["cached_key"] = jnp.zeros((sources, heads, depth, positions * beams),
+                                    cache["cached_key"].dtype)
+    cache["cached_value"] = jnp.repeat(cache["cached_value"], beams, axis=2)  # zeros
     # Any slot: a position is read only after its step wrote it (its row's own slot there);
     # the mask hides the ones not written yet.
     cache["cache_rows"] = jnp.zeros((sources * beams, positions), jnp.int32)
@@ -115,6 +117,48 @@ def _step_log_probs(model: Transformer, params, cache, last_tokens):
   logits, cache = _step_logits(model, params, cache, last_tokens)
   log_probs = jax.nn.log_softmax(logits, axis=-1)
   return log_probs.at[:, model.config.pad_id].set(-jnp.inf), cache
+
+
+def first_argmax(x):
+  """`jnp.argmax(x, axis=-1)` for rows without NaN: the first index of each row's maximum.
+
+  XLA:CPU compiles argmax to a (value, index) reduction that took about 0.3 ms of a 3.5 ms
+  greedy step over 16 x 8,000 logits (docs/benchmarks.md); a max, a compare and a min over the
+  indices are plain vectorised reductions, a quarter of that. A row with a NaN has no index
+  equal to its maximum: it gets the last index (argmax would give the NaN's), still in range.
+  """
+  n = x.shape[-1]
+  first = jnp.min(jnp.where(x == jnp.max(x, axis=-1, keepdims=True),
+                            jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1), n), axis=-1)
+  return jnp.minimum(first, n - 1)
+
+
+# Block width of beam search's `top_k`: 64, 128 and 256 measured the same (docs/benchmarks.md).
+TOP_K_BLOCK = 128
+
+
+def top_k(x, k: int, block: int):
+  """`jax.lax.top_k(x, k)` over the last axis of `x` `[rows, n]`, the same values and indices
+  (ties to the lower index), in two cheap passes instead of one over all of `n`.
+
+  XLA:CPU's top-k over beam search's 4 x 8,000 scores per sentence took about 0.9 ms of an
+  11 ms step. Here: the maximum of each block of `block` entries, the k best blocks (ties to the
+  lower block), and the top k of those k blocks' entries, kept in index order. Exact: an entry
+  of the top k lies in one of the k best blocks, since a block ranked before its own has a
+  maximum that ranks before it, and k of them would leave it out. Rows of fewer than 2k blocks
+  take `jax.lax.top_k` directly.
+  """
+  rows, n = x.shape
+  blocks = -(-n // block)
+  if blocks < 2 * k:
+    return jax.lax.top_k(x, k)
+  padded = jnp.pad(x, ((0, 0), (0, blocks * block - n)), constant_values=-jnp.inf)
+  padded = padded.reshape(rows, blocks, block)
+  _, best = jax.lax.top_k(jnp.max(padded, axis=-1), k)
+  best = jnp.sort(best, axis=-1)  # index order, so that ties still go to the lower index
+  entries = jnp.take_along_axis(padded, best[:, :, None], axis=1).reshape(rows, k * block)
+  values, index = jax.lax.top_k(entries, k)
+  return values, jnp.take_along_axis(best, index // block, axis=1) * block + index % block
 
 
 def _reorder_beams(cache, rows):
@@ -153,17 +197,22 @@ def stage_ends(buffer_len: int) -> list[int]:
 
 def _grow_self_cache(cache, old: int, length: int):
   """Zero-pad the self-attention keys/values `[rows, heads, positions, kv]` from `old` to `length`
-  positions (beam search's: `[sources, heads, positions x beams, kv]` and `cache_rows`
-  `[rows, positions]`; unwritten positions are masked, so slot 0 for them is as good as any)."""
-  def grow(path, x):
-    name = getattr(path[-1], "key", None)
-    if name == "cache_rows":
-      return jnp.pad(x, ((0, 0), (0, length - x.shape[1])))
-    if name not in _SELF_CACHE:
-      return x
-    per_position = x.shape[2] // old  # beams, or 1
-    return jnp.pad(x, ((0, 0), (0, 0), (0, (length - old) * per_position), (0, 0)))
-  return jax.tree_util.tree_map_with_path(grow, cache)
+  positions (beam search's: `[sources, heads, positions x beams, kv]`, keys `[sources, heads,
+  kv, positions x beams]`, and `cache_rows` `[rows, positions]`; unwritten positions are masked,
+  so slot 0 for them is as good as any)."""
+  if not isinstance(cache, Mapping):
+    return cache
+  cache = {name: _grow_self_cache(value, old, length) for name, value in cache.items()}
+  if "cached_key" in cache:
+    beams = "cache_rows" in cache
+    for name, axis in (("cached_key", 3 if beams else 2), ("cached_value", 2)):
+      x = cache[name]
+      widths = [(0, 0)] * x.ndim
+      widths[axis] = (0, (length - old) * (x.shape[axis] // old))  # x beams, or x 1
+      cache[name] = jnp.pad(x, widths)
+    if beams:
+      cache["cache_rows"] = jnp.pad(cache["cache_rows"], ((0, 0), (0, length - old)))
+  return cache
 
 
 def _run_in_stages(step, not_done, state, ends, *, position, get_cache, set_cache):
@@ -207,7 +256,7 @@ def greedy_search(config: TransformerConfig, params, inputs, *, max_len_margin: 
     # The argmax of the logits is that of the log-probabilities: no softmax pass over the
     # vocabulary. Padding is forbidden as in beam search.
     logits, cache = _step_logits(model, params, cache, last)
-    token = jnp.argmax(logits.at[:, config.pad_id].set(-jnp.inf), axis=-1).astype(jnp.int32)
+    token = first_argmax(logits.at[:, config.pad_id].set(-jnp.inf))
     token = jnp.where(done, config.pad_id, token)
     tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
     done = done | (token == config.eos_id) | (i + 1 >= limits)
@@ -277,7 +326,7 @@ def beam_search(config: TransformerConfig, params, inputs, *, beam_size: int = 4
                                        state["last"].reshape(batch * beam))
     log_probs = log_probs.reshape(batch, beam, vocab)
     extended = (state["live_log_probs"][:, :, None] + log_probs).reshape(batch, beam * vocab)
-    top_log_probs, top_index = jax.lax.top_k(extended, candidates)
+    top_log_probs, top_index = top_k(extended, candidates, TOP_K_BLOCK)
     parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
     seqs = jax.lax.dynamic_update_slice(take(state["live_seqs"], parent), token[:, :, None],
                                         (0, 0, i))
