@@ -98,17 +98,20 @@ def test_top_k_equals_lax_top_k(n, k, block):
   got = jax.jit(search.top_k, static_argnums=(1, 2))(jnp.asarray(x), k, block)
   np.testing.assert_array_equal(got[0], expected[0])
   np.testing.assert_array_equal(got[1], expected[1])
+  # Two passes from 2k blocks of `block` on (ceil(n / block)), one `lax.top_k` below that.
+  passes = str(jax.make_jaxpr(search.top_k, static_argnums=(1, 2))(x, k, block)).count("top_k[")
+  assert passes == (2 if -(-n // block) >= 2 * k else 1), passes
 
 
 def test_first_argmax_equals_argmax():
   rng = np.random.default_rng(0)
-  x = tie_heavy(rng, (64, 50))
-  x[0] = -np.inf
-  x[1] = np.arange(50)
-  x[2, -1] = 9.0                       # the maximum last
+  x = tie_heavy(rng, (3, 64, 50))      # over the last axis, whatever the leading ones
+  x[0, 0] = -np.inf
+  x[0, 1] = np.arange(50)
+  x[0, 2, -1] = 9.0                    # the maximum last
   np.testing.assert_array_equal(jax.jit(search.first_argmax)(jnp.asarray(x)), x.argmax(-1))
   # A NaN row has no first maximum: the last index, still a token id.
-  assert jax.jit(search.first_argmax)(jnp.array([[1.0, jnp.nan, 2.0]])).tolist() == [2]
+  assert jax.jit(search.first_argmax)(jnp.array([[[1.0, jnp.nan, 2.0]]])).tolist() == [[2]]
 
 
 def test_stage_ends():

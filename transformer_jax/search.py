@@ -155,7 +155,7 @@ def top_k(x, k: int, block: int):
   padded = jnp.pad(x, ((0, 0), (0, blocks * block - n)), constant_values=-jnp.inf)
   padded = padded.reshape(rows, blocks, block)
   _, best = jax.lax.top_k(jnp.max(padded, axis=-1), k)
-  best = jnp.sort(best, axis=-1)  # index order, so that ties still go to the lower index
+  best = jnp.sort(best)  # index order, so that ties still go to the lower index
   entries = jnp.take_along_axis(padded, best[:, :, None], axis=1).reshape(rows, k * block)
   values, index = jax.lax.top_k(entries, k)
   return values, jnp.take_along_axis(best, index // block, axis=1) * block + index % block
