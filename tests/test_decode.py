@@ -103,6 +103,16 @@ def test_top_k_equals_lax_top_k(n, k, block):
   assert passes == (2 if -(-n // block) >= 2 * k else 1), passes
 
 
+def test_this_modules_beam_searches_take_the_two_pass_top_k(tiny):
+  # The fixture's blocks of 4 make `tiny`'s 4 x 40 scores 40 blocks, so that the beam searches
+  # checked here against references run `top_k`'s two passes, not `lax.top_k` alone: in each
+  # stage's loop, two for the candidates, one each for the finished and the live sets.
+  cfg, params, src = tiny
+  fn = functools.partial(search.beam_search, cfg, beam_size=4, max_len_margin=MARGIN)
+  stages = len(search.stage_ends(src.shape[1] + MARGIN))
+  assert str(jax.make_jaxpr(fn)(params, src)).count("top_k[") == 4 * stages
+
+
 def test_first_argmax_equals_argmax():
   rng = np.random.default_rng(0)
   x = tie_heavy(rng, (3, 64, 50))      # over the last axis, whatever the leading ones
@@ -211,7 +221,7 @@ def test_beam_cache_follows_parents_like_a_reordered_cache(tiny, impl):
 
   def reorder_keys_and_values(cache, rows):
     def take(path, x):
-      moves = getattr(path[-1], "key", None) in search._SELF_CACHE
+      moves = getattr(path[-1], "key", None) in ("cached_key", "cached_value")
       return jnp.take(x, rows, axis=0) if moves else x
     return jax.tree_util.tree_map_with_path(take, cache)
 
