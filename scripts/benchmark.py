@@ -5,9 +5,11 @@ r"""Throughput benchmarks; each prints a table and one JSON line (docs/benchmark
     python scripts/benchmark.py --what data --datasets numbers --batching pack --seconds 20
     python scripts/benchmark.py --what train --sweep data.batch_size=8,16,32 \
         --sweep model.fused_qkv=False,True --curve_dir runs/curve   # a throughput curve
+    python scripts/benchmark.py --what kernels --config configs/cpu_reference.py
 
 `train`: the compiled train step (step time, tokens/s, MFU, memory); `decode`: greedy and beam
-search; `data`: the input pipeline (transformer_jax/bench/). `--config`, `--config.*` and
+search; `kernels`: the search's costliest small operations before and after their changes;
+`data`: the input pipeline (transformer_jax/bench/). `--config`, `--config.*` and
 `--sweep`/`--sweep_config` (a curve: curve.csv/.md/.png) apply to train and decode. Only `data`
 and `--batches real` load tensorflow-datasets and grain.
 """
@@ -18,7 +20,7 @@ import sys
 from absl import flags
 
 from transformer_jax import cli, sweeps
-from transformer_jax.bench import curve, data, decode, train
+from transformer_jax.bench import curve, data, decode, kernels, train
 
 TRAIN, DECODE, DATA = train.TrainOptions, decode.DecodeOptions, data.DataOptions
 
@@ -26,7 +28,7 @@ TRAIN, DECODE, DATA = train.TrainOptions, decode.DecodeOptions, data.DataOptions
 def define(values):
   string, integer, number, enum = (functools.partial(d, flag_values=values) for d in (
       flags.DEFINE_string, flags.DEFINE_integer, flags.DEFINE_float, flags.DEFINE_enum))
-  enum("what", "data", ["data", "decode", "train"], "what to measure")
+  enum("what", "data", ["data", "decode", "kernels", "train"], "what to measure")
   string("datasets", ",".join(DATA.datasets), "data: comma-separated data.dataset values")
   string("batching", ",".join(DATA.batchings), "data: comma-separated data.batching values")
   integer("batch_size", DATA.batch_size, "data: rows per batch")
@@ -35,8 +37,8 @@ def define(values):
   string("data_dir", DATA.data_dir, "data: TFDS data dir (default: TFDS's)")
   string("workdir", None, "data, train --batches real: where tokenizers are kept (default: a "
          "temp dir); decode: a run whose latest parameters to use (default: random ones)")
-  integer("steps", TRAIN.steps, "train steps / decode calls timed one by one; the median is "
-          "reported", lower_bound=1)
+  integer("steps", TRAIN.steps, "train steps / decode calls / kernels calls timed one by one; "
+          "the median is reported", lower_bound=1)
   integer("warmup", TRAIN.warmup, "train: untimed steps", lower_bound=1)
   enum("batches", TRAIN.batches, list(train.BATCHES),
        "train: random tokens without padding, or the dataset's batches")
@@ -63,11 +65,19 @@ def body(v, args):
     print(f"error: {', '.join(configured)} apply to --what train and decode, not data",
           file=sys.stderr)
     return 2
+  if v.what == "kernels" and (v.sweep or v.sweep_config):
+    print("error: --sweep and --sweep_config apply to --what train and decode, not kernels",
+          file=sys.stderr)
+    return 2
   if v.what == "data":
     result = data.run(DATA(
         datasets=tuple(v.datasets.split(",")), batchings=tuple(v.batching.split(",")),
         batch_size=v.batch_size, max_len=v.max_len, seconds=v.seconds, data_dir=v.data_dir,
         workdir=v.workdir))
+  elif v.what == "kernels":
+    beams = [int(b) for b in v.beams.split(",") if int(b) > 1] or [4]
+    result = kernels.run(v.config, kernels.KernelOptions(
+        rows=v.decode_rows, beam=max(beams), decode_len=v.decode_len, calls=v.steps))
   elif v.sweep or v.sweep_config:
     points = (sweeps.load_sweep(v["config"].config_filename).points if v.sweep_config
               else curve.points_from_flags(v.sweep))

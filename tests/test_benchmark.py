@@ -16,6 +16,7 @@ import transformer_jax as tj
 from transformer_jax import steps
 from transformer_jax.bench import curve
 from transformer_jax.bench import decode as bench_decode
+from transformer_jax.bench import kernels as bench_kernels
 from transformer_jax.bench import train as bench_train
 from transformer_jax.run import loop
 from transformer_jax.run import trainer as trainer_lib
@@ -186,7 +187,30 @@ def test_benchmark_decode_smoke(capsys):
     assert f["sentences_per_s"] > 0 and f["target_tokens_per_s"] > 0
 
 
+def test_benchmark_kernels_smoke(capsys):
+  # Each pair's before and after on the config's sizes (a vocabulary of 300, in blocks of 128:
+  # 8 blocks for a beam of 2, so search.top_k takes its two passes), one figure per variant and
+  # round; the three-variant pairs have a reference.
+  config = tiny_config_with()
+  config.data.vocab_size = 300
+  options = bench_kernels.KernelOptions(rows=2, beam=2, decode_len=64, iterations=2, calls=1,
+                                        repeats=2)
+  result = bench_kernels.run(config, options)
+  assert json.loads(json.dumps(result)) == result
+  assert result["shapes"]["slots"] == [64, 128]    # stages of 32 and 64 positions, x 2 beams
+  assert "search kernels" in capsys.readouterr().out
+  names = ["greedy token", "beam candidates", "beam self-attention scores, 64 slots",
+           "beam self-attention scores, 128 slots"]
+  assert list(result["figures"]) == names
+  for name, figure in result["figures"].items():
+    assert figure["same_outputs"] is True, name
+    variants = figure["us_per_iteration"]
+    assert len(variants) == (2 if "scores" in name else 3), name
+    assert all(len(us) == 2 and min(us) > 0 for us in variants.values()), name
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--what", "kernels", "--sweep", "data.batch_size=8,16"], "not kernels"),
     (["--what", "data", "--config.model.d_model=8"], "--config.model.d_model apply to --what"),
     (["--what", "data", "--config", TINY], "--config apply to --what train and decode"),
     (["--what", "train", "--warmup", "0"], "--warmup=0"),
@@ -205,6 +229,8 @@ def test_benchmark_options_check_their_ranges():
     bench_train.TrainOptions(batches="fake")
   with pytest.raises(ValueError, match="beam sizes"):
     bench_decode.DecodeOptions(beams=(0,))
+  with pytest.raises(ValueError, match="iterations=0: must be >= 1"):
+    bench_kernels.KernelOptions(iterations=0)
 
 
 BLOCKER = r"""
