@@ -9,8 +9,9 @@ r"""Throughput benchmarks; each prints a table and one JSON line (docs/benchmark
 
 `train`: the compiled train step (step time, tokens/s, MFU, memory); `decode`: greedy and beam
 search; `kernels`: the search's costliest small operations before and after their changes;
-`data`: the input pipeline (transformer_jax/bench/). `--config`, `--config.*` and
-`--sweep`/`--sweep_config` (a curve: curve.csv/.md/.png) apply to train and decode. Only `data`
+`data`: the input pipeline (transformer_jax/bench/). `--config` and `--config.*` apply to
+train, decode and kernels (its sizes), `--sweep`/`--sweep_config` (a curve:
+curve.csv/.md/.png) to train and decode. Only `data`
 and `--batches real` load tensorflow-datasets and grain.
 """
 import functools
@@ -47,9 +48,12 @@ def define(values):
   number("matmul_seconds", TRAIN.matmul_seconds, "CPU peak: at least this long measuring it")
   string("profile_dir", TRAIN.profile_dir, "train: after timing, trace 3 steps with "
          "jax.profiler into this directory and print device time per kernel and category")
-  string("beams", ",".join(map(str, DECODE.beams)), "decode: comma-separated beam sizes")
-  integer("decode_rows", DECODE.rows, "decode: sentences per batch (0: data.batch_size)")
-  integer("decode_len", DECODE.decode_len, "decode: output length limit (0: max_target_len)")
+  string("beams", ",".join(map(str, DECODE.beams)), "decode: comma-separated beam sizes; "
+         "kernels: the largest above 1 (4 if none)")
+  integer("decode_rows", DECODE.rows, "decode, kernels: sentences per batch "
+          "(0: data.batch_size)")
+  integer("decode_len", DECODE.decode_len, "decode: output length limit; kernels: "
+          "its stages give the cached slots (0: max_target_len)")
   flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2: a curve (repeatable: the product)",
                             flag_values=values)
   flags.DEFINE_bool("sweep_config", False, "a curve over the config's sweep()", flag_values=values)
