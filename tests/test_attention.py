@@ -143,8 +143,40 @@ def test_sinusoidal_position_encoding_formula():
 def test_keep_mask_keeps_exactly_its_probability_of_the_16_bit_numbers(monkeypatch, rate):
   # With every 16-bit number drawn exactly once (random bits replaced by 0, 1, ..., 65535), the
   # mask keeps exactly keep_prob * 65536 of them: the threshold's boundary is counted once.
+  from transformer_jax import attention
   from transformer_jax.attention import keep_mask
   every = np.arange(65536, dtype=np.uint16).view(np.uint32).reshape(1, 32768)
-  monkeypatch.setattr(jax.random, "bits", lambda *a, **k: jnp.asarray(every))
+  monkeypatch.setattr(attention, "random_bits", lambda *a, **k: jnp.asarray(every))
   keep, keep_prob = keep_mask(jax.random.key(0), rate, (1, 65536))
   assert int(np.asarray(keep).sum()) == round(keep_prob * 65536) == 65536 - round(rate * 65536)
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (16, 4, 64, 32), (5, 7, 9), (2, 3, 1, 4), (0, 9)])
+def test_random_bits_are_jax_random_bits(shape):
+  # The unrolled threefry gives JAX's own bits, for typed and raw keys, keys made by fold_in
+  # (as Flax's make_rng does), under jit, and on the fallback paths.
+  from transformer_jax.attention import random_bits
+  keys = [jax.random.key(0), jax.random.PRNGKey(7), jax.random.fold_in(jax.random.key(123), 9),
+          jax.random.key(2**31 + 5), jax.random.key(1, impl="rbg")]
+  jitted = jax.jit(random_bits, static_argnums=1)
+  for key in keys:
+    want = np.asarray(jax.random.bits(key, shape, jnp.uint32))
+    for got in (random_bits(key, shape), jitted(key, shape)):
+      assert got.dtype == jnp.uint32 and got.shape == shape
+      np.testing.assert_array_equal(np.asarray(got), want)
+  with jax.threefry_partitionable(False):
+    key = jax.random.key(3)
+    np.testing.assert_array_equal(random_bits(key, shape), jax.random.bits(key, shape, jnp.uint32))
+
+
+def test_random_bits_compile_to_one_pass_without_a_loop():
+  # Why random_bits exists: on CPU jax.random.bits compiles to a rolled while loop; this must not.
+  from transformer_jax.attention import keep_mask
+  hlo = jax.jit(lambda k: keep_mask(k, 0.1, (16, 64, 256))[0]).lower(
+      jax.random.key(0)).compile().as_text()
+  assert " while(" not in hlo
+  rolled = jax.jit(lambda k: jax.random.bits(k, (16, 64, 128), jnp.uint32)).lower(
+      jax.random.key(0)).compile().as_text()
+  # The check above can see a loop: JAX's own bits have one on CPU. (Should a JAX upgrade unroll
+  # them, this fails, and random_bits may no longer be needed.)
+  assert " while(" in rolled

@@ -47,12 +47,59 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_rate: flo
   return output, weights
 
 
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(k1, k2, x1, x2):
+  """Threefry-2x32 (20 rounds), as `jax._src.random.threefry2x32._threefry2x32_lowering`
+  unrolled: the same additions, rotations and key schedule, written with jnp ops."""
+  ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
+  x1, x2 = x1 + ks[0], x2 + ks[1]
+  for i in range(5):
+    for r in _THREEFRY_ROTATIONS[i % 2]:
+      x1 = x1 + x2
+      x2 = x1 ^ ((x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r)))
+    x1 = x1 + ks[(i + 1) % 3]
+    x2 = x2 + ks[(i + 2) % 3] + np.uint32(i + 1)
+  return x1, x2
+
+
+def random_bits(rng, shape) -> jax.Array:
+  """`jax.random.bits(rng, shape, jnp.uint32)`, bit for bit, as one fusible expression.
+
+  On CPU, JAX lowers its threefry hash as a rolled loop of 5 iterations (a smaller program to
+  compile), and XLA:CPU runs each iteration as separate passes over the whole array, with
+  copies of the loop state between them. Written out as elementwise ops, the hash fuses into
+  one pass with the mask's compare: the train step of `configs/cpu_reference.py` is about 3%
+  faster on the 2-core CPU (docs/benchmarks.md). On GPUs JAX lowers it unrolled anyway.
+
+  The bits are those of JAX's partitionable threefry (`jax_threefry_partitionable`, on by
+  default): threefry2x32 of the key and each element's 64-bit row-major index, the two output
+  words xor-ed. The index is built from per-axis iotas, so a sharded array partitions it as
+  JAX's does. Other key implementations, the non-partitionable scheme, and arrays of 2^32
+  elements or more go to `jax.random.bits` itself.
+  """
+  shape = tuple(shape)
+  size = int(np.prod(shape))
+  data = jax.random.key_data(rng)
+  if (str(jax.random.key_impl(rng)) != "threefry2x32" or data.shape != (2,)
+      or size >= 2**32 or not jax.config.jax_threefry_partitionable):
+    return jax.random.bits(rng, shape, jnp.uint32)
+  k1, k2 = data[0], data[1]
+  strides = np.cumprod((shape[1:] + (1,))[::-1])[::-1]
+  index = sum(jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * np.uint32(stride)
+              for axis, stride in enumerate(strides))
+  # The index's high word (x1) is 0 below 2^32 elements.
+  x1, x2 = _threefry2x32(k1, k2, jnp.zeros(shape, jnp.uint32), index)
+  return x1 ^ x2
+
+
 def keep_mask(rng, rate: float, shape) -> tuple[jax.Array, float]:
   """(boolean mask of `shape`, True with probability 1 - `rate`; that probability, exactly).
 
-  The mask compares 16-bit random numbers with a threshold, two from each 32-bit word that
-  `jax.random.bits` returns: JAX's threefry (partitionable, so the bits do not depend on the
-  sharding) hashes once per word it returns, so this is half the hashing of
+  The mask compares 16-bit random numbers with a threshold, two from each 32-bit word of
+  `random_bits` (`jax.random.bits`'s): JAX's threefry (partitionable, so the bits do not
+  depend on the sharding) hashes once per word it returns, so this is half the hashing of
   `jax.random.bernoulli`, which draws one float32 per element. The rate is rounded to a multiple
   of 1/65536 (0.1 -> 0.10001), and the returned probability is the rounded one, to scale by.
   Measured on the 2-core CPU: dropout of 4.5M elements took 16 ms against 37 ms for
@@ -67,7 +114,7 @@ def keep_mask(rng, rate: float, shape) -> tuple[jax.Array, float]:
   if threshold == 65536:  # every 16-bit number is below it
     return jnp.zeros(shape, jnp.bool_), 0.0
   last, words = shape[-1], (shape[-1] + 1) // 2
-  bits = jax.random.bits(rng, (*shape[:-1], words), jnp.uint32)
+  bits = random_bits(rng, (*shape[:-1], words))
   # [..., words] uint32 -> [..., words, 2] uint16 -> [..., 2 * words], packing along the last
   # axis only, so a sharding of the leading axes carries over.
   halves = jax.lax.bitcast_convert_type(bits, jnp.uint16).reshape(*shape[:-1], 2 * words)
