@@ -169,6 +169,27 @@ def test_random_bits_are_jax_random_bits(shape):
     np.testing.assert_array_equal(random_bits(key, shape), jax.random.bits(key, shape, jnp.uint32))
 
 
+def test_random_bits_take_their_own_path_only_where_they_equal_jax():
+  # The equality test above would also pass if every key fell back to jax.random.bits: check
+  # which path each case takes (JAX's random-bits or threefry primitive in the traced program).
+  from transformer_jax.attention import random_bits
+
+  def uses_jax(key, shape):
+    program = str(jax.make_jaxpr(lambda k: random_bits(k, shape))(key))
+    return "random_bits[" in program or "threefry2x32" in program
+
+  for key in (jax.random.key(0), jax.random.PRNGKey(7), jax.random.fold_in(jax.random.key(1), 2)):
+    assert not uses_jax(key, (4, 5))
+  assert uses_jax(jax.random.key(0), (2**16, 2**16))   # 2^32 elements: the index needs 64 bits
+  assert uses_jax(jax.random.key(0), ())
+  with jax.threefry_partitionable(False):
+    assert uses_jax(jax.random.key(0), (4, 5))
+  assert uses_jax(jax.random.key(0, impl="rbg"), (4, 5))
+  np.testing.assert_array_equal(random_bits(jax.random.key(5), ()),
+                                jax.random.bits(jax.random.key(5), (), jnp.uint32))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="JAX's rolled threefry is CPU's")
 def test_random_bits_compile_to_one_pass_without_a_loop():
   # Why random_bits exists: on CPU jax.random.bits compiles to a rolled while loop; this must not.
   from transformer_jax.attention import keep_mask

@@ -70,19 +70,19 @@ def random_bits(rng, shape) -> jax.Array:
   On CPU, JAX lowers its threefry hash as a rolled loop of 5 iterations (a smaller program to
   compile), and XLA:CPU runs each iteration as separate passes over the whole array, with
   copies of the loop state between them. Written out as elementwise ops, the hash fuses into
-  one pass with the mask's compare: the train step of `configs/cpu_reference.py` is about 3%
+  one pass with the mask's compare: the train step of `configs/cpu_reference.py` is about 4%
   faster on the 2-core CPU (docs/benchmarks.md). On GPUs JAX lowers it unrolled anyway.
 
   The bits are those of JAX's partitionable threefry (`jax_threefry_partitionable`, on by
   default): threefry2x32 of the key and each element's 64-bit row-major index, the two output
   words xor-ed. The index is built from per-axis iotas, so a sharded array partitions it as
-  JAX's does. Other key implementations, the non-partitionable scheme, and arrays of 2^32
-  elements or more go to `jax.random.bits` itself.
+  JAX's does. Other key implementations, the non-partitionable scheme, scalars, and arrays of
+  2^32 elements or more go to `jax.random.bits` itself.
   """
   shape = tuple(shape)
   size = int(np.prod(shape))
   data = jax.random.key_data(rng)
-  if (str(jax.random.key_impl(rng)) != "threefry2x32" or data.shape != (2,)
+  if (str(jax.random.key_impl(rng)) != "threefry2x32" or data.shape != (2,) or not shape
       or size >= 2**32 or not jax.config.jax_threefry_partitionable):
     return jax.random.bits(rng, shape, jnp.uint32)
   k1, k2 = data[0], data[1]
