@@ -181,12 +181,19 @@ def test_random_bits_take_their_own_path_only_where_they_equal_jax():
   for key in (jax.random.key(0), jax.random.PRNGKey(7), jax.random.fold_in(jax.random.key(1), 2)):
     assert not uses_jax(key, (4, 5))
   assert uses_jax(jax.random.key(0), (2**16, 2**16))   # 2^32 elements: the index needs 64 bits
+  assert not uses_jax(jax.random.key(0), (2**16 - 1, 2**16 + 1))   # 2^32 - 1: it does not
   assert uses_jax(jax.random.key(0), ())
   with jax.threefry_partitionable(False):
     assert uses_jax(jax.random.key(0), (4, 5))
   assert uses_jax(jax.random.key(0, impl="rbg"), (4, 5))
   np.testing.assert_array_equal(random_bits(jax.random.key(5), ()),
                                 jax.random.bits(jax.random.key(5), (), jnp.uint32))
+  # A batch of keys is JAX's to refuse; the hash would broadcast it against the last axis.
+  batch = jax.random.split(jax.random.key(0), 2)
+  with pytest.raises(Exception) as jax_error:
+    jax.random.bits(batch, (3, 2), jnp.uint32)
+  with pytest.raises(type(jax_error.value)):
+    random_bits(batch, (3, 2))
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="JAX's rolled threefry is CPU's")

@@ -85,7 +85,7 @@ def random_bits(rng, shape) -> jax.Array:
   if (str(jax.random.key_impl(rng)) != "threefry2x32" or data.shape != (2,) or not shape
       or size >= 2**32 or not jax.config.jax_threefry_partitionable):
     return jax.random.bits(rng, shape, jnp.uint32)
-  k1, k2 = data[0], data[1]
+  k1, k2 = data
   strides = np.cumprod((shape[1:] + (1,))[::-1])[::-1]
   index = sum(jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * np.uint32(stride)
               for axis, stride in enumerate(strides))
