@@ -8,8 +8,8 @@ r"""Build a run's dataset and SentencePiece model ahead of training, and print t
 Takes the config and workdir that scripts/train.py will get (default config:
 configs/default.py), so training finds the tokenizer ready. Training does the same on first
 use; this only moves the wait ahead of time and lets several processes start from ready files.
-The printed JSON has the split sizes and, for the corpora this codebase splits itself (locale,
-text), the train/test leakage figures (see docs/data.md).
+The printed JSON has the split sizes and, for the corpora this codebase splits itself (numbers,
+locale, text), the train/test leakage figures (see docs/data.md).
 
 `--set FIELD=VALUE ...` (data fields) still works for one release; use --config.data.FIELD=VALUE.
 """

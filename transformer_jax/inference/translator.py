@@ -11,8 +11,8 @@ or `averaged/<step>/` (`transformer_jax.run.averaging`).
 
 Batching: sentences are sorted by length and cut into batches of at most `batch_size` rows; a
 batch is padded to a bucket shape, rows to a power of two and length to a multiple of 16 (capped
-at `max_len`), so the jitted search compiles a bounded number of times (about
-log2(batch_size) * max_len / 16 shapes at most). Results come back in the input order.
+at `max_len`), so the jitted search compiles a bounded number of times (at most
+(log2(batch_size) + 1) row counts times max_len / 16 lengths). Results come back in the input order.
 """
 from __future__ import annotations
 
