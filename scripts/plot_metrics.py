@@ -6,8 +6,9 @@
 
 Six panels: train and validation loss, validation BLEU and the learning rate, each against the
 step and against wall time (hours since the run's first record). Several runs are overlaid with
-a legend (labels: `--label`, default the workdir's name). Works on a run still in progress and
-on a resumed run (one point per step). Default --out: <first workdir>/curves.png.
+a legend (labels: `--label`, one per run and no two alike; by default the workdir's name, with
+its parent directories where two names are alike: `a/run`, `b/run`). Works on a run still in
+progress and on a resumed run (one point per step). Default --out: <first workdir>/curves.png.
 """
 import json
 import os
@@ -32,9 +33,13 @@ def define(values):
 
 def body(values, args):
   workdirs = values.workdir
-  labels = values.label or [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  labels = values.label or curves.default_labels(workdirs)
   if len(labels) != len(workdirs):
     raise RunError(f"{len(labels)} --label for {len(workdirs)} --workdir: give one per run")
+  for i, label in enumerate(labels):
+    if label in labels[:i]:  # one curve would silently hide the other run
+      raise RunError(f"two runs are labelled {label!r} ({workdirs[labels.index(label)]} and "
+                     f"{workdirs[i]}): give each --workdir its own --label")
   runs = {}
   for label, workdir in zip(labels, workdirs):
     series = curves.load_series(workdir)

@@ -76,3 +76,21 @@ def test_plot_metrics_errors_are_one_line(tmp_path, capsys):
   assert "2 --label for 1 --workdir" in capsys.readouterr().err
   assert plot_metrics.main(["--workdir", str(tmp_path / "a")]) == 0
   assert os.path.getsize(tmp_path / "a" / "curves.png") > 10_000
+
+
+def test_runs_with_the_same_name_are_told_apart_or_refused(tmp_path, capsys):
+  """Two workdirs named alike get their parents in the labels (one label would draw one curve);
+  two alike labels given with --label are refused."""
+  for parent in ("a", "b"):
+    write_metrics(tmp_path / parent / "run", run_records())
+  both = ["--workdir", str(tmp_path / "a" / "run"), "--workdir", str(tmp_path / "b" / "run")]
+  assert plot_metrics.main([*both, "--out", str(tmp_path / "c.png")]) == 0
+  drawn = json.loads(capsys.readouterr().out)["curves"]
+  assert list(drawn["loss"]) == ["a/run", "b/run"]
+  assert plot_metrics.main([*both, "--label", "x", "--label", "x"]) == 1
+  assert "two runs are labelled 'x'" in capsys.readouterr().err
+  assert plot_metrics.main([*both[:2], *both[:2]]) == 1                  # one workdir twice
+  assert "give each --workdir its own --label" in capsys.readouterr().err
+  # Only the names alike grow, and only as far as it takes.
+  assert curves.default_labels(["x/a/run", "y/a/run", "runs/other", "z/b/run"]) == [
+      "x/a/run", "y/a/run", "other", "b/run"]

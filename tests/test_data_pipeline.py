@@ -1,5 +1,7 @@
 """The training and evaluation streams on a small numbers dataset built into a tmp dir."""
 import json
+import re
+import threading
 
 import grain
 import numpy as np
@@ -139,6 +141,60 @@ def test_resume_reproduces_the_continuation(base, mode, before):
   for x, y in zip(expected, take(resumed, 23)):
     for key in KEYS:
       np.testing.assert_array_equal(x[key], y[key])
+
+
+def _real_rows(batches):
+  """The non-empty rows of `batches`, in order, as tuples of every key's row."""
+  return [tuple(tuple(b[k][r]) for k in KEYS) for b in batches
+          for r in range(b["inputs"].shape[0]) if b["inputs_segmentation"][r].any()]
+
+
+@pytest.mark.parametrize("mode", ["pack", "pad"])
+def test_resume_with_another_batch_size_trains_on_every_row_once(base, mode):
+  # 16 rows a batch, stopped after 5 batches, resumed with 8 or 24: the rows that follow are
+  # those an uninterrupted run would train on next (only the last batch of a window, partly
+  # empty, ends elsewhere), so no pair is skipped or repeated.
+  it = iter(data_with(base, batching=mode, batch_size=16).train_dataset())
+  take(it, 5)
+  state = json.loads(json.dumps(it.get_state()))
+  expected = _real_rows(take(it, 12))
+  for rows in (8, 24):
+    resumed = iter(data_with(base, batching=mode, batch_size=rows).train_dataset())
+    resumed.set_state(state)
+    got = _real_rows(take(resumed, 12 * 16 // rows))
+    n = min(len(got), len(expected))
+    assert n > 100 and got[:n] == expected[:n], rows
+  # The resumed stream's own state (the rows it skipped in its window) restores exactly.
+  resumed = iter(data_with(base, batching=mode, batch_size=24).train_dataset())
+  resumed.set_state(state)
+  take(resumed, 1)
+  again = json.loads(json.dumps(resumed.get_state()))
+  assert again["window"] == state["window"] and again["skip_rows"] == 5 * 16
+  continued = take(resumed, 4)
+  restored = iter(data_with(base, batching=mode, batch_size=24).train_dataset())
+  restored.set_state(again)
+  for x, y in zip(continued, take(restored, 4)):
+    for key in KEYS:
+      np.testing.assert_array_equal(x[key], y[key])
+
+
+def test_resume_with_another_batching_mode_goes_on_at_the_next_window(base, caplog):
+  it = iter(data_with(base, batching="pack").train_dataset())
+  take(it, 2)
+  state = json.loads(json.dumps(it.get_state()))
+  resumed = iter(data_with(base, batching="pad").train_dataset())
+  with caplog.at_level("WARNING"):
+    resumed.set_state(state)
+  assert any("the data batching changed since the checkpoint" in r.message
+             and "training continues with the next window" in r.message for r in caplog.records)
+  got = next(resumed)
+  assert resumed.get_state()["window"] == state["window"] + 1
+  # The first batch of that next window, batched the new way: as a fresh pad stream has it.
+  fresh = iter(data_with(base, batching="pad").train_dataset())
+  while fresh.get_state()["window"] < state["window"] + 1:
+    first = next(fresh)
+  for key in KEYS:
+    np.testing.assert_array_equal(got[key], first[key])
 
 
 def test_resume_with_another_process_count_keeps_the_epoch_position(base):
@@ -327,6 +383,28 @@ def test_eval_lengths_round_up_to_eight_and_never_truncate(base):
   assert [b["num_real"] for b in three] == [3, 1]
 
 
+def test_eval_rows_fit_a_learned_position_table_when_given_its_size(base):
+  # A learned position table of max_len rows takes no longer row: longer sentences keep their
+  # first max_len - 1 pieces and eos, and rounding up to 8 never passes max_len.
+  _, data = base
+  tok = data.tokenizer
+  pairs = [("one two", "eins zwei"), ("x " * 3, "y " * 25)]
+  long_source = len(tok.encode(pairs[1][0])) + 1
+  long_target = len(tok.encode(pairs[1][1])) + 1
+  max_len = long_target - 1 if (long_target - 1) % 8 else long_target - 2
+  assert long_source <= max_len < long_target and max_len % 8  # the source fits, not the target
+  source_ids, target_ids, cut = pipeline.eval_ids(pairs, tok, max_len)
+  assert cut == 1 and target_ids[1] == tok.encode(pairs[1][1])[:max_len - 1] + [pipeline.EOS_ID]
+  assert source_ids[1] == tok.encode(pairs[1][0]) + [pipeline.EOS_ID]  # fits: unchanged
+  batch = next(pipeline.eval_batches(pairs, tok, batch_size=2, max_len=max_len))
+  assert batch["targets"].shape == (2, max_len)
+  assert batch["inputs"].shape == (2, min(max_len, -(-long_source // 8) * 8))
+  assert batch["targets"][1].tolist() == target_ids[1]
+  assert batch["target_text"] == [t for _, t in pairs]  # the references stay whole
+  # Without max_len nothing is cut (test_eval_lengths_round_up_to_eight_and_never_truncate).
+  assert pipeline.eval_ids(pairs, tok)[2] == 0
+
+
 def test_bucket_budget_is_batch_tokens_split_over_processes_else_rows_times_length(base):
   _, data = base
   c = data_with(base, batching="bucket", bucket_boundaries=(8, 16), bucket_rows_multiple=1,
@@ -335,6 +413,12 @@ def test_bucket_budget_is_batch_tokens_split_over_processes_else_rows_times_leng
   assert pipeline.Batcher(c, rows=16, process_count=1).rows == [128, 64, 32]
   # Each of 2 processes gets half the budget.
   assert pipeline.Batcher(c, rows=16, process_count=2).rows == [64, 32, 16]
+  # But several processes would bucket their own shards into batches of different shapes at
+  # the same step (a collective mismatch): refused.
+  tmp, _ = base
+  with pytest.raises(pipeline.DataError, match="data.batching='bucket' with 2 processes"):
+    get_data(small_config(tmp, batching="bucket"), str(tmp / "work"), process_index=0,
+             process_count=2)
   # No token budget: rows x the longest length (16 x 32 = 512 tokens) per batch.
   c.batch_tokens = 0
   assert pipeline.Batcher(c, rows=16, process_count=1).rows == [64, 32, 16]
@@ -355,3 +439,40 @@ def test_train_dataset_defaults_to_one_process_and_refuses_a_process_without_dat
   # More processes than examples: the last one's slice is empty, which is said, not trained on.
   with pytest.raises(ValueError, match="process 3 of 4 has no training data"):
     pipeline.ReadChunk([None] * 3, tok, c, 3, 4)  # 3 examples (only their count is read here)
+
+
+def test_limits_no_pair_fits_are_an_error_not_an_endless_read(base, caplog):
+  # Every pair of the numbers task has more than 3 pieces a side: the batcher would read window
+  # after empty window forever (and the run could not be stopped). A whole epoch of empty
+  # chunks is an error naming the fields.
+  data = data_with(base, max_source_len=3, max_target_len=3)
+  message = (r"no training pair fits data.max_source_len=3 / data.max_target_len=3 .*all 3000 "
+             r"pairs .*the shortest source / target have \d+/\d+ pieces")
+  read = pipeline.ReadChunk(data.sources["train"], data.tokenizer, data.config, 0, 1)
+  for k in range(read.chunks_per_epoch - 1):
+    assert read(k) == []
+  with pytest.raises(pipeline.DataError, match=message):
+    read(read.chunks_per_epoch - 1)
+  # Through grain's reader threads to the caller of next(), in a thread of its own so that a
+  # regression fails here instead of hanging the suite.
+  raised = []
+  def first_batch():
+    try:
+      next(iter(data.train_dataset()))
+    except pipeline.DataError as e:
+      raised.append(str(e))
+  reader = threading.Thread(target=first_batch, daemon=True)
+  reader.start()
+  reader.join(timeout=120)
+  assert len(raised) == 1 and re.match(message, raised[0]), raised
+  # Some pairs fitting is no error, but dropping most of a chunk is worth a warning.
+  read = pipeline.ReadChunk(data.sources["train"], data.tokenizer,
+                            data_with(base, max_source_len=12, max_target_len=12).config, 0, 1)
+  with caplog.at_level("WARNING"):
+    kept = [len(read(k)) for k in range(read.chunks_per_epoch)]
+  assert 0 < sum(kept) < read.chunks_per_epoch * pipeline.CHUNK / 2
+  assert [r.message for r in caplog.records].count(
+      f"training data: a chunk kept {kept[0]} of {pipeline.CHUNK} pairs; the rest are longer "
+      "than data.max_source_len=12 / data.max_target_len=12 (pieces, EOS included)") == 1
+  # The next epoch's chunks still come (the error needs a whole epoch without a pair).
+  assert read(read.chunks_per_epoch)

@@ -49,22 +49,8 @@ def _summary(output: str) -> dict:
   return ast.literal_eval(lines[-1])
 
 
-@pytest.mark.parametrize("mesh_flags,mesh_text", [
-    ([], "{'data': 4, 'fsdp': 1, 'tensor': 1}"),
-    # Parameters sharded over the devices of both processes (the usual case for big models).
-    (["--config.mesh.data=1", "--config.mesh.fsdp=-1"], "{'data': 1, 'fsdp': 4, 'tensor': 1}"),
-], ids=["data", "fsdp"])
-def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_text):
-  data_dir, workdir = tmp_path / "tfds", tmp_path / "run"
-  c = _config(data_dir)
-  from transformer_jax.data import get_data
-  # Build the dataset and the tokenizer once here, so the two processes only read them.
-  get_data(c.data, str(workdir))
-  shards = [next(iter(get_data(c.data, str(workdir), process_index=i,
-                               process_count=2).train_dataset())) for i in range(2)]
-  assert shards[0]["inputs"].shape[0] == c.data.batch_size // 2
-  assert not np.array_equal(shards[0]["inputs"], shards[1]["inputs"])  # each its own shard
-
+def _run_two_processes(data_dir, workdir, mesh_flags) -> tuple[list[int], list[str]]:
+  """scripts/train.py in two local processes (2 fake CPU devices each): exit codes, outputs."""
   port = _free_port()
   env = dict(os.environ, XLA_FLAGS=xla_env.flags(2),
              JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
@@ -95,7 +81,27 @@ def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_
       for i, p in enumerate(procs):
         out = outputs[i] if i < len(outputs) else "(timed out)"
         print(f"---- process {i} (exit {p.returncode}):\n{out[-6000:]}")
-  assert [p.returncode for p in procs] == [0, 0]
+  return [p.returncode for p in procs], outputs
+
+
+@pytest.mark.parametrize("mesh_flags,mesh_text", [
+    ([], "{'data': 4, 'fsdp': 1, 'tensor': 1}"),
+    # Parameters sharded over the devices of both processes (the usual case for big models).
+    (["--config.mesh.data=1", "--config.mesh.fsdp=-1"], "{'data': 1, 'fsdp': 4, 'tensor': 1}"),
+], ids=["data", "fsdp"])
+def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_text):
+  data_dir, workdir = tmp_path / "tfds", tmp_path / "run"
+  c = _config(data_dir)
+  from transformer_jax.data import get_data
+  # Build the dataset and the tokenizer once here, so the two processes only read them.
+  get_data(c.data, str(workdir))
+  shards = [next(iter(get_data(c.data, str(workdir), process_index=i,
+                               process_count=2).train_dataset())) for i in range(2)]
+  assert shards[0]["inputs"].shape[0] == c.data.batch_size // 2
+  assert not np.array_equal(shards[0]["inputs"], shards[1]["inputs"])  # each its own shard
+
+  codes, outputs = _run_two_processes(data_dir, workdir, mesh_flags)
+  assert codes == [0, 0]
 
   # Both processes see the same global loss and evaluation, and say they are 2 of 2.
   first, second = (_summary(o) for o in outputs)
@@ -133,3 +139,18 @@ def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
     np.testing.assert_array_equal(a, np.asarray(b))
   trainer.checkpointer.close()
+
+
+def test_two_processes_refuse_a_mesh_that_gives_both_the_same_rows(tmp_path):
+  # With the batch replicated across the processes (data 1, tensor over all 4 devices), each
+  # process's own rows would be taken for copies of the same rows: refused before training.
+  data_dir, workdir = tmp_path / "tfds", tmp_path / "run"
+  from transformer_jax.data import get_data
+  get_data(_config(data_dir).data, str(workdir))
+  codes, outputs = _run_two_processes(data_dir, workdir,
+                                      ["--config.mesh.data=1", "--config.mesh.tensor=-1"])
+  assert codes == [1, 1], outputs
+  for out in outputs:
+    assert ("config.mesh ({'data': 1, 'fsdp': 1, 'tensor': 4}) do not give each of the 2 "
+            "processes rows of its own") in out, out[-3000:]
+  assert not os.path.exists(workdir / "checkpoints")

@@ -264,3 +264,24 @@ def test_trainer_resumes_a_workdir_under_another_mesh(tmp_path):
   second.checkpointer.close()
   assert int(state.step) == 5
   np.testing.assert_allclose(resumed, straight, rtol=LOSS_RTOL)
+
+
+@pytest.mark.parametrize("mesh_spec, process_of, ok", [
+    ({"data": 2, "tensor": 4}, lambda d: d.id // 4, True),    # each process one data shard
+    ({"data": 4, "tensor": 2}, lambda d: d.id // 4, True),    # two data shards each
+    ({"fsdp": 8}, lambda d: d.id // 2, True),                 # four processes, two shards each
+    ({"data": 1, "tensor": 8}, lambda d: d.id // 4, False),   # the batch replicated on both
+    ({"data": 2, "tensor": 4}, lambda d: d.id % 2, False),    # tensor axis across processes
+])
+def test_each_process_must_hold_rows_of_its_own(mesh_spec, process_of, ok):
+  # 8 fake devices standing in for the devices of 2 or 4 processes (process_of): each process
+  # feeds its own rows, so the batch axes must give it a block of its own.
+  mesh = sharding.make_mesh(mesh_spec)
+  batch_sharding = sharding.batch_sharding(mesh, RULES)
+  processes = len({process_of(d) for d in jax.devices()})
+  if ok:
+    sharding.check_rows_split_over_processes(batch_sharding, 16, processes, process_of)
+  else:
+    with pytest.raises(ValueError, match=r"config.mesh .* do not give each of the \d processes "
+                       r"rows of its own"):
+      sharding.check_rows_split_over_processes(batch_sharding, 16, processes, process_of)

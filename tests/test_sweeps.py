@@ -181,6 +181,43 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
   assert sweeps.report(sweep_dir, metric="eval_loss")["rows"][0]["learning_rate"] == 2.0
 
 
+def test_a_done_point_runs_again_when_the_sweep_asks_for_more_steps(tmp_path):
+  """A point DONE at 3 steps is not done at 6: the re-run extends it (training resumes from its
+  checkpoint), SLURM re-submits it, and the report stops calling it done once it restarts."""
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(textwrap.dedent("""
+      import json, os, sys
+      args = sys.argv[1:]
+      workdir = args[args.index("--workdir") + 1]
+      steps = int([a for a in args if a.startswith("--config.num_train_steps=")][-1][25:])
+      if steps == 12:
+        raise SystemExit("boom: the extension fails")
+      os.makedirs(os.path.join(workdir, "checkpoints", str(steps)))
+      with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps({"step": steps, "bleu": float(steps)}) + "\\n")
+  """))
+  sweep_dir = str(tmp_path / "sweep")
+  quiet = {"log": lambda s: None}
+  short = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3})
+  assert short.run([0], **quiet)[0]["status"] == "done"
+  assert short.run([0], **quiet)[0]["status"] == "skipped (done)"
+  longer = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 6})
+  assert longer.status(0) == "partial"
+  assert sweeps.unfinished(longer) == [0, 1, 2, 3]
+  assert longer.run([0], **quiet)[0]["status"] == "done"
+  d = sweeps.point_dir(sweep_dir, longer.points[0])
+  assert metrics.last_values(d)["bleu"] == 6.0
+  assert longer.status(0) == short.status(0) == "done"   # 6 steps cover a request for 3
+  # A marker that records no steps (an older sweep's) counts where the run finished them.
+  with open(os.path.join(d, sweeps.DONE), "w") as f:
+    f.write("finished in 1.0 s\n")
+  longest = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 12})
+  assert (longer.status(0), longest.status(0)) == ("done", "partial")
+  # An extension that fails leaves the point failed, also in the report (which knows no steps).
+  assert longest.run([0], **quiet)[0]["status"] == "failed"
+  assert longest.status(0) == sweeps.status(d) == "failed"
+
+
 def test_report_plot_leaves_the_matplotlib_backend_alone(tmp_path):
   original = matplotlib.get_backend()
   matplotlib.use("svg")  # not Agg, so a plot that switched to Agg would show
@@ -272,6 +309,11 @@ def test_config_overrides_reach_every_point(tmp_path, monkeypatch, capsys):
   assert script.main(["--config", TINY, "--workdir", str(tmp_path / "bad"),
                       "--config.num_train_stepz=7"]) == 2
   assert "num_train_stepz" in capsys.readouterr().err
+  assert not (tmp_path / "bad").exists()
+  # So does a value no point could train with: one error line, not a traceback per point.
+  assert script.main(["--config", TINY, "--workdir", str(tmp_path / "bad"),
+                      "--config.log_every_steps=0"]) == 1
+  assert "error: config.log_every_steps=0: must be >= 1" in capsys.readouterr().err
   assert not (tmp_path / "bad").exists()
 
 
@@ -386,7 +428,8 @@ def test_slurm_submission_covers_unfinished_points_and_counts_killed_ones(tmp_pa
   assert sweeps.array_spec([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
   done = sweeps.point_dir(runner.sweep_dir, runner.points[1])
   os.makedirs(done)
-  open(os.path.join(done, sweeps.DONE), "w").close()
+  with open(os.path.join(done, sweeps.DONE), "w") as f:
+    f.write(f"num_train_steps {runner.num_steps[1]}\n")
   assert sweeps.unfinished(runner) == [0, 2, 3]
   assert "#SBATCH --array=0,2-3" in sweeps.sbatch_script(runner, indices=[0, 2, 3])
   # A point that never wrote a marker ended unfinished: with SLURM's logs it is a failure.

@@ -1,6 +1,7 @@
 """Training: the schedule, the loss, accumulation, config errors, checkpoints, resume, signals."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -245,6 +246,26 @@ def test_batches_that_do_not_split_over_the_devices_are_refused(tmp_path, data_d
   Trainer.create(c, str(tmp_path / "c")).checkpointer.close()
 
 
+def test_evaluation_fits_sentences_to_a_learned_position_table(tmp_path, data_dir):
+  # The tiny task's validation split has sentences longer than 32 pieces: a learned table of 32
+  # positions used to fail the first evaluation (and every resume after it) with "a sequence of
+  # 40 positions is longer than the learned position table".
+  c = tiny_config(data_dir, **{"model.position_encoding": "learned", "model.max_len": 32})
+  trainer = Trainer.create(c, str(tmp_path / "learned"))
+  assert trainer.eval_max_len == 32
+  assert re.fullmatch(r"\d+ validation pairs are longer than the learned position table "
+                      r"\(model.max_len=32 pieces with EOS\): evaluation loss and BLEU see "
+                      r"their first 31 pieces", trainer.eval_cut_warning())
+  params = trainer.setup.init_state(jax.random.key(0)).params
+  assert np.isfinite(trainer.evaluate(params)["eval_loss"])
+  assert trainer.bleu(params, 4)["bleu_sentences"] == 4
+  trainer.checkpointer.close()
+  # Sinusoidal positions take any length: nothing cut, nothing said.
+  trainer = Trainer.create(tiny_config(data_dir), str(tmp_path / "sinusoidal"))
+  assert trainer.eval_max_len is None and trainer.eval_cut_warning() is None
+  trainer.checkpointer.close()
+
+
 def test_killed_in_the_final_evaluation_keeps_the_checkpoint_and_finishes_on_resume(
     tmp_path, data_dir, monkeypatch):
   workdir = str(tmp_path / "killed")
@@ -372,6 +393,30 @@ def test_sigterm_saves_a_loadable_checkpoint(tmp_path, data_dir):
   assert os.listdir(workdir / "checkpoints"), out[-3000:]
   step, params = checkpointing.load_params(str(workdir))
   assert step >= 4 and jax.tree.leaves(params)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_second_signal_stops_at_once(sig):
+  # The first signal asks for a save at the end of the step; a run that cannot get there
+  # (stuck reading data or in a collective) must still stop on the second.
+  script = f"""
+import os, signal, time
+from transformer_jax.run.distributed import StopFlag
+with StopFlag() as flag:
+  os.kill(os.getpid(), signal.{sig})
+  print("first:", flag.signal, flush=True)
+  os.kill(os.getpid(), signal.{sig})
+  time.sleep(30)
+  print("still running", flush=True)
+"""
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=60, cwd=REPO)
+  assert f"first: {sig}" in proc.stdout and "still running" not in proc.stdout, proc
+  assert f"{sig}: saving and stopping after this step (send it again" in proc.stderr, proc
+  if sig == "SIGTERM":  # the default action: the process ends by the signal
+    assert proc.returncode == -signal.SIGTERM, proc
+  else:  # Python's default handler: KeyboardInterrupt (uncaught, Python ends by SIGINT)
+    assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in proc.stderr, proc
 
 
 def _tensorboard_purges(workdir) -> list[int]:

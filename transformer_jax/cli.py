@@ -12,9 +12,11 @@ ml_collections' `config_flags`, and one error policy.
 
 Each call parses into a fresh `FlagValues`, so `main` can run several times in one process
 (tests call it in-process). With `config=` a `--config path[:arg]` flag is defined and
-`--config.<field>=<value>` overrides any field of it. Errors a user can fix (`USER_ERRORS`: a
-missing workdir or checkpoint, a refused config change, a locked workdir, a bad file) print
-`error: ...` and exit 1; a wrong flag prints its problem and exits 2.
+`--config.<field>=<value>` overrides any field of it, and the config is checked
+(`experiment.validate`) before the body runs. Errors a user can fix (`USER_ERRORS`: a missing
+workdir or checkpoint, a refused config change, a locked workdir, a bad file; and a config value
+`experiment.validate` refuses) print `error: ...` and exit 1; a wrong flag (a misspelt
+`--config.<field>` too) prints its problem and exits 2.
 """
 from __future__ import annotations
 
@@ -27,11 +29,13 @@ import warnings
 from absl import flags
 from ml_collections import config_flags
 
+from transformer_jax import experiment
+from transformer_jax.data.config import DataError
 from transformer_jax.data.lines import NotUTF8Error
 from transformer_jax.run.workdir import RunError
 
 # What the command-line tools report as "error: ..." rather than a traceback.
-USER_ERRORS = (RunError, OSError, NotUTF8Error)
+USER_ERRORS = (RunError, OSError, NotUTF8Error, DataError)
 NO_CONFIG = object()
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,18 +73,35 @@ def run(body: Callable[[flags.FlagValues, list[str]], int | None],
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
     # config_flags raises AttributeError/KeyError for a misspelt --config.<field>, and a
     # config file's get_config() ValueError for a bad argument (configs/locale.py:xx).
-    message = e.args[0] if isinstance(e, KeyError) and e.args else e
-    print(f"error: {message} (--help lists the flags)", file=sys.stderr)
+    print(f"error: {_flag_error(e)} (--help lists the flags)", file=sys.stderr)
     return 2
   if rest[1:] and not positional:
     print(f"error: unexpected arguments {rest[1:]} (--help lists the flags)", file=sys.stderr)
     return 2
+  if config is not NO_CONFIG and values.config is not None:
+    try:
+      experiment.validate(values.config)
+    except ValueError as e:  # a bad value, not a bug: the message names the field
+      print(f"error: {e}", file=sys.stderr)
+      return 1
   logging.getLogger("absl").setLevel(absl_level)  # Orbax's and TFDS's notices
   try:
     return int(body(values, rest[1:]) or 0)
   except USER_ERRORS as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+
+
+def _flag_error(e: Exception) -> str:
+  """The text of a flag error; str() of a KeyError is the repr of its message."""
+  if isinstance(e, AttributeError) and e.args and isinstance(e.args[0], KeyError):
+    # ConfigDict's "no such field": a KeyError holding the name, then a suggestion on the
+    # next line when one is close.
+    name, _, hint = _flag_error(e.args[0]).partition("\n")
+    return f"no config field {name}" + (f": {hint}" if hint else "")
+  if isinstance(e, KeyError) and e.args:
+    return str(e.args[0])
+  return str(e)
 
 
 def deprecated(old: str, new: str) -> None:

@@ -87,6 +87,33 @@ def batch_shards(sharding: NamedSharding) -> int:
   return int(np.prod([sharding.mesh.shape[a] for a in axes], dtype=np.int64))
 
 
+def check_rows_split_over_processes(sharding: NamedSharding, rows: int, process_count: int,
+                                   process_of=lambda device: device.process_index) -> None:
+  """Raise unless each process's devices hold `rows / process_count` rows of their own, as
+  each process reads its own shard of the data (`global_batch`).
+
+  Where processes share rows (e.g. 2 processes with `data=1, tensor=2`: the batch is
+  replicated across them), `jax.make_array_from_process_local_data` takes each process's
+  different rows for copies of the same ones: half the batch, and partial sums of different
+  batches mixed in every tensor-parallel product, without an error.
+  """
+  held: dict[int, set[int]] = {}
+  for device, index in sharding.devices_indices_map((rows, 1)).items():
+    held.setdefault(process_of(device), set()).update(range(*index[0].indices(rows)))
+  per_process = rows // process_count
+  claimed: set[int] = set()
+  for process, own in sorted(held.items()):
+    if len(own) != per_process or own & claimed:
+      axes = dict(sharding.mesh.shape)
+      raise ValueError(
+          f"the batch axes of config.mesh ({axes}) do not give each of the {process_count} "
+          f"processes rows of its own (process {process}'s devices hold {len(own)} of a "
+          f"{rows}-row batch, {per_process} expected): each process reads different data, so "
+          "the axes that `batch` maps to (data, fsdp) must split the batch across processes; "
+          "e.g. make config.mesh.data a multiple of the process count")
+    claimed |= own
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

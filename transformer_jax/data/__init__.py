@@ -20,11 +20,11 @@ import numpy as np
 # datasets (tensorflow-datasets) and pipeline (grain) are imported where they are used, so that
 # importing `transformer_jax.data.config` (experiment.base_config does) does not load them.
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.data.config import default_data_config, global_rows, validate
+from transformer_jax.data.config import DataError, default_data_config, global_rows, validate
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
-__all__ = ["Data", "get_data", "default_data_config", "validate", "Tokenizer", "PAD_ID",
-           "UNK_ID", "BOS_ID", "EOS_ID"]
+__all__ = ["Data", "DataError", "get_data", "default_data_config", "validate", "Tokenizer",
+           "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID"]
 
 
 class Data:
@@ -35,6 +35,11 @@ class Data:
     validate(data_config)
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+    if data_config.batching == "bucket" and process_count > 1:
+      # Each process buckets its own shard, so at a given step the processes would hold
+      # batches of different lengths: different programs, collectives that do not match.
+      raise DataError(f"data.batching='bucket' with {process_count} processes: each would "
+                      "step batches of its own shapes; use 'pack' (the default) or 'pad'")
     self.config = data_config
     self.process_index, self.process_count = process_index, process_count
     self.global_rows = global_rows(data_config)
@@ -89,15 +94,16 @@ class Data:
       self._raw[split] = read_pairs(self.sources[split], self.config)
     return self._raw[split]
 
-  def eval_batches(self, split: str):
+  def eval_batches(self, split: str, max_len: int | None = None):
     """Every pair of `split` ("validation" or "test") in padded batches; identical on all
-    processes (global batches of data.eval_batch_size rows; shard them in the loop)."""
+    processes (global batches of data.eval_batch_size rows; shard them in the loop).
+    `max_len`: a learned position table's size, which rows are cut to (`pipeline.eval_ids`)."""
     if split not in ("validation", "test"):
       raise ValueError(f"eval_batches({split!r}): expected 'validation' or 'test'")
     from transformer_jax.data import pipeline
     return pipeline.eval_batches(self.raw_examples(split), self.tokenizer,
                                  batch_size=self.config.eval_batch_size,
-                                 min_len=self.config.eval_max_len)
+                                 min_len=self.config.eval_max_len, max_len=max_len)
 
 
 def read_pairs(source, data_config) -> list[tuple[str, str]]:

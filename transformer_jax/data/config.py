@@ -15,6 +15,11 @@ SPLITS = ("grouped", "source")
 VOCAB_MODEL_TYPES = ("unigram", "bpe")
 
 
+class DataError(ValueError):
+  """Data settings that no data fits (the message names the fields); the scripts print it as
+  `error: ...` instead of a traceback."""
+
+
 def default_data_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   # Which corpus: "numbers" (built in, synthetic), "locale" (gettext catalogs of this machine),

@@ -23,13 +23,15 @@ about 5,500 pairs/s; too close to the 10x margin over the train step that we wan
 tokenizing a chunk at a time and packing a window with first-fit-decreasing in numpy is many
 times faster and fills rows better (see docs/data.md).
 
-Evaluation (`eval_batches`) is plain Python over the whole split: nothing dropped or truncated,
+Evaluation (`eval_batches`) is plain Python over the whole split: nothing dropped or truncated
+(but for a learned position table's length),
 one padded shape per split, the last batch padded with empty rows and `num_real` saying how
 many are real.
 """
 from __future__ import annotations
 
 from fractions import Fraction
+import logging
 import random
 import threading
 from typing import Iterator, Sequence
@@ -38,6 +40,7 @@ import grain
 import numpy as np
 
 from transformer_jax import batch as batch_lib
+from transformer_jax.data.config import DataError
 from transformer_jax.data.datasets import as_text, get_items
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
@@ -64,6 +67,11 @@ class ReadChunk:
     self.chunks_per_epoch = -(-len(self._indices) // CHUNK)
     self._lock = threading.Lock()
     self._permutations: dict[int, np.ndarray] = {}
+    # Chunks of each epoch that kept no pair, and the shortest lengths read: a whole epoch of
+    # them means no pair fits the limits, and the window batcher would read forever.
+    self._empty_chunks: dict[int, set[int]] = {}
+    self._shortest = [np.inf, np.inf]
+    self._warned = False
 
   def _permutation(self, epoch: int) -> np.ndarray:
     with self._lock:
@@ -87,7 +95,34 @@ class ReadChunk:
       # Training drops pairs longer than the rows; evaluation never does.
       if len(source) <= self._max_source and len(target) <= self._max_target:
         out.append((source, target))
+    self._check_kept(epoch, k, len(out), sources, targets)
     return out
+
+  def _check_kept(self, epoch: int, k: int, kept: int, sources, targets) -> None:
+    """Warn once when a chunk drops most of its pairs; raise when a whole epoch kept none."""
+    with self._lock:
+      self._shortest[0] = min(self._shortest[0], min(map(len, sources), default=np.inf))
+      self._shortest[1] = min(self._shortest[1], min(map(len, targets), default=np.inf))
+      limits = (f"data.max_source_len={self._max_source} / data.max_target_len="
+                f"{self._max_target} (pieces, EOS included)")
+      if sources and kept < len(sources) / 2 and not self._warned:
+        self._warned = True
+        logging.warning("training data: a chunk kept %d of %d pairs; the rest are longer than "
+                        "%s", kept, len(sources), limits)
+      if kept:
+        self._empty_chunks.pop(epoch, None)
+        return
+      for old in [e for e in self._empty_chunks if e < epoch - 1]:
+        del self._empty_chunks[old]
+      empty = self._empty_chunks.setdefault(epoch, set())
+      empty.add(k)
+      if len(empty) < self.chunks_per_epoch:
+        return
+      shortest = "/".join(str(int(n)) for n in self._shortest)
+    raise DataError(
+        f"no training pair fits {limits}: all {len(self._indices)} pairs of this process were "
+        f"read and dropped (the shortest source / target have {shortest} pieces); raise the "
+        "limits or check data.source_lang / data.target_lang")
 
 
 def _empty_batch(rows: int, source_len: int, target_len: int) -> dict:
@@ -182,16 +217,36 @@ class Batcher:
       budget = c.batch_tokens // process_count if c.batch_tokens > 0 else rows * max_len
       self.rows = bucket_rows(self.lengths, budget, c.bucket_rows_multiple)
 
-  def __call__(self, pairs: list, window: int) -> list[dict]:
+  @property
+  def layout(self) -> dict:
+    """What decides the batches of a window (saved with the iterator state; JSON values)."""
+    layout = {"mode": self._mode, "rows": self._rows, "source_len": self._source_len,
+              "target_len": self._target_len}
+    if self._mode == "bucket":
+      layout.update(bucket_lengths=list(self.lengths), bucket_rows=list(self.rows))
+    return layout
+
+  def same_rows_in_other_batches(self, saved: dict) -> bool:
+    """Whether a window batched under `saved` has the same rows in the same order as under
+    this batcher, cut into batches of another size (pack and pad: only the rows per batch
+    differ), so that a resume can skip exactly the rows already trained on."""
+    return (self._mode in ("pack", "pad") and saved.get("mode") == self._mode
+            and {**saved, "rows": self._rows} == self.layout)
+
+  def __call__(self, pairs: list, window: int, skip_rows: int) -> list[dict]:
+    """The window's batches; `skip_rows` (pack and pad): without its first rows."""
     rng = random.Random(self._seed * 1_000_003 + window)
     if self._mode == "pad":
-      return _cut(*pad_rows(pairs, self._source_len, self._target_len), self._rows)
+      rows, num_rows = pad_rows(pairs, self._source_len, self._target_len)
+      return _cut({k: v[skip_rows:] for k, v in rows.items()}, max(num_rows - skip_rows, 0),
+                  self._rows)
     if self._mode == "pack":
       rows, num_rows = pack_rows(pairs, self._source_len, self._target_len)
       # Packing sorted the pairs by length: shuffle the rows so batches mix lengths.
-      order = np.asarray(rng.sample(range(num_rows), num_rows), np.int64)
+      order = np.asarray(rng.sample(range(num_rows), num_rows), np.int64)[skip_rows:]
       rows = {k: v[order] for k, v in rows.items()}
-      return _cut(rows, num_rows, self._rows)
+      return _cut(rows, len(order), self._rows)
+    assert not skip_rows, "bucket batches are shuffled: rows cannot be skipped"
     by_bucket: list[list] = [[] for _ in self.lengths]
     for pair in pairs:
       length = max(len(pair[0]), len(pair[1]))
@@ -211,6 +266,11 @@ class _WindowIterator(grain.DatasetIterator):
   and how many of its batches were emitted: restoring re-reads the window and skips those
   batches, which is exact and keeps the state small. The last batch of a window may be
   partly empty (about one batch in `window` chunks' worth): the price of that small state.
+
+  The state also holds the batcher's `layout`. A resume with other rows per batch (pack, pad)
+  skips the rows already emitted and cuts the rest into the new batches (`skip_rows`, kept in
+  the state from then on); any other change to the batching starts at the next window, with a
+  warning, as its batches no longer say which pairs were trained on.
   """
 
   def __init__(self, parent, *, batcher, window: int):
@@ -218,15 +278,16 @@ class _WindowIterator(grain.DatasetIterator):
     self._batcher, self._window = batcher, window
     self._window_index, self._window_state = -1, None
     self._batches: list[dict] = []
-    self._next = 0
+    self._next = self._skip = 0
 
-  def _fill(self, window_index: int) -> None:
+  def _fill(self, window_index: int, skip_rows: int = 0) -> None:
     self._window_state = self._parent.get_state()
     self._window_index = window_index
     pairs = []
     for _ in range(self._window):
       pairs.extend(next(self._parent))
-    self._batches, self._next = self._batcher(pairs, window_index), 0
+    self._batches, self._next = self._batcher(pairs, window_index, skip_rows), 0
+    self._skip = skip_rows
 
   def __next__(self):
     while self._next >= len(self._batches):
@@ -238,15 +299,30 @@ class _WindowIterator(grain.DatasetIterator):
   def get_state(self):
     if self._window_state is None:  # Nothing read yet.
       return {"parent": self._parent.get_state(), "window": -1, "next": 0}
-    return {"parent": self._window_state, "window": self._window_index, "next": self._next}
+    return {"parent": self._window_state, "window": self._window_index, "next": self._next,
+            "skip_rows": self._skip, "batching": self._batcher.layout}
 
   def set_state(self, state):
     self._parent.set_state(state["parent"])
     self._batches, self._next, self._window_state = [], 0, None
     self._window_index = state["window"]
-    if state["window"] >= 0:
-      self._fill(state["window"])
+    if state["window"] < 0:
+      return
+    # States without a layout (older checkpoints, `resharded_state`) are this batcher's.
+    saved, skip = state.get("batching", self._batcher.layout), state.get("skip_rows", 0)
+    if saved == self._batcher.layout:
+      self._fill(state["window"], skip)
       self._next = state["next"]
+    elif self._batcher.same_rows_in_other_batches(saved):
+      self._fill(state["window"], skip + state["next"] * saved["rows"])
+    else:
+      self._fill(state["window"])
+      logging.warning(
+          "the data batching changed since the checkpoint (%s -> %s): its position in window "
+          "%d (batch %d) says nothing about the new batches, so training continues with the "
+          "next window; the %d batches left of this one are skipped", saved,
+          self._batcher.layout, state["window"], state["next"], len(self._batches))
+      self._next = len(self._batches)
 
 
 class WindowBatchDataset(grain.IterDataset):
@@ -320,20 +396,37 @@ def _round_up(n: int, multiple: int = 8) -> int:
   return -(-n // multiple) * multiple
 
 
+def eval_ids(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer,
+             max_len: int | None = None) -> tuple[list[list[int]], list[list[int]], int]:
+  """(source ids + eos, target ids + eos, how many pairs were cut). With `max_len` (a learned
+  position table's size), a side longer than it keeps its first `max_len - 1` pieces and eos."""
+  source_ids = [ids + [EOS_ID] for ids in tokenizer.encode_batch([s for s, _ in pairs])]
+  target_ids = [ids + [EOS_ID] for ids in tokenizer.encode_batch([t for _, t in pairs])]
+  if not max_len:
+    return source_ids, target_ids, 0
+  cut = sum(len(s) > max_len or len(t) > max_len for s, t in zip(source_ids, target_ids))
+  source_ids, target_ids = ([x if len(x) <= max_len else x[:max_len - 1] + [EOS_ID] for x in ids]
+                            for ids in (source_ids, target_ids))
+  return source_ids, target_ids, cut
+
+
 def eval_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, *, batch_size: int,
-                 min_len: int = 0) -> Iterator[dict]:
+                 min_len: int = 0, max_len: int | None = None) -> Iterator[dict]:
   """All `pairs` in order, in batches of `batch_size` rows padded to one length per split.
 
   The length is the longest sentence (with eos) rounded up to a multiple of 8, or `min_len`
-  if that is larger: nothing is ever truncated. Keys: `batch.KEYS`, `source_text`,
+  if that is larger: nothing is truncated, unless `max_len` is given (a model with a learned
+  position table of that size, which cannot take longer rows): then longer sentences are cut
+  (`eval_ids`) and no row is longer than `max_len`. Keys: `batch.KEYS`, `source_text`,
   `target_text` (raw references for sacreBLEU) and `num_real` (rows before the padding rows).
   """
   sources = [s for s, _ in pairs]
   targets = [t for _, t in pairs]
-  source_ids = [ids + [EOS_ID] for ids in tokenizer.encode_batch(sources)]
-  target_ids = [ids + [EOS_ID] for ids in tokenizer.encode_batch(targets)]
+  source_ids, target_ids, _ = eval_ids(pairs, tokenizer, max_len)
   source_len = max(min_len, _round_up(max((len(x) for x in source_ids), default=1)))
   target_len = max(min_len, _round_up(max((len(x) for x in target_ids), default=1)))
+  if max_len:
+    source_len, target_len = min(source_len, max_len), min(target_len, max_len)
   for start in range(0, len(pairs), batch_size):
     chunk = list(zip(source_ids[start:start + batch_size], target_ids[start:start + batch_size]))
     batch = _cut(*pad_rows(chunk, source_len, target_len), batch_size)[0]

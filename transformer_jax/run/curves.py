@@ -11,6 +11,8 @@ a resumed run was not running shows as a gap.
 """
 from __future__ import annotations
 
+import os
+
 from matplotlib.figure import Figure
 
 from transformer_jax.run.metrics import read_metrics
@@ -42,6 +44,22 @@ def load_series(workdir: str) -> Series:
       steps = sorted(by_step)
       out[metric] = (steps, [by_step[s][0] for s in steps], [by_step[s][1] for s in steps])
   return out
+
+
+def default_labels(workdirs: list[str]) -> list[str]:
+  """Each workdir's name, with as many parent directories as it takes to tell apart runs whose
+  names are alike (`runs/a/seed0`, `runs/b/seed0` -> `a/seed0`, `b/seed0`): runs sharing a
+  label would be drawn as one. A workdir given twice keeps its whole path, twice."""
+  parts = [os.path.abspath(w).split(os.sep) for w in workdirs]
+  depth = [1] * len(parts)
+  while True:
+    labels = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
+    grow = [i for i, label in enumerate(labels)
+            if labels.count(label) > 1 and depth[i] < len(parts[i])]
+    if not grow:
+      return labels
+    for i in grow:
+      depth[i] += 1
 
 
 def plot_runs(runs: dict[str, Series], path: str, title: str = "") -> dict:

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 
 import jax
@@ -91,7 +92,13 @@ def from_main(value: bool) -> bool:
 
 
 class StopFlag:
-  """Turns SIGTERM/SIGINT into "save and stop after this step" (preemption loses nothing)."""
+  """Turns SIGTERM/SIGINT into "save and stop after this step" (preemption loses nothing).
+
+  A second signal is the way out of a run that cannot reach the end of its step (stuck in a
+  collective or in reading data): it restores the handler from before and re-sends itself,
+  so Ctrl-C twice raises KeyboardInterrupt and a second SIGTERM ends the process, losing the
+  steps since the last checkpoint (a checkpoint being written is never read back half done).
+  """
 
   def __init__(self):
     self.signal = None
@@ -106,7 +113,15 @@ class StopFlag:
     return self
 
   def _handle(self, signum, frame):
-    self.signal = signal.Signals(signum).name
+    name = signal.Signals(signum).name
+    if self.signal is None:
+      self.signal = name
+      print(f"{name}: saving and stopping after this step (send it again to stop at once, "
+            "without saving)", file=sys.stderr, flush=True)
+      return
+    # None: the handler before was not Python's (nothing to restore but the default).
+    signal.signal(signum, self._previous.get(signum) or signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
   def agreed(self) -> str | None:
     """The signal if any process got one: all processes must save and stop at the same step,

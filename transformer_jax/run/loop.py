@@ -106,6 +106,9 @@ class _Run:
                                                  trainer.setup.state_shapes)
     if warning and main:
       self.progress.write(f"warning: {warning}")
+    warning = trainer.eval_cut_warning()
+    if warning and main:
+      self.progress.write(f"warning: {warning}")
     m = trainer.model_cfg
     self.progress.write(
         f"transformer-jax: {self.origin}; model {m.d_model}d, {m.num_encoder_layers}+"

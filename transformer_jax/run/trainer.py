@@ -40,6 +40,8 @@ class Trainer:
     self.setup, self.checkpointer = setup, checkpointer
     self.train_step, self.context = setup.train_step, setup.context
     self.eval_model, self.eval_step = setup.eval_model, setup.eval_step
+    # A learned position table takes no row longer than itself: evaluation cuts such sentences.
+    self.eval_max_len = model_cfg.max_len if model_cfg.position_encoding == "learned" else None
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, workdir: str) -> "Trainer":
@@ -70,6 +72,18 @@ class Trainer:
         workdir, max_to_keep=config.keep_checkpoints, keep_period=config.keep_every_steps or None,
         async_save=config.async_checkpointing)
     return cls(config, data, model_cfg, setup, checkpointer)
+
+  def eval_cut_warning(self, split: str = "validation") -> str | None:
+    """What evaluation cuts to fit a learned position table, if anything (said once a run)."""
+    if not self.eval_max_len:
+      return None
+    _, _, cut = pipeline.eval_ids(self.data.raw_examples(split), self.data.tokenizer,
+                                  self.eval_max_len)
+    if not cut:
+      return None
+    return (f"{cut} {split} pairs are longer than the learned position table (model.max_len="
+            f"{self.eval_max_len} pieces with EOS): evaluation loss and BLEU see their first "
+            f"{self.eval_max_len - 1} pieces")
 
   @property
   def mesh(self):
@@ -111,7 +125,7 @@ class Trainer:
     """Loss, perplexity and accuracy over every pair of `split` (dropout off)."""
     total = None
     multiple = self.setup.batch_sharding.mesh.size
-    for batch in self.data.eval_batches(split):
+    for batch in self.data.eval_batches(split, self.eval_max_len):
       arrays = _pad_rows(batch_lib.model_arrays(batch), multiple)
       rows = arrays["inputs"].shape[0] // jax.process_count()
       lo = jax.process_index() * rows
@@ -127,7 +141,7 @@ class Trainer:
     host_params = multihost_utils.process_allgather(params, tiled=True)  # may span hosts
     tok = self.data.tokenizer
     hyps, refs = [], []
-    for batch in self.data.eval_batches(split):
+    for batch in self.data.eval_batches(split, self.eval_max_len):
       n = min(batch["num_real"], num_sentences - len(refs))
       if n <= 0:
         break
@@ -159,7 +173,8 @@ class TrainBatches:
 
 
 def _check_rows_split_over_devices(config, data: Data, setup: TrainSetup) -> None:
-  """Every global batch must split evenly over the batch devices (else a shape error later)."""
+  """Every global batch must split evenly over the batch devices (else a shape error later),
+  and each process must hold rows of its own (`sharding.check_rows_split_over_processes`)."""
   c, shards = config.data, sharding.batch_shards(setup.batch_sharding)
   if c.batching == "bucket":
     per_process = pipeline.Batcher(c, data.rows_per_process, jax.process_count()).rows
@@ -172,6 +187,8 @@ def _check_rows_split_over_devices(config, data: Data, setup: TrainSetup) -> Non
     raise ValueError(
         f"a global batch of {bad[0]} rows does not split over the {shards} devices of the "
         f"batch axes (mesh {dict(setup.mesh.shape)}): change {fields} or config.mesh")
+  for r in rows:
+    sharding.check_rows_split_over_processes(setup.batch_sharding, r, jax.process_count())
 
 
 def _pad_rows(batch: dict, multiple: int) -> dict:

@@ -34,12 +34,32 @@ def finished(workdir: str, num_train_steps: int) -> bool:
   return os.path.isdir(final) and evaluated(workdir, int(num_train_steps))
 
 
+def _marked_done(workdir: str, num_train_steps: int | None = None) -> bool:
+  """Whether `workdir` has a DONE marker that covers `num_train_steps` (any marker if None).
+
+  The marker records the steps it was written for: a sweep re-run with more steps must resume
+  the point, not skip it. A marker that records none (written before it did) counts only if the
+  run `finished` these steps."""
+  path = os.path.join(workdir, DONE)
+  if not os.path.exists(path):
+    return False
+  if num_train_steps is None:
+    return True
+  with open(path, errors="replace") as f:
+    recorded = re.search(r"^num_train_steps (\d+)$", f.read(), re.MULTILINE)
+  if recorded is None:
+    return finished(workdir, num_train_steps)
+  # More steps than asked also counts: training from there has nothing left to do.
+  return int(recorded.group(1)) >= int(num_train_steps)
+
+
 def status(workdir: str, num_train_steps: int | None = None) -> str:
-  """"done" (DONE marker, or `finished`), "failed", "partial" or "new".
+  """"done" (a DONE marker covering `num_train_steps`, or `finished`), "failed", "partial" or
+  "new".
 
   A re-run skips "done" points and runs the others again: their workdirs resume from their
-  last checkpoint."""
-  if os.path.exists(os.path.join(workdir, DONE)):
+  last checkpoint (also to train on, where `num_train_steps` grew)."""
+  if _marked_done(workdir, num_train_steps):
     return "done"
   if os.path.exists(os.path.join(workdir, FAILED)):
     return "failed"  # even past the last step: it may have failed in the final evaluation
@@ -86,8 +106,9 @@ class Runner:
   them after the point's own fields, so they win where both set a field.
 
   Each point's workdir holds `overrides.json`, `train.log` (its output, appended on re-runs),
-  then `DONE` or `FAILED` (exit status and the log's tail). `sweep.json` lists every point;
-  `status.json` the outcome of each point of the last invocation that ran them all.
+  then `DONE` (with the number of steps it finished) or `FAILED` (exit status and the log's
+  tail). `sweep.json` lists every point; `status.json` the outcome of each point of the last
+  invocation that ran them all.
   """
 
   def __init__(self, config_spec: str, sweep_dir: str, train_script: str,
@@ -144,8 +165,11 @@ class Runner:
     os.makedirs(d, exist_ok=True)
     if self._main:
       _write(os.path.join(d, "overrides.json"), json.dumps(self.points[index], default=str) + "\n")
-      if os.path.exists(os.path.join(d, FAILED)):
-        os.remove(os.path.join(d, FAILED))  # retried: its workdir resumes from its checkpoint
+      # Retried, or extended to more steps: its workdir resumes from its checkpoint, and until
+      # it ends the report must not show its old outcome.
+      for marker in (FAILED, DONE):
+        if os.path.exists(os.path.join(d, marker)):
+          os.remove(os.path.join(d, marker))
     log = open(os.path.join(d, "train.log"), "a")
     log.write(f"$ {' '.join(self.command(index))}\n")
     log.flush()
@@ -165,7 +189,8 @@ class Runner:
       outcome = "stopped"
     if self._main:
       if outcome == "done":
-        _write(os.path.join(d, DONE), f"finished in {seconds:.1f} s\n")
+        _write(os.path.join(d, DONE), f"finished in {seconds:.1f} s\n"
+               f"num_train_steps {self.num_steps[index]}\n")
       elif outcome == "failed":
         _write(os.path.join(d, FAILED),
                f"exit status {returncode} after {seconds:.1f} s\n$ {' '.join(self.command(index))}"

@@ -1,0 +1,43 @@
+"""cli.py's error policy through scripts/train.py's `main`, the path every script takes: a config
+a user got wrong is one `error:` line, before any work and any write."""
+import os
+
+import pytest
+
+from scripts_under_test import load_script
+
+TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_config.py")
+
+train = load_script("train")
+
+
+@pytest.mark.parametrize("override, code, message", [
+    # A value experiment.validate refuses: a user error (exit 1), not a traceback.
+    ("--config.log_every_steps=0", 1, "error: config.log_every_steps=0: must be >= 1"),
+    ("--config.data.batching=nope", 1, "error: data.batching='nope': expected one of"),
+    # A misspelt field: a flag error (exit 2) in plain text, not the repr of a KeyError.
+    ("--config.num_train_step=5", 2, "error: no config field 'num_train_step': Did you mean "
+                                     '"num_train_steps" instead of "num_train_step"?'),
+    ("--config.model.d_modle=8", 2, "error: no config field 'd_modle': "),
+])
+def test_a_bad_config_is_one_error_line_before_any_work(tmp_path, capsys, override, code,
+                                                        message):
+  workdir = tmp_path / "run"
+  assert train.main(["--config", TINY, "--workdir", str(workdir), override]) == code
+  err = capsys.readouterr().err
+  assert err.startswith(message) and err.count("\n") == 1, err
+  assert not workdir.exists()
+
+
+def test_limits_that_no_pair_fits_are_an_error_line(tmp_path, capsys):
+  # Found only once the data is read (`pipeline.DataError`): still one line, not a traceback.
+  workdir = tmp_path / "run"
+  code = train.main(["--config", TINY, "--workdir", str(workdir),
+                     f"--config.data.data_dir={tmp_path / 'tfds'}",
+                     "--config.data.max_source_len=4", "--config.data.max_target_len=4"])
+  assert code == 1
+  err = capsys.readouterr().err
+  assert ("\nerror: no training pair fits data.max_source_len=4 / data.max_target_len=4 "
+          "(pieces, EOS included)") in err, err[-2000:]
+  assert "Traceback" not in err
+  assert not [n for n in os.listdir(workdir / "checkpoints") if n.isdigit()]  # nothing saved
