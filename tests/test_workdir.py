@@ -316,6 +316,16 @@ def test_a_resume_from_an_older_checkpoint_supersedes_later_changes(run, data_di
   assert [s for s, _ in workdir_lib.history(run)] == [3]
   assert os.path.exists(os.path.join(run, "config.6.superseded.json"))
   assert workdir_lib.load_run_config(run)["num_train_steps"] == 7
+  # Again from step 2, with the command of the run resumed at 3: no change against the latest
+  # config, but against the one in effect at step 2 (config.json's 3 steps) there is, and the
+  # steps trained again must read it.
+  workdir_lib.record_config(run, config(data_dir, num_train_steps=7), model, 2, {}, [])
+  assert [s for s, _ in workdir_lib.history(run)] == [2]
+  assert workdir_lib.load_run_config(run, step=3)["num_train_steps"] == 7
+  # The same again from 1 with the original command: nothing to record, the rest superseded.
+  workdir_lib.record_config(run, config(data_dir), model, 1, {}, [("num_train_steps", 7, 3)])
+  assert workdir_lib.history(run) == [] and workdir_lib.load_run_config(run, step=2) == \
+      workdir_lib.load_run_config(run)
 
 
 def test_only_failed_writes_count_as_storage_failures():

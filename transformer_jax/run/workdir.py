@@ -253,15 +253,20 @@ def record_config(workdir: str, config, model_cfg, step: int, stored: dict | Non
 
   A resume at `step` from an older checkpoint than the last change (newer ones were damaged
   and set aside) supersedes the changes made at or after `step`: they are renamed
-  `config.<s>.superseded.json`, kept but no longer read.
+  `config.<s>.superseded.json`, kept but no longer read, and the command's config is compared
+  with the one in effect before them (`changes` compares it with the latest): a command equal
+  to a superseded config still records it at `step`, for the steps it trains again.
   """
   if stored is None:
     return write_config(workdir, config, model_cfg)
-  if not changes:
+  later = [path for resumed_at, path in history(workdir) if resumed_at >= step]
+  if not changes and not later:
     return None
-  for resumed_at, path in history(workdir):
-    if resumed_at >= step:
-      os.replace(path, path[:-len(".json")] + ".superseded.json")
+  for path in later:
+    os.replace(path, path[:-len(".json")] + ".superseded.json")
+  if later and not config_changes(load_run_config(workdir, step),
+                                  json.loads(config.to_json_best_effort())):
+    return None
   return write_config(workdir, config, model_cfg, f"config.{step}.json")
 
 
