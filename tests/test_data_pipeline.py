@@ -178,23 +178,58 @@ def test_resume_with_another_batch_size_trains_on_every_row_once(base, mode):
       np.testing.assert_array_equal(x[key], y[key])
 
 
-def test_resume_with_another_batching_mode_goes_on_at_the_next_window(base, caplog):
-  it = iter(data_with(base, batching="pack").train_dataset())
+@pytest.mark.parametrize("mode, change", [
+    ("pack", {"batching": "pad"}), ("pad", {"batching": "pack"}),
+    # The same mode and rows with other lengths: other rows, so no rows to skip either.
+    ("pack", {"max_source_len": 24, "max_target_len": 24}),
+])
+def test_resume_with_other_batching_goes_on_at_the_next_window(base, caplog, mode, change):
+  it = iter(data_with(base, batching=mode).train_dataset())
   take(it, 2)
   state = json.loads(json.dumps(it.get_state()))
-  resumed = iter(data_with(base, batching="pad").train_dataset())
+  resumed = iter(data_with(base, **{"batching": mode, **change}).train_dataset())
   with caplog.at_level("WARNING"):
     resumed.set_state(state)
   assert any("the data batching changed since the checkpoint" in r.message
              and "training continues with the next window" in r.message for r in caplog.records)
   got = next(resumed)
   assert resumed.get_state()["window"] == state["window"] + 1
-  # The first batch of that next window, batched the new way: as a fresh pad stream has it.
-  fresh = iter(data_with(base, batching="pad").train_dataset())
+  # The first batch of that next window, batched the new way: as a fresh stream has it.
+  fresh = iter(data_with(base, **{"batching": mode, **change}).train_dataset())
   while fresh.get_state()["window"] < state["window"] + 1:
     first = next(fresh)
   for key in KEYS:
     np.testing.assert_array_equal(got[key], first[key])
+
+
+@pytest.mark.parametrize("mode", ["pack", "pad"])
+def test_a_state_without_a_layout_restores_as_before(base, mode):
+  # Checkpoints written before the layout was saved (and `resharded_state`'s) hold only
+  # parent, window and next: the batches of this batcher, nothing skipped.
+  it = iter(data_with(base, batching=mode).train_dataset())
+  take(it, 3)
+  state = {k: v for k, v in it.get_state().items() if k in ("parent", "window", "next")}
+  expected = take(it, 4)
+  resumed = iter(data_with(base, batching=mode).train_dataset())
+  resumed.set_state(state)
+  for x, y in zip(expected, take(resumed, 4)):
+    for key in KEYS:
+      np.testing.assert_array_equal(x[key], y[key])
+
+
+@pytest.mark.parametrize("done", [60, 64])
+def test_a_resume_at_the_end_of_a_window_emits_no_empty_batch(base, done):
+  # pad: 1,024 pairs a window are 64 batches of 16. Resumed with 8 rows after 60 (8 rows left
+  # in the window) or all 64 (none left): the stream goes on with real rows only.
+  it = iter(data_with(base, batching="pad", batch_size=16).train_dataset())
+  take(it, done)
+  state = json.loads(json.dumps(it.get_state()))
+  assert state["window"] == 0 and state["next"] == done
+  resumed = iter(data_with(base, batching="pad", batch_size=8).train_dataset())
+  resumed.set_state(state)
+  batches = take(resumed, 16)
+  assert all(b["inputs_segmentation"].any(axis=1).sum() == 8 for b in batches)
+  assert _real_rows(batches) == _real_rows(take(it, 8))
 
 
 def test_resume_with_another_process_count_keeps_the_epoch_position(base):
@@ -395,6 +430,11 @@ def test_eval_rows_fit_a_learned_position_table_when_given_its_size(base):
   assert long_source <= max_len < long_target and max_len % 8  # the source fits, not the target
   source_ids, target_ids, cut = pipeline.eval_ids(pairs, tok, max_len)
   assert cut == 1 and target_ids[1] == tok.encode(pairs[1][1])[:max_len - 1] + [pipeline.EOS_ID]
+  # A side of exactly max_len fits: not cut, not counted, as a source or as a target.
+  for side in (0, 1):
+    flipped = [(t, s) for s, t in pairs] if side == 0 else pairs
+    ids = pipeline.eval_ids(flipped, tok, long_target)
+    assert ids[2] == 0 and ids[side][1] == tok.encode(pairs[1][1]) + [pipeline.EOS_ID]
   assert source_ids[1] == tok.encode(pairs[1][0]) + [pipeline.EOS_ID]  # fits: unchanged
   batch = next(pipeline.eval_batches(pairs, tok, batch_size=2, max_len=max_len))
   assert batch["targets"].shape == (2, max_len)
@@ -441,13 +481,46 @@ def test_train_dataset_defaults_to_one_process_and_refuses_a_process_without_dat
     pipeline.ReadChunk([None] * 3, tok, c, 3, 4)  # 3 examples (only their count is read here)
 
 
+def test_a_chunk_that_keeps_less_than_half_its_pairs_is_said_once(base, caplog):
+  _, data = base
+  read = pipeline.ReadChunk([None] * 3000, data.tokenizer, data.config, 0, 1)  # counts only
+  def pairs(n):  # n one-piece sentences (only the lengths and counts are read here)
+    return [[1]] * n
+  with caplog.at_level("WARNING"):
+    read._check_kept(0, 0, 5, pairs(10), pairs(10))  # half: no warning
+    read._check_kept(0, 1, 0, [], [])                 # an empty chunk: nothing to say
+    assert not caplog.records
+    read._check_kept(0, 2, 5, pairs(11), pairs(11))  # less than half
+    read._check_kept(1, 0, 0, pairs(9), pairs(9))    # again: said once is enough
+  assert [r.getMessage()[:44] for r in caplog.records] == [
+      "training data: a chunk kept 5 of 11 pairs; t"]
+
+
+def test_empty_chunks_are_counted_per_epoch_and_forgotten_two_epochs_on(base):
+  _, data = base
+  read = pipeline.ReadChunk([None] * 3000, data.tokenizer, data.config, 0, 1)
+  assert read.chunks_per_epoch == 3
+  for epoch in range(4):  # one empty chunk an epoch: never a whole epoch
+    read._check_kept(epoch, 1, 0, [[1]], [[1]])
+    # The epoch before stays (reader threads may still finish it), older ones go.
+    assert sorted(read._empty_chunks) == list(range(max(epoch - 1, 0), epoch + 1))
+  read._check_kept(3, 0, 7, [[1]] * 7, [[1]] * 7)  # a chunk that kept pairs clears its epoch
+  assert sorted(read._empty_chunks) == [2]
+  read._check_kept(2, 0, 0, [[1]], [[1]])
+  with pytest.raises(pipeline.DataError, match="all 3000 pairs of this process"):
+    read._check_kept(2, 2, 0, [[1]], [[1]])
+
+
 def test_limits_no_pair_fits_are_an_error_not_an_endless_read(base, caplog):
   # Every pair of the numbers task has more than 3 pieces a side: the batcher would read window
   # after empty window forever (and the run could not be stopped). A whole epoch of empty
   # chunks is an error naming the fields.
   data = data_with(base, max_source_len=3, max_target_len=3)
+  tok, train = data.tokenizer, data.raw_examples("train")
+  shortest = [min(len(tok.encode(pair[side])) + 1 for pair in train) for side in (0, 1)]
+  assert shortest[0] != shortest[1]  # so that swapping the two would show
   message = (r"no training pair fits data.max_source_len=3 / data.max_target_len=3 .*all 3000 "
-             r"pairs .*the shortest source / target have \d+/\d+ pieces")
+             rf"pairs .*the shortest source / target have {shortest[0]}/{shortest[1]} pieces")
   read = pipeline.ReadChunk(data.sources["train"], data.tokenizer, data.config, 0, 1)
   for k in range(read.chunks_per_epoch - 1):
     assert read(k) == []
