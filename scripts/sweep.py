@@ -43,6 +43,14 @@ def define(values):
 
 
 def body(values, args):
+  try:
+    return _body(values)
+  except sweeps.SweepError as e:  # a sweep the user got wrong: its points, devices, paths
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
+def _body(values):
   if values.report:
     out = sweeps.report(values.workdir, values.metric, values.lower_is_better)
     print(out["markdown"], end="")
@@ -51,12 +59,8 @@ def body(values, args):
   if values.config is None:
     print("error: --config is required unless --report", file=sys.stderr)
     return 2
-  try:
-    runner = sweeps.Runner(values["config"].config_filename, values.workdir, TRAIN,
-                           config_flags.get_override_values(values["config"]))
-  except sweeps.SweepError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+  runner = sweeps.Runner(values["config"].config_filename, values.workdir, TRAIN,
+                         config_flags.get_override_values(values["config"]))
   if values.list:
     for i, p in enumerate(runner.points):
       print(f"{i}\t{runner.status(i)}\t{sweeps.point_name(p)}")

@@ -5,6 +5,7 @@ import pickle
 import pytest
 
 from transformer_jax.data import tokenizer as tok_lib
+from transformer_jax.data.config import DataError
 
 TEXTS = [
     "The farmer bought 27 red cows yesterday.",
@@ -72,3 +73,31 @@ def test_trains_in_a_directory_named_like_a_sweep_point(tmp_path):
   umask = os.umask(0)
   os.umask(umask)
   assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_odd_spaces_encode_like_single_spaces(tokenizer):
+  """WMT text has NBSPs, tabs and runs of spaces; the vocabulary was trained without them, so
+  every encoder (training pipeline, evaluation, Translator) must see them as single spaces."""
+  from transformer_jax.data import pipeline
+  raw = "Der Bauer\u00a0hat gestern\tsiebenundzwanzig  rote\u2009Kühe gekauft. "
+  clean = "Der Bauer hat gestern siebenundzwanzig rote Kühe gekauft."
+  assert tokenizer.encode(raw) == tokenizer.encode(clean)
+  assert tok_lib.UNK_ID not in tokenizer.encode(raw)
+  assert tokenizer.encode_batch([raw, clean]) == [tokenizer.encode(clean)] * 2
+  # Evaluation encodes the stored text but keeps it raw as the reference for sacreBLEU.
+  (batch,) = pipeline.eval_batches([(raw, raw)], tokenizer, batch_size=1)
+  assert tok_lib.UNK_ID not in batch["inputs"][0] and batch["target_text"] == [raw]
+
+
+def test_too_many_characters_is_a_data_error(tmp_path):
+  """A corpus with more distinct characters than pieces (CJK with the default size) names the
+  setting and the size it needs, not SentencePiece's --character_coverage flag."""
+  texts = ["".join(chr(0x4e00 + (i * 7 + j) % 300) for j in range(10)) for i in range(100)]
+  path = tmp_path / "spm.model"
+  # 300 characters, the "▁" of the first word and the 4 special pieces.
+  with pytest.raises(DataError, match=r"data.vocab_size=100 .*at least 305 pieces"):
+    tok_lib.train_tokenizer(texts, str(path), vocab_size=100)
+  with pytest.raises(DataError, match=r"data.vocab_size=3: .*raise data.vocab_size"):
+    tok_lib.train_tokenizer(texts, str(path), vocab_size=3)
+  assert not os.path.exists(path)
+  assert tok_lib.train_tokenizer(texts, str(path), vocab_size=305).vocab_size == 305

@@ -1,9 +1,12 @@
 """WMT builders offline through tfds.testing.mock_data; user text corpora; config validation."""
+import io
+import sys
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from transformer_jax.data import default_data_config, get_data, validate
+from transformer_jax.data import DataError, default_data_config, get_data, validate
 
 
 @pytest.mark.parametrize("dataset, source_lang, target_lang", [
@@ -60,7 +63,8 @@ def test_aligned_files_must_align(tmp_path):
   c = default_data_config()
   c.dataset, c.data_dir = "text", str(tmp_path / "tfds")
   c.source_path, c.target_path = str(tmp_path / "a"), str(tmp_path / "b")
-  with pytest.raises(ValueError, match="line-aligned"):
+  # DataError, which the scripts print as one `error:` line.
+  with pytest.raises(DataError, match="line-aligned"):
     get_data(c, str(tmp_path / "work"))
 
 
@@ -85,9 +89,29 @@ def test_text_corpus_errors_name_the_file(tmp_path):
   # Too few pairs for a validation or test split: say so, not TFDS's "No examples were yielded".
   (tmp_path / "small.tsv").write_text("".join(f"s{i}\tt{i}\n" for i in range(5)))
   c.tsv_path = str(tmp_path / "small.tsv")
-  with pytest.raises(ValueError, match=r"small.tsv: split\(s\) \[.*\] would be empty.*"
+  with pytest.raises(DataError, match=r"small.tsv: split\(s\) \[.*\] would be empty.*"
                                        r"held_out_per_mille"):
     get_data(c, str(tmp_path / "work"))
+  (tmp_path / "fields.tsv").write_text("one\teins\ntwo\tzwei\textra\n")
+  c.tsv_path = str(tmp_path / "fields.tsv")
+  with pytest.raises(DataError, match=r"fields.tsv: lines \[2\] do not have exactly 2"):
+    get_data(c, str(tmp_path / "work"))
+
+
+def test_byte_order_mark_is_dropped(tmp_path, monkeypatch):
+  """Notepad and Excel start "UTF-8" files with a BOM; whitespace normalisation keeps U+FEFF,
+  so the first pair (or the first line to translate) would be a different string."""
+  from transformer_jax.data import builders
+  bom = b"\xef\xbb\xbf"
+  (tmp_path / "corpus.tsv").write_bytes(bom + b"Hello world\tHallo Welt\r\nGood day\tGuten Tag\r\n")
+  (tmp_path / "src").write_bytes(bom + b"Hello world\nGood day\n")
+  (tmp_path / "tgt").write_bytes(bom + b"Hallo Welt\nGuten Tag\n")
+  pairs = [("Hello world", "Hallo Welt"), ("Good day", "Guten Tag")]
+  assert builders.read_parallel_text(str(tmp_path / "corpus.tsv"), None, None) == pairs
+  assert builders.read_parallel_text(None, str(tmp_path / "src"), str(tmp_path / "tgt")) == pairs
+  # translate.py reads its input (stdin for "-") the same way.
+  monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(bom + b"I buy 3 dogs.\n")))
+  assert builders.read_lines("-") == ["I buy 3 dogs."]
 
 
 @pytest.mark.parametrize("field, value, message", [

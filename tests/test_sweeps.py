@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -44,6 +45,52 @@ def test_product_zipped_cross_chain():
   with pytest.raises(ValueError, match="set by two groups"):
     sweeps.cross([{"a": 1}], [{"a": 2}])
   assert sweeps.chain([{"a": 1}], [{"a": 1}, {"a": 2}]) == [{"a": 1}, {"a": 2}]
+
+
+def test_product_and_zipped_refuse_one_value_where_a_list_belongs():
+  # A string is iterable: "gelu" would sweep "g", "e", "l", "u", and "pre" zip with 3 seeds.
+  with pytest.raises(sweeps.SweepError,
+                     match=r"product: model.activation='gelu' is one value.*\['gelu'\]"):
+    sweeps.product(**{"model.activation": "gelu", "learning_rate": [1.0, 2.0]})
+  with pytest.raises(sweeps.SweepError, match=r"zipped: model.norm_position='pre' is one value"):
+    sweeps.zipped(**{"model.norm_position": "pre", "seed": [1, 2, 3]})
+  with pytest.raises(sweeps.SweepError, match=r"product: seed=3 is one value.*seed=\[3\]"):
+    sweeps.product(seed=3, learning_rate=[1.0])
+  with pytest.raises(sweeps.SweepError, match="zipped: tag=b'ab' is one value"):
+    sweeps.zipped(tag=b"ab", seed=[1, 2])
+  # Any other iterable is a list of values, also one that has no len().
+  assert sweeps.zipped(a=iter([1, 2]), b=(3, 4)) == [{"a": 1, "b": 3}, {"a": 2, "b": 4}]
+
+
+def test_a_misspelt_parent_field_is_named_not_a_key_error(tmp_path):
+  base = tiny_config.get_config()
+  with pytest.raises(sweeps.SweepError, match=(
+      r"no field 'modle' \(in 'modle.d_model'\); did you mean 'model'\?")):
+    sweeps.apply_overrides(base, {"modle.d_model": 64})
+  with pytest.raises(sweeps.SweepError, match=r"no field 'learning_rate.x'$"):
+    sweeps.apply_overrides(base, {"learning_rate.x": 1.0})   # below a leaf
+  assert sweeps.apply_overrides(base, {"model.d_model": 64}).model.d_model == 64
+  typo = tmp_path / "typo.py"
+  typo.write_text("from tiny_config import get_config\n"
+                  "def sweep():\n  return [{'model.d_model': 32}, {'modle.d_model': 64}]\n")
+  with pytest.raises(sweeps.SweepError, match="no field 'modle'"):
+    sweeps.load_sweep(str(typo))
+
+
+def test_a_none_value_is_refused_as_no_flag_carries_it(tmp_path):
+  """`--config.data.vocab_path=None` reaches train.py as the string "None" (a vocabulary file
+  named `None` in the cwd), so a point's None fails before anything runs."""
+  with pytest.raises(sweeps.SweepError, match=(
+      r"data.vocab_path=None cannot be passed.*leave 'data.vocab_path' out of the point")):
+    sweeps.override_flags({"learning_rate": 1.0, "data.vocab_path": None})
+  nones = tmp_path / "nones.py"
+  nones.write_text("from tiny_config import get_config\n"
+                   "def sweep():\n  return [{'data.vocab_path': '/spm.model'},"
+                   " {'data.vocab_path': None}]\n")
+  with pytest.raises(sweeps.SweepError, match="data.vocab_path=None cannot be passed"):
+    sweeps.load_sweep(str(nones))
+  # None inside a container has a literal, which config flags read back.
+  assert sweeps.override_flags({"x": (1, None)}) == ["--config.x=(1, None)"]
 
 
 def test_names_flags_and_values():
@@ -317,7 +364,47 @@ def test_config_overrides_reach_every_point(tmp_path, monkeypatch, capsys):
   assert not (tmp_path / "bad").exists()
 
 
-def test_parallel_slots_get_disjoint_devices(tmp_path):
+def test_slots_take_their_gpus_from_an_inherited_cuda_visible_devices():
+  """An allocation's (or a user's) CUDA_VISIBLE_DEVICES: a slot takes entries [s*K, (s+1)*K) of
+  it, not physical ids from 0, and a slot past its end is refused."""
+  parent = {"CUDA_VISIBLE_DEVICES": "4,5,6,7", "XLA_FLAGS": ""}
+  assert [sweeps.slot_env(s, 2, parent)["CUDA_VISIBLE_DEVICES"] for s in (0, 1)] == [
+      "4,5", "6,7"]
+  uuids = {"CUDA_VISIBLE_DEVICES": "GPU-8f3c2b1a, GPU-0d9e7f66"}
+  assert sweeps.slot_env(1, 1, uuids)["CUDA_VISIBLE_DEVICES"] == "GPU-0d9e7f66"
+  with pytest.raises(sweeps.SweepError, match=(
+      r"3 point\(s\) at a time x --devices_per_point 2 need 6 GPUs, but the inherited "
+      r"CUDA_VISIBLE_DEVICES=4,5,6,7 lists 4: lower --parallel or --devices_per_point")):
+    sweeps.slot_env(2, 2, parent)
+  # Unset: every GPU is ours, counted from 0. Empty: GPUs hidden for a CPU sweep stay hidden.
+  assert sweeps.slot_env(3, 2, {})["CUDA_VISIBLE_DEVICES"] == "6,7"
+  hidden = sweeps.slot_env(3, 2, {"CUDA_VISIBLE_DEVICES": ""})
+  assert hidden["CUDA_VISIBLE_DEVICES"] == ""
+  assert hidden["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
+  assert sweeps.slot_env(5, 0, parent) == parent   # K=0: each point sees all of them
+
+
+def test_more_slots_than_inherited_gpus_fail_before_any_point_starts(tmp_path, monkeypatch):
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+  runner = sweeps.Runner(TINY, str(tmp_path / "sweep"), str(tmp_path / "train.py"))
+  with pytest.raises(sweeps.SweepError, match=r"2 point\(s\) at a time x --devices_per_point 2"):
+    runner.run(parallel=2, devices_per_point=2, log=lambda s: None)
+  assert not any(os.path.exists(sweeps.point_dir(runner.sweep_dir, p)) for p in runner.points)
+
+
+def test_sweep_errors_found_while_running_are_one_error_line(tmp_path, monkeypatch, capsys):
+  # Found by Runner.run, after the points loaded: still `error: ...`, not a traceback.
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+  script = load_sweep_script()
+  assert script.main(["--config", TINY, "--workdir", str(tmp_path / "sweep"), "--parallel", "2",
+                      "--devices_per_point", "2"]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith("error: 2 point(s) at a time x --devices_per_point 2") and \
+      err.count("\n") == 1, err
+
+
+def test_parallel_slots_get_disjoint_devices(tmp_path, monkeypatch):
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # slots then count GPUs from 0
   fake = tmp_path / "fake_train.py"
   fake.write_text(textwrap.dedent("""
       import os, sys, time
@@ -359,6 +446,24 @@ def test_slurm_script(tmp_path):
        "--workdir", str(sweep_dir), "--list"], capture_output=True, text=True, timeout=120)
   assert listing.returncode == 0, listing.stderr
   assert listing.stdout.splitlines()[0] == "0\tnew\tlearning_rate=1,warmup_steps=5"
+
+
+def test_slurm_script_quotes_its_paths_for_sbatch(tmp_path):
+  """sbatch splits `#SBATCH` lines itself as shlex does with comments: at unquoted spaces, and an
+  unquoted `#` starts a comment. `%` in the directory would be a SLURM filename pattern."""
+  sweep_dir = tmp_path / "my runs#2" / "lr 50%"
+  runner = sweeps.Runner(TINY, str(sweep_dir), str(tmp_path / "train.py"))
+  script = sweeps.sbatch_script(runner)
+  directives = [shlex.split(line[len("#SBATCH "):], comments=True)
+                for line in script.splitlines() if line.startswith("#SBATCH ")]
+  assert directives == [["--job-name=lr 50%"], ["--array=0-3"],
+                        [f"--output={tmp_path}/my runs#2/lr 50%%/slurm/%A_%a.out"]]
+  # What SLURM makes of it (%A_%a expanded, %% a %) is where the driver looks for a task's log.
+  assert sweeps.log_path(runner, "7", 1) == f"{sweep_dir}/slurm/7_1.out"
+  # A backslash turns SLURM's patterns off: every task would write one file.
+  backslash = sweeps.Runner(TINY, str(tmp_path / "a\\b"), str(tmp_path / "train.py"))
+  with pytest.raises(sweeps.SweepError, match="has a backslash, which SLURM's --output cannot"):
+    sweeps.write_sbatch(backslash)
 
 
 def test_sweep_end_to_end(tmp_path):

@@ -346,6 +346,21 @@ def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
   assert rc == 1 and "holds only 2 checkpoint(s)" in err and "keep_checkpoints=5" in err
 
 
+def test_average_of_a_damaged_checkpoint_names_the_step(workdir, capsys, tmp_path):
+  # Training sets a damaged step aside; averaging used to print TensorStore's traceback.
+  damaged = str(tmp_path / "run")
+  shutil.copytree(workdir, damaged)
+  for root, _, files in os.walk(os.path.join(damaged, "checkpoints", "3", "state")):
+    for name in files:
+      open(os.path.join(root, name), "wb").close()
+  rc, _, err = run_main(average_script, ["--workdir", damaged, "--last", "2"], capsys)
+  assert rc == 1 and (
+      f"\nerror: checkpoint 3 in {os.path.join(damaged, 'checkpoints')} does not load, so it "
+      "cannot be averaged (") in err, err
+  assert "it is damaged; average only the steps after it (--last 1)" in err and \
+      "Traceback" not in err, err
+
+
 # ---------------------------------------------------------------- attention plots
 
 

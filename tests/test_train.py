@@ -148,6 +148,16 @@ def test_gradient_accumulation_equals_big_batch():
     ("cpu_peak_matmul_size", 8, r"config.cpu_peak_matmul_size=8: must be >= 16"),
     # The tiny config warms up for 10 of its 6 steps: no steps are left for a cosine decay.
     ("schedule", "cosine", r"config.warmup_steps=10: must be < num_train_steps=6"),
+    ("weight_decay", -0.1, r"config.weight_decay=-0.1: must be >= 0"),
+    ("grad_clip_norm", -1.0, r"config.grad_clip_norm=-1.0: must be >= 0"),
+    # The tiny config keeps 3 checkpoints: averaging 4 would find one deleted after training.
+    ("average_last_checkpoints", 4, r"config.average_last_checkpoints=4: must be in \[1, "
+     r"keep_checkpoints=3\]"),
+    ("average_last_checkpoints", 0, r"config.average_last_checkpoints=0: must be in \[1, "),
+    # Model fields are checked before any data is built, the vocabulary's size aside.
+    ("model.num_heads", 5, r"d_model=32 is not divisible by num_heads=5"),
+    ("model.max_len", 16, r"config.model.max_len=16: must be >= data.max_source_len / "
+     r"max_target_len \(32\)"),
 ])
 def test_bad_config_values_name_the_field(tmp_path, field, value, match):
   c = tiny_config(tmp_path, **{field: value})
@@ -170,6 +180,26 @@ def test_bad_model_field_names_the_field(tmp_path):
   c = tiny_config(tmp_path, **{"model.num_heads": 5})
   with pytest.raises(ValueError, match="d_model=32 is not divisible by num_heads=5"):
     experiment.transformer_config(c, vocab_size=10)
+
+
+@pytest.mark.parametrize("mesh, vocab, match", [
+    ({"data": 4, "tensor": 2}, 201, r"the vocabulary size \(data.vocab_size is an upper bound: "
+     r"the tokenizer's piece count decides\) = 201 does not split over mesh axes \('tensor',\) "
+     r"\(2 devices"),
+    ({"data": 1, "tensor": 8}, 200, r"model.num_heads = 4 does not split over mesh axes "
+     r"\('tensor',\) \(8 devices"),
+    ({"data": 4, "tensor": 2}, 200, None),
+])
+def test_sizes_the_mesh_does_not_divide_name_their_field(mesh, vocab, match):
+  # Before: jax's IndivisibleError at the first step, naming an array shape but no field.
+  c = tiny_config_module.get_config()
+  c.mesh = mesh
+  model_cfg = experiment.transformer_config(c, vocab)
+  if match is None:
+    steps.TrainSetup(c, model_cfg)
+  else:
+    with pytest.raises(ValueError, match=match):
+      steps.TrainSetup(c, model_cfg)
 
 
 def test_mesh_shapes():

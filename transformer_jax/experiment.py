@@ -131,7 +131,22 @@ def validate(c: ml_collections.ConfigDict) -> None:
     bad("mesh", dict(c.mesh), f"unknown axes {unknown_axes}; expected among {MESH_AXES}")
   if c.distributed not in ("auto", "on", "off"):
     bad("distributed", c.distributed, "expected 'auto', 'on' or 'off'")
+  for field in ("weight_decay", "grad_clip_norm"):
+    if c[field] < 0:
+      bad(field, c[field], "must be >= 0 (0 turns it off)")
+  if not 1 <= c.average_last_checkpoints <= c.keep_checkpoints:
+    # Found out only after training otherwise, with the checkpoints it needed deleted.
+    bad("average_last_checkpoints", c.average_last_checkpoints,
+        f"must be in [1, keep_checkpoints={c.keep_checkpoints}]: the checkpoints to average "
+        "must still be there when training ends (raise config.keep_checkpoints)")
   data_config.validate(c.data)
+  # The model fields, checked now rather than after the data and the tokenizer are built (the
+  # vocabulary size is the tokenizer's; any positive size checks the rest).
+  model = transformer_config(c, max(c.data.vocab_size, 1))
+  longest = max(c.data.max_source_len, c.data.max_target_len)
+  if model.max_len < longest:
+    bad("model.max_len", model.max_len, f"must be >= data.max_source_len / max_target_len "
+        f"({longest}): rows that long need that many positions")
   rows = data_config.global_rows(c.data)
   if rows % c.grad_accum_steps:
     bad("grad_accum_steps", c.grad_accum_steps,

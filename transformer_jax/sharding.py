@@ -75,6 +75,34 @@ def logical_shardings(abstract_tree, mesh: Mesh, rules):
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+# The config field that sets each logical axis's size: what to change when it does not split.
+AXIS_SIZES = {
+    "vocab": "the vocabulary size (data.vocab_size is an upper bound: the tokenizer's piece "
+             "count decides)",
+    "heads": "model.num_heads", "mlp": "model.d_ff", "embed": "model.d_model",
+    "kv": "model.d_model // model.num_heads", "length": "model.max_len",
+}
+
+
+def check_divisible(abstract_tree, mesh: Mesh, rules) -> None:
+  """Raise, naming the config field, where the rules split an axis of a parameter (or of the
+  optimizer state) over mesh axes whose size does not divide it; otherwise jax fails later
+  with an `IndivisibleError` that names no field."""
+  specs = nn.get_partition_spec(abstract_tree)
+  shapes = nn.unbox(abstract_tree)
+  is_spec = lambda x: isinstance(x, P)  # noqa: E731
+  for spec, leaf in zip(jax.tree.leaves(specs, is_leaf=is_spec), jax.tree.leaves(shapes)):
+    mesh_spec = nn.logical_to_mesh_axes(tuple(spec), rules) if len(spec) else P()
+    for name, axes, size in zip(spec, mesh_spec, leaf.shape):
+      axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+      ways = math.prod(mesh.shape[a] for a in axes)
+      if size % ways:
+        raise ValueError(
+            f"{AXIS_SIZES.get(name, name)} = {size} does not split over mesh axes {axes} "
+            f"({ways} devices; config.mesh={dict(mesh.shape)}, logical axis {name!r}): make it "
+            f"a multiple of {ways}, or change config.mesh / config.logical_axis_rules")
+
+
 def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
   """Batches `[batch, length]` are split over the axes that `batch` maps to."""
   return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch", "length"), rules))

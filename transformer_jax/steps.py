@@ -134,6 +134,7 @@ class TrainSetup:
     init = functools.partial(init_train_state, self.model, self.tx, batch_shape=(1, 8))
     boxed = jax.eval_shape(init, jax.random.key(config.seed))
     self.state_shapes = unbox(boxed)
+    sharding.check_divisible(boxed, self.mesh, self.rules)
     self.state_shardings = sharding.logical_shardings(boxed, self.mesh, self.rules)
     self.init_state = jax.jit(lambda rng: unbox(init(rng)), out_shardings=self.state_shardings)
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)

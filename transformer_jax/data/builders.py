@@ -21,8 +21,9 @@ import os
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import leakage, locale, numbers
+from transformer_jax.data.config import DataError
 from transformer_jax.data.lines import read_lines
-from transformer_jax.data.tokenizer import file_lock
+from transformer_jax.data.tokenizer import file_lock, normalize_spaces
 
 SPLITS = ("train", "validation", "test")
 
@@ -84,7 +85,7 @@ class _PairsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     empty = [split for split in SPLITS if not pairs[split]]
     if empty:
       counts = ", ".join(f"{split} {len(pairs[split])}" for split in SPLITS)
-      raise ValueError(
+      raise DataError(
           f"{self._inputs()}: split(s) {empty} would be empty (pairs: {counts}). Validation "
           "and test take a hash-chosen data.held_out_per_mille share of the distinct sources "
           "each: use a larger corpus or raise data.held_out_per_mille.")
@@ -143,18 +144,18 @@ def read_parallel_text(tsv_path: str | None, source_path: str | None,
     rows = [line.split("\t") for line in read_lines(tsv_path)]
     bad = [i + 1 for i, row in enumerate(rows) if len(row) != 2 and any(c.strip() for c in row)]
     if bad:
-      raise ValueError(f"{tsv_path}: lines {bad[:5]} do not have exactly 2 tab-separated "
+      raise DataError(f"{tsv_path}: lines {bad[:5]} do not have exactly 2 tab-separated "
                        f"fields (source<TAB>target)")
     raw = [(row[0], row[1]) for row in rows if len(row) == 2]
   else:
     sources, targets = read_lines(source_path), read_lines(target_path)
     if len(sources) != len(targets):
-      raise ValueError(f"{source_path} has {len(sources)} lines but {target_path} has "
+      raise DataError(f"{source_path} has {len(sources)} lines but {target_path} has "
                        f"{len(targets)}: the files must be line-aligned")
     raw = list(zip(sources, targets))
   seen, pairs = set(), []
   for source, target in raw:
-    source, target = " ".join(source.split()), " ".join(target.split())
+    source, target = normalize_spaces(source), normalize_spaces(target)
     if source and target and source not in seen:
       seen.add(source)
       pairs.append((source, target))

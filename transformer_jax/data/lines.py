@@ -4,9 +4,13 @@ Lines end at "\n" only (a "\r" before it is dropped), not at everything `str.spl
 splits at: form feeds, U+0085 and U+2028 occur inside sentences of web-crawled corpora, and
 splitting there would silently shift one of two aligned files against the other. The bytes are
 decoded line by line, so a line that is not UTF-8 is an error naming the file and the line.
+A leading UTF-8 byte-order mark (Notepad's and Excel's "UTF-8") is dropped: whitespace
+normalisation keeps U+FEFF, so the first line would otherwise differ from the same text on
+any other line.
 """
 from __future__ import annotations
 
+import codecs
 import sys
 
 
@@ -21,6 +25,7 @@ def read_lines(path: str) -> list[str]:
   else:
     with open(path, "rb") as f:
       data, name = f.read(), path
+  data = data.removeprefix(codecs.BOM_UTF8)
   raw = data.split(b"\n")
   if raw and raw[-1] == b"":
     raw.pop()  # the newline that ends the last line

@@ -4,6 +4,9 @@ Ids are fixed for the whole code base: pad=0, unk=1, bos=2 (`<s>`), eos=3 (`</s>
 pieces get their own id (the Flax WMT example folds them into padding, which hides them from
 the loss and the attention masks). The model inserts bos itself, so `encode` adds nothing and
 the pipeline appends eos.
+
+Every text is whitespace-normalised (`normalize_spaces`) on its way in, when the model is
+trained and in `encode`, so that training, evaluation and translation all see the same text.
 """
 from __future__ import annotations
 
@@ -14,12 +17,21 @@ import json
 import logging
 import os
 import random
+import re
 from typing import Iterable, Sequence
 import uuid
 
 import sentencepiece as spm
 
+from transformer_jax.data.config import DataError
+
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+def normalize_spaces(text: str) -> str:
+  """`text` with every run of whitespace (tab, NBSP, thin space, newline...) as one space and
+  none at the ends. The model is trained on such text only, so an NBSP left in would be <unk>."""
+  return " ".join(text.split())
 
 
 class Tokenizer:
@@ -47,11 +59,12 @@ class Tokenizer:
     return self._sp.get_piece_size()
 
   def encode(self, text: str) -> list[int]:
-    """Piece ids of `text`, without bos or eos."""
-    return self._sp.encode(text)
+    """Piece ids of `text` (whitespace-normalised first), without bos or eos."""
+    return self._sp.encode(normalize_spaces(text))
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    return self._sp.encode(list(texts))
+    # WMT text reaches the pipeline as stored (NBSP, tabs); references for BLEU stay raw.
+    return self._sp.encode([normalize_spaces(t) for t in texts])
 
   def detokenize(self, ids: Iterable[int]) -> str:
     """Text of `ids`, stopping at the first eos and skipping pad and bos."""
@@ -81,6 +94,46 @@ def file_lock(path: str):
       fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# SentencePiece's wording when the corpus has more distinct characters than pieces allowed.
+_TOO_MANY_CHARS = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
+
+
+def _train_model(lines: list[str], *, vocab_size: int, model_type: str, split_digits: bool,
+                 byte_fallback: bool) -> bytes:
+  """The serialised SentencePiece model trained on `lines`; DataError if `vocab_size` is too
+  small for the corpus's characters (SentencePiece's own advice names a flag we do not have)."""
+  if vocab_size <= EOS_ID:
+    raise DataError(f"data.vocab_size={vocab_size}: ids 0-3 are pad, unk, bos and eos, and "
+                    "every distinct character of the corpus needs a piece too: raise "
+                    "data.vocab_size")
+  # Sentences in and the model out through Python objects, not files: SentencePiece splits
+  # `input=` at commas, and sweep points' workdirs have commas in their names.
+  model = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
+        model_type=model_type, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+        # Identity normalisation keeps decode(encode(x)) == x for text without odd spacing.
+        # Coverage 1.0: every character of the sample gets a piece, none becomes <unk>.
+        normalization_rule_name="identity", character_coverage=1.0,
+        split_digits=split_digits, byte_fallback=byte_fallback,
+        # A small corpus may not support the requested size: take what it supports.
+        hard_vocab_limit=False, input_sentence_size=0, shuffle_input_sentence=False,
+        num_threads=os.cpu_count() or 1, minloglevel=2)
+  except RuntimeError as e:
+    match = _TOO_MANY_CHARS.search(str(e))
+    if not match:
+      raise
+    extra = " and 256 byte pieces (data.vocab_byte_fallback)" if byte_fallback else ""
+    raise DataError(
+        f"data.vocab_size={vocab_size} is too small for this corpus: it needs at least "
+        f"{match.group(2)} pieces, one per distinct character of the vocabulary sample plus the "
+        f"4 special ones{extra}. Raise data.vocab_size, to a few times that number so that "
+        "pieces longer than one character fit too") from None
+  return model.getvalue()
+
+
 def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int,
                     model_type: str = "unigram",
                     max_chars: int = 10_000_000, split_digits: bool = True,
@@ -95,26 +148,15 @@ def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int,
   random.Random(seed).shuffle(texts)
   lines, chars = [], 0
   for t in texts:
-    line = " ".join(t.split())  # SentencePiece reads one sentence per line.
+    line = normalize_spaces(t)  # As `encode` will see it; also one sentence per line.
     if chars + len(line) > max_chars:
       break
     lines.append(line)
     chars += len(line)
   logging.info("Training a %s SentencePiece model (%d pieces) on %d characters",
                model_type, vocab_size, chars)
-  # Sentences in and the model out through Python objects, not files: SentencePiece splits
-  # `input=` at commas, and sweep points' workdirs have commas in their names.
-  model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
-      model_type=model_type, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-      pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-      # Identity normalisation keeps decode(encode(x)) == x for text without odd spacing.
-      normalization_rule_name="identity", character_coverage=1.0,
-      split_digits=split_digits, byte_fallback=byte_fallback,
-      # A small corpus may not support the requested size: take what it supports.
-      hard_vocab_limit=False, input_sentence_size=0, shuffle_input_sentence=False,
-      num_threads=os.cpu_count() or 1, minloglevel=2)
+  model = _train_model(lines, vocab_size=vocab_size, model_type=model_type,
+                       split_digits=split_digits, byte_fallback=byte_fallback)
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   # A unique name opened with open() (not tempfile's 0600 files): the umask decides who may read
@@ -122,7 +164,7 @@ def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int,
   tmp = os.path.join(directory, f"tmp.{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex}")
   try:
     with open(tmp, "xb") as f:
-      f.write(model.getvalue())
+      f.write(model)
     os.replace(tmp, path)  # A reader never sees half a file.
   finally:
     if os.path.exists(tmp):

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from transformer_jax.config import TransformerConfig
-from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.data.tokenizer import Tokenizer, normalize_spaces
 from transformer_jax.run import checkpointing
 from transformer_jax.run.workdir import (
   AVERAGED,
@@ -144,7 +144,8 @@ class Translator:
              names: Sequence[str] | None = None) -> list[list[int]]:
     """Source ids with eos per line; [] for an empty (or blank) line. Over-long sources are cut
     to `max_len - 1` pieces (when truncating) with a warning naming the line."""
-    lines = [" ".join(line.split()) for line in lines]  # SentencePiece saw single spaces only
+    # Normalised here as the tokenizer will, so that a blank line is seen as empty.
+    lines = [normalize_spaces(line) for line in lines]
     ids = self.tokenizer.encode_batch(lines) if lines else []
     out = []
     for i, (line, pieces) in enumerate(zip(lines, ids)):

@@ -72,9 +72,20 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
     raise RunError(f"refusing to write the average into {source}: training resumes from there")
 
   def trees():
-    for s in chosen:
+    for i, s in enumerate(chosen):
       log(f"loading step {s}")
-      yield f"step {s}", checkpointing.load_params(source, s)[1]
+      try:
+        params = checkpointing.load_params(source, s)[1]
+      except RunError:
+        raise
+      except Exception as e:  # Orbax / TensorStore errors of a damaged step name no step
+        later = len(chosen) - i - 1
+        way_out = (f"average only the steps after it (--last {later})" if later else
+                   "there is no later step to average")
+        raise RunError(f"checkpoint {s} in {source} does not load, so it cannot be averaged "
+                       f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): it is damaged; "
+                       f"{way_out}, or train on until {last} good checkpoints follow it") from e
+      yield f"step {s}", params
 
   params = average_params(trees())
   step = chosen[-1]

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from transformer_jax.run.metrics import evaluated
 from transformer_jax.sweeps.spec import (
+  SweepError,
   apply_overrides,
   load_sweep,
   override_flags,
@@ -70,17 +71,40 @@ def status(workdir: str, num_train_steps: int | None = None) -> str:
   return "new"
 
 
+def _slot_gpus(slot: int, devices_per_point: int, visible: str | None) -> str:
+  """CUDA_VISIBLE_DEVICES of `slot`: entries [slot*K, (slot+1)*K) of the inherited `visible`.
+
+  The inherited list is the job's allocation (SLURM without device cgroups exports physical
+  ids; a user may have set it to avoid busy GPUs; it may hold UUIDs): counting from physical
+  id 0 instead would run points on GPUs outside it. Unset, every GPU is ours; set empty, GPUs
+  are hidden on purpose (a CPU sweep), and stay hidden."""
+  first, last = slot * devices_per_point, (slot + 1) * devices_per_point
+  if visible is None:
+    return ",".join(str(i) for i in range(first, last))
+  entries = [d.strip() for d in visible.split(",") if d.strip()]
+  if not entries:
+    return ""
+  if last > len(entries):
+    raise SweepError(
+        f"{slot + 1} point(s) at a time x --devices_per_point {devices_per_point} need {last} "
+        f"GPUs, but the inherited CUDA_VISIBLE_DEVICES={visible} lists {len(entries)}: lower "
+        "--parallel or --devices_per_point, or make more GPUs visible (set it empty for a CPU "
+        "sweep on fake devices)")
+  return ",".join(entries[first:last])
+
+
 def slot_env(slot: int, devices_per_point: int, base_env: dict | None = None) -> dict:
   """The environment of a point running in `slot` on devices [slot*K, (slot+1)*K).
 
-  GPUs: CUDA_VISIBLE_DEVICES picks the subset. CPU: each process gets K fake host devices
+  GPUs: CUDA_VISIBLE_DEVICES picks the subset, of the inherited CUDA_VISIBLE_DEVICES where one
+  is set (`_slot_gpus`). CPU: each process gets K fake host devices
   (--xla_force_host_platform_device_count). Both are set; each only affects its platform.
   """
   env = dict(os.environ if base_env is None else base_env)
   if devices_per_point <= 0:
     return env
-  first = slot * devices_per_point
-  env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(first, first + devices_per_point))
+  env["CUDA_VISIBLE_DEVICES"] = _slot_gpus(slot, devices_per_point,
+                                           env.get("CUDA_VISIBLE_DEVICES"))
   flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
   count = f"--xla_force_host_platform_device_count={devices_per_point}"
   env["XLA_FLAGS"] = f"{flags} {count}".strip()
@@ -206,6 +230,8 @@ class Runner:
     for i in indices:
       if not 0 <= i < len(self.points):
         raise IndexError(f"point {i}: this sweep has points 0..{len(self.points) - 1}")
+    if devices_per_point > 0:
+      slot_env(max(1, parallel) - 1, devices_per_point)  # the last slot's GPUs exist, or refuse
     results: dict[int, dict] = {}
     todo = []
     for i in indices:

@@ -10,6 +10,7 @@ from typing import Sequence
 
 from transformer_jax.run.workdir import RunError
 from transformer_jax.sweeps.runner import Runner
+from transformer_jax.sweeps.spec import SweepError
 
 JOB_ID = "job_id"   # <sweep>/slurm/job_id: the last array job submitted
 
@@ -48,6 +49,19 @@ def unfinished(runner: Runner) -> list[int]:
   return [i for i in range(len(runner.points)) if runner.status(i) != "done"]
 
 
+def output_pattern(sweep_dir: str) -> str:
+  """sbatch's `--output` for the tasks' logs, each at `log_path`.
+
+  `%` in the directory would start a SLURM filename pattern, so it is doubled (`%%` is a `%`);
+  a backslash turns every pattern off (all tasks would write one file, `%A_%a.out`) and a
+  newline would end the `#SBATCH` line, so neither has an escape and both are refused."""
+  bad = [name for c, name in (("\\", "a backslash"), ("\n", "a newline")) if c in sweep_dir]
+  if bad:
+    raise SweepError(f"the sweep directory {sweep_dir!r} has {' and '.join(bad)}, which SLURM's "
+                     "--output cannot carry: pass a --workdir without it")
+  return os.path.join(sweep_dir.replace("%", "%%"), "slurm", "%A_%a.out")
+
+
 def sbatch_script(runner: Runner, options: Sequence[str] = (), max_concurrent: int = 0,
                   indices: Sequence[int] | None = None) -> str:
   """The text of the array job for `runner`'s sweep (all points, or `indices`); `options`
@@ -56,10 +70,12 @@ def sbatch_script(runner: Runner, options: Sequence[str] = (), max_concurrent: i
   sweep_py = os.path.join(os.path.dirname(os.path.abspath(runner.train_script)), "sweep.py")
   indices = range(len(runner.points)) if indices is None else indices
   array = array_spec(indices) + (f"%{max_concurrent}" if max_concurrent else "")
+  # sbatch splits `#SBATCH` lines itself: at unquoted spaces, and an unquoted `#` starts a
+  # comment; it reads shell quotes, so shlex.quote keeps a path with either whole.
   lines = ["#!/bin/bash",
-           f"#SBATCH --job-name={os.path.basename(runner.sweep_dir)}",
+           f"#SBATCH --job-name={shlex.quote(os.path.basename(runner.sweep_dir))}",
            f"#SBATCH --array={array}",
-           f"#SBATCH --output={os.path.join(runner.sweep_dir, 'slurm', '%A_%a.out')}",
+           f"#SBATCH --output={shlex.quote(output_pattern(runner.sweep_dir))}",
            *[f"#SBATCH {o}" for o in options],
            "",
            f"# {len(runner.points)} points of {runner.config_spec}; "

@@ -7,6 +7,7 @@ the other way round.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import importlib.util
 import inspect
@@ -28,15 +29,31 @@ class SweepError(ValueError):
 # ---------------------------------------------------------------- building points
 
 
+def _value_lists(helper: str, fields: Mapping[str, Any]) -> dict[str, list]:
+  """Each field's values as a list; refuses a single value given where a list belongs.
+
+  A string is iterable, so `activation="gelu"` would otherwise sweep "g", "e", "l", "u"; a dict
+  would sweep its keys."""
+  out = {}
+  for name, values in fields.items():
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+      raise SweepError(f"sweeps.{helper}: {name}={values!r} is one value, not a list of values: "
+                       f"pass a list, e.g. {name}=[{values!r}]")
+    out[name] = list(values)
+  return out
+
+
 def product(**fields: Sequence[Any]) -> list[Point]:
   """Every combination: `product(lr=[1, 2], warmup=[10, 20])` gives 4 points, the last field
   varying fastest."""
+  fields = _value_lists("product", fields)
   names = list(fields)
   return [dict(zip(names, values)) for values in itertools.product(*fields.values())]
 
 
 def zipped(**fields: Sequence[Any]) -> list[Point]:
   """Values taken together: `zipped(d_model=[256, 512], num_heads=[4, 8])` gives 2 points."""
+  fields = _value_lists("zipped", fields)
   lengths = {name: len(values) for name, values in fields.items()}
   if len(set(lengths.values())) > 1:
     raise SweepError(f"sweeps.zipped: the fields have different lengths {lengths}")
@@ -102,16 +119,31 @@ def point_dir(sweep_dir: str, point: Point) -> str:
 # ---------------------------------------------------------------- overrides
 
 
+def _field_parent(config, key: str, point: Mapping[str, Any]):
+  """The ConfigDict holding dotted `key`'s last part, and that part.
+
+  A SweepError names the first part that is not there (`modle` of `modle.d_model`), where
+  indexing would raise a KeyError traceback, or a TypeError below a leaf."""
+  parts = key.split(".")
+  target = config
+  for depth, name in enumerate(parts):
+    fields = list(target.keys()) if hasattr(target, "keys") else []
+    if name not in fields:
+      missing = ".".join(parts[:depth + 1])
+      close = difflib.get_close_matches(name, fields, n=1)
+      raise SweepError(f"sweep point {dict(point)}: config has no field {missing!r}"
+                       + (f" (in {key!r})" if missing != key else "")
+                       + (f"; did you mean {close[0]!r}?" if close else ""))
+    if depth < len(parts) - 1:
+      target = target[name]
+  return target, parts[-1]
+
+
 def apply_overrides(config, point: Mapping[str, Any]):
   """A copy of the ConfigDict with `point`'s dotted fields set (raises on an unknown field)."""
   c = ml_collections.ConfigDict(config.to_dict()) if hasattr(config, "to_dict") else config
   for key, value in point.items():
-    *parents, leaf = key.split(".")
-    target = c
-    for p in parents:
-      target = target[p]
-    if leaf not in target:
-      raise SweepError(f"sweep point {dict(point)}: config has no field {key!r}")
+    target, leaf = _field_parent(c, key, point)
     target[leaf] = value
   return c
 
@@ -121,9 +153,16 @@ def override_flags(point: Mapping[str, Any]) -> list[str]:
 
   The text is what ml_collections' config flags parse back into the same value: `true`/`false`
   for booleans, a Python literal for containers (which `ast.literal_eval` reads, `None` and
-  `True` inside included)."""
+  `True` inside included). A bare None has no such text: config flags parse `None` as the
+  string "None" for a str field (a file named `None`) and refuse it for a number, so it is
+  refused here."""
   out = []
   for key, value in point.items():
+    if value is None:
+      raise SweepError(f"sweep point {dict(point)}: {key}=None cannot be passed to "
+                       f"scripts/train.py (--config.{key}=None arrives as the string 'None'): "
+                       f"leave {key!r} out of the point to keep get_config()'s value, or set "
+                       "it to None in get_config()")
     if hasattr(value, "to_dict"):  # a ConfigDict, as config_flags gives a dict-valued override
       value = value.to_dict()
     if isinstance(value, bool):
@@ -192,7 +231,9 @@ def load_sweep(spec: str) -> Sweep:
   if duplicates:
     raise SweepError(f"{path}: sweep() returns the same point twice: {duplicates}")
   for p in points:
-    apply_overrides(base, p)  # fails on a misspelt field before anything runs
+    # A misspelt field, or a value no flag can carry, fails before anything runs.
+    apply_overrides(base, p)
+    override_flags(p)
   return Sweep(spec, os.path.abspath(path), arg, points, base)
 
 
