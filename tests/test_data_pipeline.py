@@ -44,6 +44,13 @@ def take(it, n):
   return [next(it) for _ in range(n)]
 
 
+def assert_same_batches(xs, ys):
+  assert len(xs) == len(ys)
+  for x, y in zip(xs, ys):
+    for key in KEYS:
+      np.testing.assert_array_equal(x[key], y[key])
+
+
 def segments(batch, row, side):
   """{segment id: token ids} of one row."""
   ids, seg = batch[side][row], batch[f"{side}_segmentation"][row]
@@ -138,9 +145,7 @@ def test_resume_reproduces_the_continuation(base, mode, before):
   expected = take(it, 23)
   resumed = iter(data_with(base, batching=mode).train_dataset())
   resumed.set_state(state)
-  for x, y in zip(expected, take(resumed, 23)):
-    for key in KEYS:
-      np.testing.assert_array_equal(x[key], y[key])
+  assert_same_batches(expected, take(resumed, 23))
 
 
 def _real_rows(batches):
@@ -173,9 +178,7 @@ def test_resume_with_another_batch_size_trains_on_every_row_once(base, mode):
   continued = take(resumed, 4)
   restored = iter(data_with(base, batching=mode, batch_size=24).train_dataset())
   restored.set_state(again)
-  for x, y in zip(continued, take(restored, 4)):
-    for key in KEYS:
-      np.testing.assert_array_equal(x[key], y[key])
+  assert_same_batches(continued, take(restored, 4))
 
 
 @pytest.mark.parametrize("mode, change", [
@@ -212,9 +215,7 @@ def test_a_state_without_a_layout_restores_as_before(base, mode):
   expected = take(it, 4)
   resumed = iter(data_with(base, batching=mode).train_dataset())
   resumed.set_state(state)
-  for x, y in zip(expected, take(resumed, 4)):
-    for key in KEYS:
-      np.testing.assert_array_equal(x[key], y[key])
+  assert_same_batches(expected, take(resumed, 4))
 
 
 @pytest.mark.parametrize("done", [60, 64])
