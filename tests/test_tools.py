@@ -346,6 +346,24 @@ def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
   assert rc == 1 and "holds only 2 checkpoint(s)" in err and "keep_checkpoints=5" in err
 
 
+def test_average_leaves_out_a_checkpoint_a_signal_saved(workdir, capsys, tmp_path):
+  # The run's own saves (3 and 6, its cadence) say so; say 3 had been saved by a SIGTERM.
+  assert checkpointing.load_meta(os.path.join(workdir, "checkpoints"), 6)["on_cadence"] is True
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  path = os.path.join(run, "checkpoints", "3", "meta", "metadata")
+  with open(path) as f:
+    meta = json.load(f)
+  with open(path, "w") as f:
+    json.dump({**meta, "on_cadence": False}, f)
+  rc, _, err = run_main(average_script, ["--workdir", run, "--last", "2"], capsys)
+  assert rc == 1 and "holds only 1 checkpoint(s) (steps [6]; [3] left out, saved off the " \
+      "cadence by a signal): pass --last 1 or fewer" in err, err
+  rc, out, err = run_main(average_script, ["--workdir", run, "--last", "1"], capsys)
+  assert rc == 0 and json.loads(out)["averaged_steps"] == [6], err
+  assert "leaving out step(s) [3]: saved when a signal stopped the run" in err
+
+
 def test_average_of_a_damaged_checkpoint_names_the_step(workdir, capsys, tmp_path):
   # Training sets a damaged step aside; averaging used to print TensorStore's traceback.
   damaged = str(tmp_path / "run")

@@ -423,6 +423,9 @@ def test_sigterm_saves_a_loadable_checkpoint(tmp_path, data_dir):
   assert os.listdir(workdir / "checkpoints"), out[-3000:]
   step, params = checkpointing.load_params(str(workdir))
   assert step >= 4 and jax.tree.leaves(params)
+  # Off the checkpoint cadence: the paper's averaging leaves such a save out.
+  meta = checkpointing.load_meta(str(workdir / "checkpoints"), step)
+  assert meta["on_cadence"] is False and meta["step"] == step
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])

@@ -61,11 +61,21 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
     raise RunError(f"no checkpoint in {source}: " + TRAIN_HINT.format(workdir))
   if last < 1:
     raise RunError(f"--last {last}: must be >= 1")
+  # The paper averages checkpoints written at even intervals: a save forced by a signal (a
+  # preemption) falls between them and is left out (checkpoints before 2026-11-25 say nothing:
+  # taken as on cadence).
+  off = [s for s in steps if (checkpointing.load_meta(source, s) or {}).get("on_cadence") is False]
+  if off:
+    log(f"leaving out step(s) {off}: saved when a signal stopped the run, between the run's "
+        "evenly spaced checkpoints")
+    steps = [s for s in steps if s not in off]
   if last > len(steps):
     raise RunError(f"--last {last}, but {source} holds only {len(steps)} checkpoint(s) "
-                   f"(steps {steps}): pass --last {len(steps)} or fewer, or keep more while "
-                   f"training (--config.keep_checkpoints={last}, with checkpoint_every_steps "
-                   "setting their spacing)")
+                   f"(steps {steps}" + (f"; {off} left out, saved off the cadence by a signal"
+                                        if off else "") +
+                   f"): pass --last {len(steps)} or fewer, or keep more while training "
+                   f"(--config.keep_checkpoints={last}, with checkpoint_every_steps setting "
+                   "their spacing)")
   chosen = steps[-last:]
   output = os.path.abspath(output or os.path.join(workdir, AVERAGED))
   if output == os.path.abspath(source):

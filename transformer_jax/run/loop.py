@@ -174,8 +174,11 @@ class _Run:
     # Saved before evaluating: an evaluation that fails loses no training, and the
     # asynchronous save writes while the evaluation runs.
     if save:
+      # on_cadence: a save forced by a signal falls between the run's evenly spaced ones, and
+      # the paper's averaging of the last N checkpoints leaves it out (run/averaging.py).
+      meta = {"step": step, "origin": self.origin, "on_cadence": cadence.save(step)}
       trainer.checkpointer.save(step, self.state, distributed.gather_data_states(data_state),
-                                {"step": step, "origin": self.origin}, force=True)
+                                meta, force=True)
     if evaluate or bleu:
       logged = {**logged, **self._evaluate(evaluate, bleu)}
     if evaluate or bleu or save:
