@@ -107,6 +107,11 @@ def test_against_xla_cost_analysis_of_the_forward_pass():
 @pytest.mark.parametrize("kind,dtype,expected,key", [
     ("NVIDIA H100 80GB HBM3", "bfloat16", 989e12, "H100"),
     ("NVIDIA H100 PCIe", "bfloat16", 756e12, "H100 PCIe"),
+    # Names that contain shorter ones: matched by their own rows, not by "H100" or "L4".
+    ("NVIDIA H100 NVL", "bfloat16", 835e12, "H100 NVL"),
+    ("NVIDIA L40S", "bfloat16", 362e12, "L40S"),
+    ("NVIDIA L40", "float32", 90.5e12, "L40"),
+    ("NVIDIA L4", "bfloat16", 121e12, "L4"),
     ("NVIDIA H200", "bfloat16", 989e12, "H200"),
     ("NVIDIA A100-SXM4-40GB", "bfloat16", 312e12, "A100"),
     ("NVIDIA A100-SXM4-80GB", "float32", 156e12, "A100"),

@@ -422,3 +422,10 @@ def test_translate_command_line(workdir):
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert len(proc.stdout.split("\n")) == 4 and proc.stdout.split("\n")[1] == ""
   assert "stdin line 3" in proc.stderr
+
+
+def test_decode_benchmark_of_a_trained_run_holds_its_parameters_on_the_device(workdir):
+  # Host arrays would be copied to an accelerator in every timed search call.
+  from transformer_jax.bench import decode as bench_decode
+  _, params, step = bench_decode.trained_run(workdir)
+  assert step == 6 and all(isinstance(x, jax.Array) for x in jax.tree.leaves(params))

@@ -38,9 +38,12 @@ import numpy as np
 # precision runs float32 matmuls as TF32 there; on TPUs it runs them as one bfloat16 pass.
 PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("H100 PCIe", {"bfloat16": 756e12, "float16": 756e12, "float32": 378e12}),
+    ("H100 NVL", {"bfloat16": 835e12, "float16": 835e12, "float32": 418e12}),
     ("H100", {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12}),    # SXM; "H100 80GB HBM3"
     ("H200", {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12}),    # also GH200
     ("A100", {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12}),    # SXM and PCIe
+    ("L40S", {"bfloat16": 362e12, "float16": 362e12, "float32": 183e12}),   # before "L40", "L4"
+    ("L40", {"bfloat16": 181e12, "float16": 181e12, "float32": 90.5e12}),
     ("L4", {"bfloat16": 121e12, "float16": 121e12, "float32": 60e12}),
     ("V100", {"float16": 125e12, "float32": 15.7e12}),                      # no bfloat16 units
     ("TPU v6 lite", {"bfloat16": 918e12, "float32": 918e12}),                # v6e (Trillium)

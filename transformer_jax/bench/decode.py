@@ -42,10 +42,12 @@ class DecodeOptions:
 
 
 def trained_run(workdir: str):
-  """(model config for search, host parameters, step) of a training run's workdir."""
+  """(model config for search, parameters on the default device, step) of a training run's
+  workdir. On the device once, as `Translator` has them: host arrays would be copied to an
+  accelerator in every timed call, which the random-parameter figures do not pay."""
   model_cfg = model_config_from(load_run_config(workdir))
   step, params = checkpointing.load_params(workdir)
-  return model_cfg.replace(deterministic=True, decode=False), params, step
+  return model_cfg.replace(deterministic=True, decode=False), jax.device_put(params), step
 
 
 def _time_search(search_cfg, params, inputs, beam: int, decode_len: int, calls: int):
