@@ -510,6 +510,12 @@ def test_empty_chunks_are_counted_per_epoch_and_forgotten_two_epochs_on(base):
   read._check_kept(2, 0, 0, [[1]], [[1]])
   with pytest.raises(pipeline.DataError, match="all 3000 pairs of this process"):
     read._check_kept(2, 2, 0, [[1]], [[1]])
+  # The lengths named are one pair's, the nearest to fitting (not the shortest source of one
+  # pair and the shortest target of another, which could both fit).
+  read = pipeline.ReadChunk([None] * 1000, data.tokenizer,
+                            data_with(base, max_source_len=5, max_target_len=5).config, 0, 1)
+  with pytest.raises(pipeline.DataError, match="nearest to fitting has 12 source / 9 target"):
+    read._check_kept(0, 0, 0, [[1] * 8, [1] * 12], [[1] * 14, [1] * 9])
 
 
 def test_limits_no_pair_fits_are_an_error_not_an_endless_read(base, caplog):
@@ -518,10 +524,12 @@ def test_limits_no_pair_fits_are_an_error_not_an_endless_read(base, caplog):
   # chunks is an error naming the fields.
   data = data_with(base, max_source_len=3, max_target_len=3)
   tok, train = data.tokenizer, data.raw_examples("train")
-  shortest = [min(len(tok.encode(pair[side])) + 1 for pair in train) for side in (0, 1)]
-  assert shortest[0] != shortest[1]  # so that swapping the two would show
+  lengths = [(len(tok.encode(s)) + 1, len(tok.encode(t)) + 1) for s, t in train]
+  _, source_len, target_len = min((max(s - 3, t - 3), s, t) for s, t in lengths)
+  assert source_len != target_len  # so that swapping the two would show
   message = (r"no training pair fits data.max_source_len=3 / data.max_target_len=3 .*all 3000 "
-             rf"pairs .*the shortest source / target have {shortest[0]}/{shortest[1]} pieces")
+             rf"pairs .*the nearest to fitting has {source_len} source / {target_len} target "
+             "pieces")
   read = pipeline.ReadChunk(data.sources["train"], data.tokenizer, data.config, 0, 1)
   for k in range(read.chunks_per_epoch - 1):
     assert read(k) == []

@@ -381,6 +381,9 @@ def test_slots_take_their_gpus_from_an_inherited_cuda_visible_devices():
   hidden = sweeps.slot_env(3, 2, {"CUDA_VISIBLE_DEVICES": ""})
   assert hidden["CUDA_VISIBLE_DEVICES"] == ""
   assert hidden["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
+  # So do the other ways of hiding them: CUDA's "-1", SLURM's "NoDevFiles".
+  for value in ("-1", "NoDevFiles"):
+    assert sweeps.slot_env(3, 2, {"CUDA_VISIBLE_DEVICES": value})["CUDA_VISIBLE_DEVICES"] == value
   assert sweeps.slot_env(5, 0, parent) == parent   # K=0: each point sees all of them
 
 
@@ -390,6 +393,17 @@ def test_more_slots_than_inherited_gpus_fail_before_any_point_starts(tmp_path, m
   with pytest.raises(sweeps.SweepError, match=r"2 point\(s\) at a time x --devices_per_point 2"):
     runner.run(parallel=2, devices_per_point=2, log=lambda s: None)
   assert not any(os.path.exists(sweeps.point_dir(runner.sweep_dir, p)) for p in runner.points)
+  # Only slots with a point to run need GPUs: one point left runs on the first slot's.
+  fake = tmp_path / "fake_train.py"
+  fake.write_text("import os, sys\nw = sys.argv[sys.argv.index('--workdir') + 1]\n"
+                  "os.makedirs(w, exist_ok=True)\n"
+                  "gpus = os.environ['CUDA_VISIBLE_DEVICES']\n"
+                  "open(os.path.join(w, 'devices'), 'w').write(gpus)\n")
+  runner = sweeps.Runner(TINY, str(tmp_path / "one"), str(fake))
+  [result] = runner.run([0], parallel=2, devices_per_point=2, log=lambda s: None)
+  assert result["returncode"] == 0
+  with open(os.path.join(sweeps.point_dir(runner.sweep_dir, runner.points[0]), "devices")) as f:
+    assert f.read() == "2,3"
 
 
 def test_sweep_errors_found_while_running_are_one_error_line(tmp_path, monkeypatch, capsys):

@@ -356,12 +356,14 @@ def test_average_leaves_out_a_checkpoint_a_signal_saved(workdir, capsys, tmp_pat
     meta = json.load(f)
   with open(path, "w") as f:
     json.dump({**meta, "on_cadence": False}, f)
-  rc, _, err = run_main(average_script, ["--workdir", run, "--last", "2"], capsys)
-  assert rc == 1 and "holds only 1 checkpoint(s) (steps [6]; [3] left out, saved off the " \
-      "cadence by a signal): pass --last 1 or fewer" in err, err
   rc, out, err = run_main(average_script, ["--workdir", run, "--last", "1"], capsys)
   assert rc == 0 and json.loads(out)["averaged_steps"] == [6], err
   assert "leaving out step(s) [3]: saved when a signal stopped the run" in err
+  # It took a kept place: where the evenly spaced ones are too few, it is averaged, and said.
+  rc, out, err = run_main(average_script, ["--workdir", run, "--last", "2"], capsys)
+  assert rc == 0 and json.loads(out)["averaged_steps"] == [3, 6], err
+  assert "warning: averaging step(s) [3] too, saved when a signal stopped the run: only 1 " \
+      "evenly spaced checkpoint(s) are kept for --last 2" in err, err
 
 
 def test_average_of_a_damaged_checkpoint_names_the_step(workdir, capsys, tmp_path):

@@ -67,10 +67,11 @@ class ReadChunk:
     self.chunks_per_epoch = -(-len(self._indices) // CHUNK)
     self._lock = threading.Lock()
     self._permutations: dict[int, np.ndarray] = {}
-    # Chunks of each epoch that kept no pair, and the shortest lengths read: a whole epoch of
-    # them means no pair fits the limits, and the window batcher would read forever.
+    # Chunks of each epoch that kept no pair, and the (source, target) lengths of the pair
+    # nearest to fitting: a whole epoch of them means no pair fits the limits, and the window
+    # batcher would read forever.
     self._empty_chunks: dict[int, set[int]] = {}
-    self._shortest = [np.inf, np.inf]
+    self._nearest: tuple[float, int, int] = (np.inf, 0, 0)
     self._warned = False
 
   def _permutation(self, epoch: int) -> np.ndarray:
@@ -101,8 +102,10 @@ class ReadChunk:
   def _check_kept(self, epoch: int, k: int, kept: int, sources, targets) -> None:
     """Warn once when a chunk drops most of its pairs; raise when a whole epoch kept none."""
     with self._lock:
-      self._shortest[0] = min(self._shortest[0], min(map(len, sources), default=np.inf))
-      self._shortest[1] = min(self._shortest[1], min(map(len, targets), default=np.inf))
+      # Nearest: the least by which a pair's longer side (against its limit) is too long.
+      self._nearest = min([self._nearest] + [
+          (max(len(s) - self._max_source, len(t) - self._max_target), len(s), len(t))
+          for s, t in zip(sources, targets)])
       limits = (f"data.max_source_len={self._max_source} / data.max_target_len="
                 f"{self._max_target} (pieces, EOS included)")
       if sources and kept < len(sources) / 2 and not self._warned:
@@ -118,11 +121,11 @@ class ReadChunk:
       empty.add(k)
       if len(empty) < self.chunks_per_epoch:
         return
-      shortest = "/".join(str(int(n)) for n in self._shortest)
+      _, source_len, target_len = self._nearest
     raise DataError(
         f"no training pair fits {limits}: all {len(self._indices)} pairs of this process were "
-        f"read and dropped (the shortest source / target have {shortest} pieces); raise the "
-        "limits or check data.source_lang / data.target_lang")
+        f"read and dropped (the nearest to fitting has {source_len} source / {target_len} "
+        "target pieces); raise the limits or check data.source_lang / data.target_lang")
 
 
 def _empty_batch(rows: int, source_len: int, target_len: int) -> dict:

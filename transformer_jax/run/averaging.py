@@ -62,20 +62,23 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
   if last < 1:
     raise RunError(f"--last {last}: must be >= 1")
   # The paper averages checkpoints written at even intervals: a save forced by a signal (a
-  # preemption) falls between them and is left out (checkpoints before 2026-11-25 say nothing:
-  # taken as on cadence).
+  # preemption) falls between them and is left out where enough others are kept (checkpoints
+  # before 2026-11-25 say nothing: taken as on cadence). It took a kept place, though, so
+  # after a late stop it may be needed: then it is averaged, and said.
   off = [s for s in steps if (checkpointing.load_meta(source, s) or {}).get("on_cadence") is False]
-  if off:
+  if off and last <= len(steps) - len(off):
     log(f"leaving out step(s) {off}: saved when a signal stopped the run, between the run's "
         "evenly spaced checkpoints")
     steps = [s for s in steps if s not in off]
+  elif off and last <= len(steps):
+    log(f"warning: averaging step(s) {[s for s in off if s in steps[-last:]]} too, saved when "
+        f"a signal stopped the run: only {len(steps) - len(off)} evenly spaced checkpoint(s) "
+        f"are kept for --last {last}; the average spans fewer steps")
   if last > len(steps):
     raise RunError(f"--last {last}, but {source} holds only {len(steps)} checkpoint(s) "
-                   f"(steps {steps}" + (f"; {off} left out, saved off the cadence by a signal"
-                                        if off else "") +
-                   f"): pass --last {len(steps)} or fewer, or keep more while training "
-                   f"(--config.keep_checkpoints={last}, with checkpoint_every_steps setting "
-                   "their spacing)")
+                   f"(steps {steps}): pass --last {len(steps)} or fewer, or keep more while "
+                   f"training (--config.keep_checkpoints={last}, with checkpoint_every_steps "
+                   "setting their spacing)")
   chosen = steps[-last:]
   output = os.path.abspath(output or os.path.join(workdir, AVERAGED))
   if output == os.path.abspath(source):

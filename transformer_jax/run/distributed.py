@@ -94,10 +94,12 @@ def from_main(value: bool) -> bool:
 class StopFlag:
   """Turns SIGTERM/SIGINT into "save and stop after this step" (preemption loses nothing).
 
-  A second signal is the way out of a run that cannot reach the end of its step (stuck in a
-  collective or in reading data): it restores the handler from before and re-sends itself,
-  so Ctrl-C twice raises KeyboardInterrupt and a second SIGTERM ends the process, losing the
-  steps since the last checkpoint (a checkpoint being written is never read back half done).
+  A second Ctrl-C (SIGINT) is the way out of a run that cannot reach the end of its step
+  (stuck in a collective or in reading data): it restores the handler from before and
+  re-sends itself, so it raises KeyboardInterrupt, losing the steps since the last checkpoint
+  (a checkpoint being written is never read back half done). A second SIGTERM changes
+  nothing: schedulers may send it again while the save is under way (SLURM's --signal ahead
+  of the time limit, then at it), and SIGKILL remains for a stuck run.
   """
 
   def __init__(self):
@@ -116,8 +118,10 @@ class StopFlag:
     name = signal.Signals(signum).name
     if self.signal is None:
       self.signal = name
-      print(f"{name}: saving and stopping after this step (send it again to stop at once, "
-            "without saving)", file=sys.stderr, flush=True)
+      again = " (Ctrl-C again to stop at once, without saving)" if signum == signal.SIGINT else ""
+      print(f"{name}: saving and stopping after this step{again}", file=sys.stderr, flush=True)
+      return
+    if signum != signal.SIGINT:
       return
     # None: the handler before was not Python's (nothing to restore but the default).
     signal.signal(signum, self._previous.get(signum) or signal.SIG_DFL)

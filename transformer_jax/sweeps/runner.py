@@ -76,14 +76,16 @@ def _slot_gpus(slot: int, devices_per_point: int, visible: str | None) -> str:
 
   The inherited list is the job's allocation (SLURM without device cgroups exports physical
   ids; a user may have set it to avoid busy GPUs; it may hold UUIDs): counting from physical
-  id 0 instead would run points on GPUs outside it. Unset, every GPU is ours; set empty, GPUs
-  are hidden on purpose (a CPU sweep), and stay hidden."""
+  id 0 instead would run points on GPUs outside it. Unset, every GPU is ours; set empty, or
+  to what CUDA reads as no device ("-1", SLURM's "NoDevFiles": a list that starts with an
+  entry that is neither an id nor a UUID), GPUs are hidden on purpose (a CPU sweep), and stay
+  hidden as they were."""
   first, last = slot * devices_per_point, (slot + 1) * devices_per_point
   if visible is None:
     return ",".join(str(i) for i in range(first, last))
   entries = [d.strip() for d in visible.split(",") if d.strip()]
-  if not entries:
-    return ""
+  if not entries or not (entries[0].isdigit() or entries[0].startswith(("GPU-", "MIG-"))):
+    return visible
   if last > len(entries):
     raise SweepError(
         f"{slot + 1} point(s) at a time x --devices_per_point {devices_per_point} need {last} "
@@ -230,8 +232,6 @@ class Runner:
     for i in indices:
       if not 0 <= i < len(self.points):
         raise IndexError(f"point {i}: this sweep has points 0..{len(self.points) - 1}")
-    if devices_per_point > 0:
-      slot_env(max(1, parallel) - 1, devices_per_point)  # the last slot's GPUs exist, or refuse
     results: dict[int, dict] = {}
     todo = []
     for i in indices:
@@ -240,8 +240,11 @@ class Runner:
         log(f"[{i}] {point_name(self.points[i])}: already done, skipped")
       else:
         todo.append(i)
+    parallel = min(max(1, parallel), max(1, len(todo)))  # no slot without a point to run
+    if devices_per_point > 0 and todo:
+      slot_env(parallel - 1, devices_per_point)  # the last slot's GPUs exist, or refuse
     running: dict[int, tuple] = {}   # slot -> (index, proc, log file, start time)
-    free = list(range(max(1, parallel)))
+    free = list(range(parallel))
     while todo or running:
       while todo and free:
         slot, i = free.pop(0), todo.pop(0)
