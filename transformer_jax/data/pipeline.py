@@ -71,7 +71,7 @@ class ReadChunk:
     # nearest to fitting: a whole epoch of them means no pair fits the limits, and the window
     # batcher would read forever.
     self._empty_chunks: dict[int, set[int]] = {}
-    self._nearest: tuple[float, int, int] = (np.inf, 0, 0)
+    self._nearest: tuple[int, int, int] | None = None
     self._warned = False
 
   def _permutation(self, epoch: int) -> np.ndarray:
@@ -103,9 +103,9 @@ class ReadChunk:
     """Warn once when a chunk drops most of its pairs; raise when a whole epoch kept none."""
     with self._lock:
       # Nearest: the least by which a pair's longer side (against its limit) is too long.
-      self._nearest = min([self._nearest] + [
-          (max(len(s) - self._max_source, len(t) - self._max_target), len(s), len(t))
-          for s, t in zip(sources, targets)])
+      pairs = [(max(len(s) - self._max_source, len(t) - self._max_target), len(s), len(t))
+               for s, t in zip(sources, targets)]
+      self._nearest = min(pairs + [self._nearest] if self._nearest else pairs, default=None)
       limits = (f"data.max_source_len={self._max_source} / data.max_target_len="
                 f"{self._max_target} (pieces, EOS included)")
       if sources and kept < len(sources) / 2 and not self._warned:
