@@ -84,6 +84,11 @@ AXIS_SIZES = {
 }
 
 
+def _mesh_axes(entry) -> tuple[str, ...]:
+  """One PartitionSpec entry (None, a mesh axis, or a tuple of them) as a tuple of axes."""
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def check_divisible(abstract_tree, mesh: Mesh, rules) -> None:
   """Raise, naming the config field, where the rules split an axis of a parameter (or of the
   optimizer state) over mesh axes whose size does not divide it; otherwise jax fails later
@@ -93,8 +98,8 @@ def check_divisible(abstract_tree, mesh: Mesh, rules) -> None:
   is_spec = lambda x: isinstance(x, P)  # noqa: E731
   for spec, leaf in zip(jax.tree.leaves(specs, is_leaf=is_spec), jax.tree.leaves(shapes)):
     mesh_spec = nn.logical_to_mesh_axes(tuple(spec), rules) if len(spec) else P()
-    for name, axes, size in zip(spec, mesh_spec, leaf.shape):
-      axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    for name, entry, size in zip(spec, mesh_spec, leaf.shape):
+      axes = _mesh_axes(entry)
       ways = math.prod(mesh.shape[a] for a in axes)
       if size % ways:
         raise ValueError(
@@ -110,9 +115,8 @@ def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
 
 def batch_shards(sharding: NamedSharding) -> int:
   """How many ways `batch_sharding` splits the rows of a batch."""
-  axes = sharding.spec[0] if len(sharding.spec) else None
-  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-  return int(np.prod([sharding.mesh.shape[a] for a in axes], dtype=np.int64))
+  axes = _mesh_axes(sharding.spec[0] if len(sharding.spec) else None)
+  return math.prod(sharding.mesh.shape[a] for a in axes)
 
 
 def check_rows_split_over_processes(sharding: NamedSharding, rows: int, process_count: int,

@@ -102,10 +102,6 @@ class ReadChunk:
   def _check_kept(self, epoch: int, k: int, kept: int, sources, targets) -> None:
     """Warn once when a chunk drops most of its pairs; raise when a whole epoch kept none."""
     with self._lock:
-      # Nearest: the least by which a pair's longer side (against its limit) is too long.
-      pairs = [(max(len(s) - self._max_source, len(t) - self._max_target), len(s), len(t))
-               for s, t in zip(sources, targets)]
-      self._nearest = min(pairs + [self._nearest] if self._nearest else pairs, default=None)
       limits = (f"data.max_source_len={self._max_source} / data.max_target_len="
                 f"{self._max_target} (pieces, EOS included)")
       if sources and kept < len(sources) / 2 and not self._warned:
@@ -115,6 +111,11 @@ class ReadChunk:
       if kept:
         self._empty_chunks.pop(epoch, None)
         return
+      # Only an epoch of empty chunks is an error: only they can hold the pair it names, the
+      # one whose longer side (against its limit) is the least too long.
+      pairs = [(max(len(s) - self._max_source, len(t) - self._max_target), len(s), len(t))
+               for s, t in zip(sources, targets)]
+      self._nearest = min(pairs + [self._nearest] if self._nearest else pairs, default=None)
       for old in [e for e in self._empty_chunks if e < epoch - 1]:
         del self._empty_chunks[old]
       empty = self._empty_chunks.setdefault(epoch, set())

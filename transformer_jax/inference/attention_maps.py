@@ -42,7 +42,7 @@ def attention_maps(translator: Translator, source: str, target: str | None = Non
   if target is None:
     (out,) = translator.translate_ids([src])
   else:
-    out = translator.tokenizer.encode(" ".join(target.split()))
+    out = translator.tokenizer.encode(target)  # whitespace-normalised there
   # The decoder reads at most max_len positions; the cut keeps eos for the plot's last row.
   tgt = list(out)[:translator.config.max_len - 1] + [translator.config.eos_id]
   model = Transformer(translator.config.replace(deterministic=True, decode=False))
