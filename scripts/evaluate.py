@@ -6,16 +6,19 @@
 
 Every pair of the split is decoded (nothing dropped or truncated for length: sinusoidal
 positions extend past max_len; with a learned position table sources are cut to max_len - 1
-pieces with a warning). The hypotheses go to `<checkpoint>/hypotheses.<split>.txt`, one line per
-pair in the split's order, and the result, printed as one JSON object on stdout, also to
-`<checkpoint>/eval.<split>.json`, and `--examples` pairs drawn at random (seed 0) plus the one
+pieces with a warning). The hypotheses go to `<out>/hypotheses.<split>.<search>.txt`, one line
+per pair in the split's order, and the result, printed as one JSON object on stdout, also to
+`<out>/eval.<split>.<search>.json`, and `--examples` pairs drawn at random (seed 0) plus the one
 with the lowest sentence chrF, as a Markdown table with the references, to
-`<checkpoint>/examples.<split>.md`, where <checkpoint> is the step directory used (e.g.
-runs/default/checkpoints/1000 or runs/default/averaged/1000).
+`<out>/examples.<split>.<search>.md`. <out> is `<workdir>/eval/step_<N>` (or `averaged_<N>`
+with --averaged; --output_dir to choose), never the checkpoint's own directory, which training
+deletes when it rotates the step out; <search> is `greedy` or e.g. `beam4.alpha0.6`, so
+evaluations with different searches sit side by side. Every result is also appended as one line
+to `<workdir>/eval/results.jsonl`, the run's history of evaluations.
 
 `--baseline copy` needs no checkpoint: it scores each source copied as its translation, the
 floor that names, numbers and other unchanged tokens give for free, into
-`<workdir>/baselines/eval.<split>.copy.json`.
+`<workdir>/baselines/eval.<split>.copy.json` (and `eval/results.jsonl`).
 
 BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the raw references;
 the signatures are in the output. `sentences_per_sec` and `target_tokens_per_sec` (output tokens,
@@ -44,14 +47,15 @@ def define(values):
                     flag_values=values)
   flags.DEFINE_string("data_dir", None, "TFDS data dir (default: the run's config.data.data_dir)",
                       flag_values=values)
-  flags.DEFINE_string("output_dir", None, "where the hypotheses go (default: the checkpoint's "
-                      "step directory; <workdir>/baselines for --baseline)", flag_values=values)
+  flags.DEFINE_string("output_dir", None, "where the hypotheses go (default: <workdir>/eval/"
+                      "step_<N> or averaged_<N>; <workdir>/baselines for --baseline)",
+                      flag_values=values)
   flags.DEFINE_enum("baseline", None, list(evaluation.BASELINES),
                     "score a baseline instead of the model: 'copy' = the source as translation",
                     flag_values=values)
   flags.DEFINE_integer("examples", 10, "pairs drawn at random (seed 0), plus the worst by "
-                       "sentence chrF, written with their references to examples.<split>.md; "
-                       "0: none", lower_bound=0, flag_values=values)
+                       "sentence chrF, written with their references to "
+                       "examples.<split>.<search>.md; 0: none", lower_bound=0, flag_values=values)
 
 
 def _data_config(values, run: dict):
@@ -71,7 +75,8 @@ def body(values, args):
   if values.baseline:
     pairs = raw_split(_data_config(values, load_run_config(values.workdir)), values.split)
     output_dir = values.output_dir or os.path.join(values.workdir, "baselines")
-    result = evaluation.copy_baseline(pairs, values.split, output_dir, values.examples)
+    result = evaluation.copy_baseline(pairs, values.split, output_dir, values.examples,
+                                      values.workdir)
     print(f"evaluate: {values.split}: baseline {values.baseline}: BLEU {result['bleu']:.2f}, "
           f"chrF {result['chrf']:.2f} on {result['sentences']} sentences", file=sys.stderr)
   else:

@@ -199,13 +199,15 @@ def test_evaluate_writes_hypotheses_and_reports_json(workdir, capsys):
   assert "case:mixed" in result["bleu_signature"] and "tok:13a" in result["bleu_signature"]
   assert 0 <= result["bleu"] <= 100 and 0 <= result["chrf"] <= 100
   assert result["sentences_per_sec"] > 0 and result["target_tokens_per_sec"] > 0
-  hyp_path = os.path.join(workdir, "checkpoints", "6", "hypotheses.test.txt")
+  assert result["beam_size"] == 1 and result["max_len_margin"] == 50
+  out_dir = os.path.join(workdir, "eval", "step_6")
+  hyp_path = os.path.join(out_dir, "hypotheses.test.greedy.txt")
   assert result["hypotheses"] == hyp_path
   with open(hyp_path, encoding="utf-8") as f:
     assert len(f.read().split("\n")) == EVAL_SIZE + 1
   assert "sentences/s" in err
   # 10 pairs drawn at random plus the worst, with their references, in the split's order.
-  assert result["examples"] == os.path.join(workdir, "checkpoints", "6", "examples.test.md")
+  assert result["examples"] == os.path.join(out_dir, "examples.test.greedy.md")
   with open(result["examples"], encoding="utf-8") as f:
     table = f.read().splitlines()
   assert len(table) == 2 + 11 and table[-1].startswith("| ") and "(worst)" in table[-1]
@@ -214,9 +216,70 @@ def test_evaluate_writes_hypotheses_and_reports_json(workdir, capsys):
   numbers = [int(row.split(" | ")[0].strip("| (worst)")) for row in table[2:]]
   assert numbers[:10] == sorted(numbers[:10]) and len(set(numbers)) == 11
   assert all(hyps[n - 1] in row for n, row in zip(numbers, table[2:]))
-  # The files beside the checkpoint do not disturb loading it (or resuming from it).
+  with open(os.path.join(out_dir, "eval.test.greedy.json"), encoding="utf-8") as f:
+    assert json.load(f) == result
+  # Nothing is written into the checkpoint (training deletes old steps, and with them what
+  # is inside), and no half-written file is left behind.
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints", "6"))) == sorted(
+      os.listdir(os.path.join(workdir, "checkpoints", "3")))
+  assert not [n for n in os.listdir(out_dir) if n.endswith(".tmp")]
   step, _ = checkpointing.load_params(workdir)
   assert step == 6
+
+
+def test_evaluations_with_other_searches_sit_side_by_side_and_are_logged(workdir, tmp_path,
+                                                                          capsys):
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  shutil.rmtree(os.path.join(run, "eval"), ignore_errors=True)
+  results = []
+  for argv in ([], ["--beam_size", "2"], ["--beam_size", "2", "--alpha", "1.0"],
+               ["--step", "3", "--max_len_margin", "5"]):
+    rc, out, err = run_main(evaluate_script, ["--workdir", run, "--split", "test",
+                                              "--examples", "0"] + argv, capsys)
+    assert rc == 0, err
+    results.append(json.loads(out))
+  names = ["step_6/hypotheses.test.greedy.txt", "step_6/hypotheses.test.beam2.alpha0.6.txt",
+           "step_6/hypotheses.test.beam2.alpha1.txt",
+           "step_3/hypotheses.test.greedy.margin5.txt"]
+  assert [r["hypotheses"] for r in results] == [os.path.join(run, "eval", n) for n in names]
+  assert all(os.path.exists(r["hypotheses"]) for r in results)
+  with open(os.path.join(run, "eval", "results.jsonl"), encoding="utf-8") as f:
+    assert [json.loads(line) for line in f] == results
+  # The copy baseline is logged beside them.
+  rc, out, err = run_main(evaluate_script, ["--workdir", run, "--split", "test",
+                                            "--baseline", "copy"], capsys)
+  assert rc == 0, err
+  with open(os.path.join(run, "eval", "results.jsonl"), encoding="utf-8") as f:
+    assert json.loads(f.read().splitlines()[-1]) == json.loads(out)
+
+
+def test_an_evaluation_outlives_its_checkpoint(workdir, tmp_path):
+  """Training rotated the step out while it was being evaluated: the results are kept, and no
+  stray step directory is written back among the checkpoints."""
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  translator = translator_lib.Translator(run, step=3, batch_size=8)
+  shutil.rmtree(os.path.join(run, "checkpoints", "3"))
+  data = get_data(ml_collections.ConfigDict(translator.run["data"]), run)
+  result = evaluation.evaluate(translator, data, "test", num_examples=0)
+  assert result["step"] == 3 and os.path.exists(result["hypotheses"])
+  assert os.listdir(os.path.join(run, "checkpoints")) == ["6"]
+  assert checkpointing.checkpoint_steps(os.path.join(run, "checkpoints")) == [6]
+
+
+def test_default_evaluation_directories(tmp_path):
+  w = str(tmp_path / "w")
+  assert evaluation.default_output_dir(w, os.path.join(w, "checkpoints"), 5) == os.path.join(
+      w, "eval", "step_5")
+  assert evaluation.default_output_dir(w, os.path.join(w, "averaged"), 5) == os.path.join(
+      w, "eval", "averaged_5")
+  other = str(tmp_path / "other run" / "checkpoints")
+  assert evaluation.default_output_dir(w, other, 7) == os.path.join(
+      w, "eval", "other_run.checkpoints_7")
+  assert evaluation.search_tag(1, 0.6, 50) == "greedy"
+  assert evaluation.search_tag(4, 0.6, 50) == "beam4.alpha0.6"
+  assert evaluation.search_tag(1, 0.6, 10) == "greedy.margin10"
 
 
 def test_examples_are_a_seeded_draw_plus_the_worst_and_escape_table_cells():
@@ -260,7 +323,7 @@ def test_copy_baseline_scores_the_sources_as_translations(workdir, tmp_path, cap
   shutil.copy(os.path.join(workdir, "config.json"), bare)
   rc, out, err = run_main(evaluate_script, ["--workdir", str(bare), "--baseline", "copy"], capsys)
   assert rc == 0 and json.loads(out)["bleu"] == pytest.approx(expected), err
-  assert sorted(os.listdir(bare)) == ["baselines", "config.json"]
+  assert sorted(os.listdir(bare)) == ["baselines", "config.json", "eval"]
   # A run from before data.split was recorded is told what to add, not guessed (its held-out
   # pairs depend on it) and not a KeyError traceback.
   with open(bare / "config.json") as f:

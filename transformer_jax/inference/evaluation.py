@@ -1,23 +1,31 @@
 """Translate a whole split and score it: sacreBLEU and chrF on detokenized text.
 
     result = evaluate(Translator("runs/default", beam_size=4), data, "test")
-    floor = copy_baseline(data, "test")      # the source copied as the translation
+    floor = copy_baseline(data.raw_examples("test"), "test", "runs/default/baselines")
 
 BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the raw references;
 the signatures are in the result. The copy baseline scores what needs no model at all: names,
 numbers, file names and other tokens that a translation keeps unchanged.
+
+Outputs go to `<workdir>/eval/<checkpoint>/` (`step_1000`, `averaged_1000`), never into a
+checkpoint's step directory: training deletes old steps (keep-N) and would take an evaluation
+with them, or an evaluation still running when its step went would write a stray step
+directory back. Their names carry the split and the search (`test.greedy`,
+`test.beam4.alpha0.6`), so evaluations of one checkpoint with different searches sit side by
+side, and every result is also appended to `<workdir>/eval/results.jsonl`.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import re
 from typing import Sequence
 
 from transformer_jax import bleu as bleu_lib
 from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.run import averaging
-from transformer_jax.run.workdir import RunError
+from transformer_jax.run.workdir import AVERAGED, CHECKPOINTS, EVAL, EVAL_LOG, RunError
 
 BASELINES = ("copy",)
 
@@ -60,29 +68,60 @@ def examples_markdown(rows: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def search_tag(beam_size: int, alpha: float, max_len_margin: int) -> str:
+  """`greedy` or `beam4.alpha0.6`, plus `.margin20` when the margin is not the paper's 50."""
+  tag = "greedy" if beam_size == 1 else f"beam{beam_size}.alpha{alpha:g}"
+  return tag if max_len_margin == 50 else f"{tag}.margin{max_len_margin}"
+
+
+def default_output_dir(workdir: str, checkpoint_dir: str, step: int) -> str:
+  """`<workdir>/eval/step_<N>` for the run's own checkpoints, `averaged_<N>` for its averaged
+  ones, and `<parent>.<name>_<N>` (path-safe) for another directory's."""
+  workdir = os.path.abspath(workdir)
+  checkpoint_dir = os.path.abspath(checkpoint_dir)
+  if checkpoint_dir == os.path.join(workdir, CHECKPOINTS):
+    name = "step"
+  elif checkpoint_dir == os.path.join(workdir, AVERAGED):
+    name = AVERAGED
+  else:
+    parent, base = os.path.split(checkpoint_dir)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{os.path.basename(parent)}.{base}")
+  return os.path.join(workdir, EVAL, f"{name}_{step}")
+
+
+def _write_file(path: str, text: str) -> None:
+  """Whole or not at all: a reader never sees half a file, nor a crash leaves one."""
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
+
+
 def _write(output_dir: str, name: str, hypotheses: Sequence[str], result: dict,
-           pairs: Sequence[tuple[str, str]], num_examples: int) -> dict:
+           pairs: Sequence[tuple[str, str]], num_examples: int, workdir: str | None) -> dict:
   """`hypotheses.<name>.txt` (one line per pair, in the split's order), `eval.<name>.json` and
-  `examples.<name>.md` (`num_examples` drawn at random with seed 0, plus the worst)."""
+  `examples.<name>.md` (`num_examples` drawn at random with seed 0, plus the worst); the result
+  is also appended as one line to `<workdir>/eval/results.jsonl` (unless `workdir` is None)."""
   os.makedirs(output_dir, exist_ok=True)
-  hyp_path = os.path.join(output_dir, f"hypotheses.{name}.txt")
-  with open(hyp_path, "w", encoding="utf-8") as f:
-    f.writelines(h + "\n" for h in hypotheses)
-  result["hypotheses"] = hyp_path
+  result["hypotheses"] = os.path.join(output_dir, f"hypotheses.{name}.txt")
+  _write_file(result["hypotheses"], "".join(h + "\n" for h in hypotheses))
   if num_examples > 0:
     result["examples"] = os.path.join(output_dir, f"examples.{name}.md")
-    with open(result["examples"], "w", encoding="utf-8") as f:
-      f.write(examples_markdown(examples(pairs, hypotheses, num_examples)))
-  with open(os.path.join(output_dir, f"eval.{name}.json"), "w") as f:
-    json.dump(result, f, indent=2)
+    _write_file(result["examples"], examples_markdown(examples(pairs, hypotheses, num_examples)))
+  _write_file(os.path.join(output_dir, f"eval.{name}.json"), json.dumps(result, indent=2))
+  if workdir is not None:
+    os.makedirs(os.path.join(workdir, EVAL), exist_ok=True)
+    # One write of one line in append mode: evaluations running side by side do not interleave.
+    with open(os.path.join(workdir, EVAL, EVAL_LOG), "a", encoding="utf-8") as f:
+      f.write(json.dumps(result) + "\n")
   return result
 
 
 def evaluate(translator: Translator, data, split: str, output_dir: str | None = None,
              num_examples: int = 10) -> dict:
   """Translate every pair of `split` (nothing dropped or truncated for length), write the
-  hypotheses, examples and the result into `output_dir` (default: the checkpoint's step
-  directory) and return the scores, the search settings and the search throughput."""
+  hypotheses, examples and the result into `output_dir` (default: `default_output_dir`) as
+  `<kind>.<split>.<search tag>.*`, append the result to `<workdir>/eval/results.jsonl` and
+  return the scores, the search settings and the search throughput."""
   pairs = nonempty(data.raw_examples(split), split)
   warnings: list[str] = []
   hypotheses = translator.translate([s for s, _ in pairs], warnings.append,
@@ -96,16 +135,20 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
             **scores(hypotheses, [t for _, t in pairs]), **translator.settings(),
             "averaged_steps": averaging.averaged_steps(translator.checkpoint_dir, translator.step),
             "truncated_sources": len(warnings), **translator.stats.as_dict()}
-  return _write(output_dir or translator.step_dir, split, hypotheses, result, pairs,
-                num_examples)
+  output_dir = output_dir or default_output_dir(translator.workdir, translator.checkpoint_dir,
+                                                 translator.step)
+  tag = search_tag(translator.beam_size, translator.alpha, translator.max_len_margin)
+  return _write(output_dir, f"{split}.{tag}", hypotheses, result, pairs, num_examples,
+                translator.workdir)
 
 
 def copy_baseline(pairs: list[tuple[str, str]], split: str, output_dir: str,
-                  num_examples: int = 10) -> dict:
+                  num_examples: int = 10, workdir: str | None = None) -> dict:
   """The scores of copying each source of `pairs` (the split's) as its translation: no model
-  and no tokenizer involved."""
+  and no tokenizer involved. With `workdir`, the result is also appended to its
+  `eval/results.jsonl`."""
   pairs = nonempty(pairs, split)
   hypotheses = [" ".join(s.split()) for s, _ in pairs]
   result = {"split": split, "sentences": len(pairs), "baseline": "copy",
             **scores(hypotheses, [t for _, t in pairs])}
-  return _write(output_dir, f"{split}.copy", hypotheses, result, pairs, num_examples)
+  return _write(output_dir, f"{split}.copy", hypotheses, result, pairs, num_examples, workdir)

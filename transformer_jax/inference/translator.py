@@ -127,7 +127,7 @@ class Translator:
 
   @property
   def step_dir(self) -> str:
-    """The directory of the checkpoint in use (outputs about it are written there)."""
+    """The directory of the checkpoint in use (read only: evaluations go to `<workdir>/eval`)."""
     return os.path.join(self.checkpoint_dir, str(self.step))
 
   @property

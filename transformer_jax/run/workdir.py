@@ -29,6 +29,8 @@ CONFIG = "config.json"
 SPM_MODEL = "spm.model"
 CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged"
+EVAL = "eval"                  # scripts/evaluate.py's outputs, never touched by training
+EVAL_LOG = "results.jsonl"     # in EVAL: one line per evaluation, appended
 TRAIN_HINT = "train first with scripts/train.py --config configs/default.py --workdir {}"
 LOCK = ".lock"
 # Fields whose change on resume would make the checkpoint or the tokenizer unusable or silently
