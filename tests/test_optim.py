@@ -1,16 +1,21 @@
 """The schedules and the optimizer that configs select, against hand calculations and properties."""
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
-from transformer_jax import optim
+from transformer_jax import experiment, optim, steps
+from transformer_jax.model import Transformer
+
+import tiny_config
 
 
 def config(**overrides):
   c = ml_collections.ConfigDict(dict(
       schedule="rsqrt", learning_rate=2.0, warmup_steps=10, num_train_steps=110,
-      weight_decay=0.0, grad_clip_norm=0.0, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9))
+      weight_decay=0.0, weight_decay_mask="all", grad_clip_norm=0.0, adam_b1=0.9, adam_b2=0.98,
+      adam_eps=1e-9))
   c.update(overrides)
   return c
 
@@ -75,6 +80,40 @@ def test_weight_decay_is_decoupled_and_off_at_zero():
   np.testing.assert_array_equal(updates(config(schedule="constant", warmup_steps=0), zero)[0], 0.0)
   decayed = updates(config(schedule="constant", warmup_steps=0, weight_decay=0.1), zero)[0]
   np.testing.assert_allclose(decayed, -2.0 * 0.1 * np.array([1.0, -2.0, 3.0]), rtol=1e-6)
+
+
+def test_weight_decay_on_the_matrices_leaves_biases_and_layer_norms_alone():
+  params = {"dense": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones((2,))},
+            "norm": {"scale": jnp.ones((2,)), "bias": jnp.ones((2,))},
+            "embed": {"embedding": jnp.full((4, 2), 2.0)}}
+  zero = jax.tree.map(jnp.zeros_like, params)
+
+  def update(mask):
+    c = config(schedule="constant", warmup_steps=0, weight_decay=0.1, weight_decay_mask=mask)
+    tx, _ = optim.make_optimizer(c, d_model=64)
+    return tx.update(zero, tx.init(params), params)[0]
+
+  u = update("matrices")
+  np.testing.assert_allclose(u["dense"]["kernel"], -0.2, rtol=1e-6)
+  np.testing.assert_allclose(u["embed"]["embedding"], -0.4, rtol=1e-6)
+  for leaf in (u["dense"]["bias"], u["norm"]["scale"], u["norm"]["bias"]):
+    np.testing.assert_array_equal(leaf, 0.0)
+  assert all(np.all(np.asarray(leaf) < 0) for leaf in jax.tree.leaves(update("all")))
+  with pytest.raises(ValueError, match="config.weight_decay_mask='norms'"):
+    update("norms")
+
+
+def test_the_models_matrices_are_its_kernels_and_embeddings():
+  c = tiny_config.get_config()
+  model_cfg = experiment.transformer_config(c, vocab_size=64)
+  model = Transformer(model_cfg)
+  x = jnp.ones((1, 8), jnp.int32)
+  params = jax.eval_shape(lambda: steps.unbox(model.init(jax.random.key(0), x, x)["params"]))
+  decays = jax.tree_util.tree_flatten_with_path(optim.decay_mask("matrices")(params))[0]
+  names = {jax.tree_util.keystr(path): bool(d) for path, d in decays}
+  assert names and all(d == (k.endswith("['kernel']") or k.endswith("['embedding']"))
+                       for k, d in names.items()), names
+  assert any(not d for d in names.values()) and any(names.values())
 
 
 def test_global_norm_clipping():

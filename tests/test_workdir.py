@@ -305,6 +305,38 @@ def test_a_run_split_before_the_grouping_is_told_how_to_resume(run, data_dir):
     workdir_lib.check_config(run, config(data_dir))
 
 
+def test_weight_decay_on_the_matrices_resumes_and_a_change_of_what_decays_is_refused(
+    tmp_path, data_dir):
+  run = str(tmp_path / "decay")
+  loop.train_and_evaluate(config(data_dir, weight_decay=0.1, num_train_steps=2), run)
+  # The masked AdamW state goes through a checkpoint and back.
+  loop.train_and_evaluate(config(data_dir, weight_decay=0.1, num_train_steps=4), run)
+  assert checkpointing.checkpoint_steps(os.path.join(run, "checkpoints"))[-1] == 4
+  with pytest.raises(workdir_lib.ConfigChangeRefused,
+                     match=r"weight_decay_mask: 'matrices' -> 'all' \(changes the optimizer"):
+    workdir_lib.check_config(run, config(data_dir, weight_decay=0.1, weight_decay_mask="all"))
+  # A run from before the option decayed every parameter (no optax.masked in its state): told
+  # how to resume it, and resumed with "all" as before.
+  path = workdir_lib._current_config_path(run)   # config.2.json: the resume changed the steps
+  with open(path) as f:
+    stored = json.load(f)
+  del stored["weight_decay_mask"]
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="--config.weight_decay_mask=all"):
+    workdir_lib.check_config(run, config(data_dir, weight_decay=0.1))
+  assert workdir_lib.check_config(
+      run, config(data_dir, weight_decay=0.1, weight_decay_mask="all", num_train_steps=4))[1] == [
+          ("weight_decay_mask", None, "all")]
+  # Without weight decay there is no such state: the mask may change freely.
+  stored["weight_decay"] = 0.0
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  assert workdir_lib.check_config(
+      run, config(data_dir, weight_decay_mask="all", num_train_steps=4))[1] == [
+          ("weight_decay_mask", None, "all")]
+
+
 def test_a_resume_from_an_older_checkpoint_supersedes_later_changes(run, data_dir):
   c = config(data_dir, num_train_steps=9)
   model = Translator(run).config

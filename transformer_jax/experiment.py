@@ -12,7 +12,7 @@ import ml_collections
 
 from transformer_jax.config import TransformerConfig, model_config
 from transformer_jax.data import config as data_config
-from transformer_jax.optim import SCHEDULES
+from transformer_jax.optim import SCHEDULES, WEIGHT_DECAY_MASKS
 from transformer_jax.sharding import DEFAULT_RULES, MESH_AXES
 
 # TransformerConfig fields a run sets itself: the vocabulary comes from the tokenizer, the mode
@@ -49,7 +49,8 @@ def base_config(size: str = "small") -> ml_collections.ConfigDict:
   c.adam_b1 = 0.9                 # the paper: 0.9, 0.98, 1e-9
   c.adam_b2 = 0.98
   c.adam_eps = 1e-9
-  c.weight_decay = 0.0            # > 0 switches Adam to AdamW
+  c.weight_decay = 0.0            # > 0 switches Adam to AdamW (the paper: plain Adam)
+  c.weight_decay_mask = "matrices"  # decay kernels and embeddings only; "all": every parameter
   c.grad_clip_norm = 0.0          # global-norm clipping; 0 = off (the paper does not clip)
   c.label_smoothing = 0.1         # epsilon_ls
   c.grad_accum_steps = 1          # microbatches per step (rows must divide evenly)
@@ -134,6 +135,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for field in ("weight_decay", "grad_clip_norm"):
     if c[field] < 0:
       bad(field, c[field], "must be >= 0 (0 turns it off)")
+  if c.weight_decay_mask not in WEIGHT_DECAY_MASKS:
+    bad("weight_decay_mask", c.weight_decay_mask, f"expected one of {WEIGHT_DECAY_MASKS}")
   if not 1 <= c.average_last_checkpoints <= c.keep_checkpoints:
     # Found out only after training otherwise, with the checkpoints it needed deleted.
     bad("average_last_checkpoints", c.average_last_checkpoints,

@@ -1,10 +1,15 @@
 """The paper's learning-rate schedule and optimizer (Adam with beta2 = 0.98, eps = 1e-9)."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
 SCHEDULES = ("rsqrt", "constant", "cosine")
+# What AdamW's weight decay applies to: "matrices" = the parameters of two or more dimensions
+# (projection kernels and embeddings), not biases nor LayerNorm scales and biases, as nanoGPT,
+# BERT and most AdamW recipes do; "all" = every parameter, as the Flax WMT example does.
+WEIGHT_DECAY_MASKS = ("matrices", "all")
 
 
 def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0):
@@ -33,15 +38,27 @@ def make_schedule(config, d_model: int):
   raise ValueError(f"config.schedule={name!r}: expected one of {SCHEDULES}")
 
 
+def decay_mask(name: str):
+  """optax's `mask` for `config.weight_decay_mask`: None (every parameter) or a function of the
+  parameters giving True where they decay."""
+  if name not in WEIGHT_DECAY_MASKS:
+    raise ValueError(f"config.weight_decay_mask={name!r}: expected one of {WEIGHT_DECAY_MASKS}")
+  if name == "all":
+    return None  # no optax.masked wrapper: the optimizer state of runs from before the option
+  return lambda params: jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
 def make_optimizer(config, d_model: int):
-  """Adam (AdamW when weight_decay > 0), optional global-norm clipping; returns (tx, schedule)."""
+  """Adam (AdamW when weight_decay > 0, on the parameters `weight_decay_mask` names), optional
+  global-norm clipping; returns (tx, schedule)."""
   for field in ("weight_decay", "grad_clip_norm"):
     if config[field] < 0:
       raise ValueError(f"config.{field}={config[field]}: must be >= 0 (0 turns it off)")
   schedule = make_schedule(config, d_model)
   if config.weight_decay > 0:
     adam = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
-                       weight_decay=config.weight_decay)
+                       weight_decay=config.weight_decay,
+                       mask=decay_mask(config.weight_decay_mask))
   else:
     adam = optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
   if config.grad_clip_norm > 0:

@@ -217,6 +217,10 @@ def refusal(field: str, old, new, stored: dict, *, has_checkpoint: bool,
       return "the model's parameters or what they compute"
   if field in ("weight_decay", "grad_clip_norm") and bool(old) != bool(new):
     return "the optimizer state's structure (Adam <-> AdamW, clipping on <-> off)"
+  if field == "weight_decay_mask" and stored.get("weight_decay", 0) > 0:
+    # "all" has no optax.masked wrapper, "matrices" has; a run from before the field is "all".
+    if (old or "all") != new:
+      return "the optimizer state's structure (AdamW on every parameter <-> on the matrices)"
   return None
 
 
@@ -239,6 +243,9 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
     if any(f == "data.split" and old is None for f, old, _, _ in refused):
       lines += ("\n  (runs made before 2026-11-23 split their corpus by the exact source: add "
                 "--config.data.split=source to resume one of them)")
+    if any(f == "weight_decay_mask" and old is None for f, old, _, _ in refused):
+      lines += ("\n  (runs made before 2026-11-25 decayed every parameter: add "
+                "--config.weight_decay_mask=all to resume one of them)")
     raise ConfigChangeRefused(
         f"{workdir} holds a run whose config these changes contradict:\n{lines}\nNothing was "
         f"changed in {workdir}. To resume it, drop these overrides (its config is "
