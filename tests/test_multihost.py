@@ -62,7 +62,7 @@ def _run_two_processes(data_dir, workdir, mesh_flags) -> tuple[list[int], list[s
            "--config", os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", str(workdir),
            f"--config.data.data_dir={data_dir}", "--config.model.dropout_rate=0.0",
            f"--config.num_train_steps={STEPS}", f"--config.checkpoint_every_steps={STEPS}",
-           "--config.bleu_num_sentences=4",
+           "--config.bleu_num_sentences=4", "--config.keep_best=bleu",
            f"--config.coordinator_address=127.0.0.1:{port}",
            f"--config.coordinator_bind_address=127.0.0.1:{port}",
            "--config.num_processes=2", f"--config.process_id={i}", *mesh_flags]
@@ -139,6 +139,11 @@ def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
     np.testing.assert_array_equal(a, np.asarray(b))
   trainer.checkpointer.close()
+  # Both processes wrote the best BLEU's parameters together (sharded over both with fsdp).
+  best_step, best = checkpointing.load_params(str(workdir / "best_bleu"))
+  assert best_step == STEPS
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(best)):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_two_processes_refuse_a_mesh_that_gives_both_the_same_rows(tmp_path):

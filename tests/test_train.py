@@ -150,6 +150,8 @@ def test_gradient_accumulation_equals_big_batch():
     ("schedule", "cosine", r"config.warmup_steps=10: must be < num_train_steps=6"),
     ("weight_decay", -0.1, r"config.weight_decay=-0.1: must be >= 0"),
     ("grad_clip_norm", -1.0, r"config.grad_clip_norm=-1.0: must be >= 0"),
+    ("weight_decay_mask", "norms", r"config.weight_decay_mask='norms': expected one of"),
+    ("keep_best", "BLEU", r"config.keep_best='BLEU': expected '' \(off\) or one of \['bleu', "),
     # The tiny config keeps 3 checkpoints: averaging 4 would find one deleted after training.
     ("average_last_checkpoints", 4, r"config.average_last_checkpoints=4: must be in \[1, "
      r"keep_checkpoints=3\]"),

@@ -12,11 +12,14 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
 from transformer_jax.data import get_data
+from transformer_jax.inference import evaluation
 from transformer_jax.inference.translator import Translator
+from transformer_jax.run import best as best_lib
 from transformer_jax.run import checkpointing, loop, metrics
 from transformer_jax.run import workdir as workdir_lib
 
@@ -335,6 +338,58 @@ def test_weight_decay_on_the_matrices_resumes_and_a_change_of_what_decays_is_ref
   assert workdir_lib.check_config(
       run, config(data_dir, weight_decay_mask="all", num_train_steps=4))[1] == [
           ("weight_decay_mask", None, "all")]
+
+
+def test_keep_best_keeps_only_the_best_and_survives_a_resume_from_before_it(tmp_path):
+  run = str(tmp_path / "run")
+  params = lambda x: {"dense": {"kernel": np.full((2, 3), x, np.float32)}}  # noqa: E731
+  keeper = best_lib.BestKeeper(run, "eval_loss")
+  assert keeper.value is None
+  assert keeper.offer(2, params(2.0), {"eval_loss": 3.0})
+  assert not keeper.offer(4, params(4.0), {"eval_loss": 3.5})            # worse
+  assert not keeper.offer(5, params(5.0), {"eval_loss": 3.0})            # a tie: the earlier stays
+  assert not keeper.offer(6, params(6.0), {"eval_loss": float("nan")})
+  assert not keeper.offer(7, params(7.0), {"bleu": 50.0})                # not its metric
+  directory = os.path.join(run, "best_eval_loss")
+  assert checkpointing.checkpoint_steps(directory) == [2]
+  assert keeper.offer(8, params(8.0), {"eval_loss": 2.0})
+  assert checkpointing.checkpoint_steps(directory) == [8]
+  assert checkpointing.load_params(directory)[1]["dense"]["kernel"][0, 0] == 8.0
+  # A resume reads the best so far back; a better step below it (training again from an
+  # earlier checkpoint) replaces it, where Orbax's own rotation would keep the higher step.
+  again = best_lib.BestKeeper(run, "eval_loss")
+  assert (again.step, again.value) == (8, 2.0)
+  assert not again.offer(6, params(6.0), {"eval_loss": 2.5})
+  assert again.offer(6, params(6.5), {"eval_loss": 1.5})
+  assert checkpointing.checkpoint_steps(directory) == [6]
+  # Larger is better for BLEU and accuracy.
+  bleu = best_lib.BestKeeper(run, "bleu")
+  assert bleu.offer(2, params(1.0), {"bleu": 10.0}) and not bleu.offer(4, params(1.0), {"bleu": 9})
+  assert bleu.offer(6, params(1.0), {"bleu": 11.0}) and bleu.directory.endswith("best_bleu")
+
+
+def test_a_run_with_keep_best_saves_the_best_evaluation_for_the_tools(tmp_path, data_dir,
+                                                                       capsys):
+  run = str(tmp_path / "run")
+  loop.train_and_evaluate(config(data_dir, num_train_steps=4, eval_every_steps=1,
+                                 checkpoint_every_steps=1, keep_checkpoints=4,
+                                 keep_best="eval_loss"), run)
+  evals = {r["step"]: r["eval_loss"] for r in metrics.read_metrics(run) if "eval_loss" in r}
+  assert sorted(evals) == [1, 2, 3, 4]
+  best_step = min(evals, key=lambda s: (evals[s], s))
+  directory = os.path.join(run, "best_eval_loss")
+  assert checkpointing.checkpoint_steps(directory) == [best_step]
+  step, params = checkpointing.load_params(directory)
+  _, saved = checkpointing.load_params(run, best_step)
+  assert step == best_step and all(
+      np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(saved)))
+  out, err = capsys.readouterr()
+  assert f"best eval_loss so far; its parameters are in {directory}" in out + err
+  # The tools read it like averaged/, and evaluate.py names its outputs after it.
+  translator = Translator(run, checkpoint=directory)
+  assert translator.step == best_step
+  assert evaluation.default_output_dir(run, translator.checkpoint_dir, best_step) == \
+      os.path.join(run, "eval", f"best_eval_loss_{best_step}")
 
 
 def test_a_resume_from_an_older_checkpoint_supersedes_later_changes(run, data_dir):

@@ -15,6 +15,10 @@ from transformer_jax.data import config as data_config
 from transformer_jax.optim import SCHEDULES, WEIGHT_DECAY_MASKS
 from transformer_jax.sharding import DEFAULT_RULES, MESH_AXES
 
+# `keep_best`'s metrics (names of metrics.jsonl) -> whether larger is better (run/best.py).
+BEST_METRICS = {"bleu": True, "eval_loss": False, "eval_nll": False, "eval_perplexity": False,
+                "eval_accuracy": True}
+
 # TransformerConfig fields a run sets itself: the vocabulary comes from the tokenizer, the mode
 # flags from what is being run.
 _RUNTIME_FIELDS = ("vocab_size", "target_vocab_size", "deterministic", "decode", "pad_id",
@@ -72,6 +76,9 @@ def base_config(size: str = "small") -> ml_collections.ConfigDict:
   c.length_penalty_alpha = 0.6    # GNMT length penalty alpha (paper: 0.6)
   c.max_len_margin = 50           # output length limit = source length + margin (paper: 50)
   c.average_last_checkpoints = 1  # paper: 5 (base), 20 (big); used by the evaluation tools
+  # "bleu", "eval_loss", "eval_accuracy", ...: keep the parameters of the best evaluation so far
+  # in <workdir>/best_<metric>/ (run/best.py); "" = off, as the paper (it averages the last ones)
+  c.keep_best = ""
 
   c.checkpoint_every_steps = 500  # also saved at the end and on SIGTERM/SIGINT
   c.keep_checkpoints = 3          # the last N
@@ -135,6 +142,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for field in ("weight_decay", "grad_clip_norm"):
     if c[field] < 0:
       bad(field, c[field], "must be >= 0 (0 turns it off)")
+  if c.keep_best and c.keep_best not in BEST_METRICS:
+    bad("keep_best", c.keep_best, f"expected '' (off) or one of {sorted(BEST_METRICS)}")
   if c.weight_decay_mask not in WEIGHT_DECAY_MASKS:
     bad("weight_decay_mask", c.weight_decay_mask, f"expected one of {WEIGHT_DECAY_MASKS}")
   if not 1 <= c.average_last_checkpoints <= c.keep_checkpoints:

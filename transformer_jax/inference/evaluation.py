@@ -25,7 +25,7 @@ from typing import Sequence
 from transformer_jax import bleu as bleu_lib
 from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.run import averaging
-from transformer_jax.run.workdir import AVERAGED, CHECKPOINTS, EVAL, EVAL_LOG, RunError
+from transformer_jax.run.workdir import CHECKPOINTS, EVAL, EVAL_LOG, RunError
 
 BASELINES = ("copy",)
 
@@ -75,14 +75,15 @@ def search_tag(beam_size: int, alpha: float, max_len_margin: int) -> str:
 
 
 def default_output_dir(workdir: str, checkpoint_dir: str, step: int) -> str:
-  """`<workdir>/eval/step_<N>` for the run's own checkpoints, `averaged_<N>` for its averaged
-  ones, and `<parent>.<name>_<N>` (path-safe) for another directory's."""
+  """`<workdir>/eval/step_<N>` for the run's own checkpoints, `averaged_<N>` or
+  `best_bleu_<N>` for its `averaged/` or `best_bleu/`, and `<parent>.<name>_<N>` (path-safe)
+  for another directory's."""
   workdir = os.path.abspath(workdir)
   checkpoint_dir = os.path.abspath(checkpoint_dir)
   if checkpoint_dir == os.path.join(workdir, CHECKPOINTS):
     name = "step"
-  elif checkpoint_dir == os.path.join(workdir, AVERAGED):
-    name = AVERAGED
+  elif os.path.dirname(checkpoint_dir) == workdir:
+    name = os.path.basename(checkpoint_dir)
   else:
     parent, base = os.path.split(checkpoint_dir)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{os.path.basename(parent)}.{base}")

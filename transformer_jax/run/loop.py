@@ -13,6 +13,7 @@ import jax
 import ml_collections
 
 from transformer_jax import experiment, flops
+from transformer_jax.run import best as best_lib
 from transformer_jax.run import distributed
 from transformer_jax.run import metrics as metrics_lib
 from transformer_jax.run import workdir as workdir_lib
@@ -89,6 +90,8 @@ class _Run:
   def __init__(self, trainer: Trainer, workdir: str):
     self.trainer, self.workdir, self.config = trainer, workdir, trainer.config
     self.cadence = Cadence.from_config(trainer.config)
+    self.best = best_lib.BestKeeper(workdir, self.config.keep_best) if self.config.keep_best \
+        else None
     self.state, saved_data, self.origin = trainer.initial_state()
     self.step = int(jax.device_get(self.state.step))
     self.batches = trainer.train_batches(saved_data)
@@ -208,6 +211,9 @@ class _Run:
     self.writer.write(self.step, record)
     self.progress.write(f"step {self.step}: " + ", ".join(
         f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
+    if self.best is not None and self.best.offer(self.step, params, record):
+      self.progress.write(f"step {self.step}: best {self.best.metric} so far; its parameters "
+                          f"are in {self.best.directory}")
     return record
 
   def _final_evaluation_done(self) -> bool:

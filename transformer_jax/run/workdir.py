@@ -7,6 +7,8 @@
     <workdir>/tensorboard/     the same scalars for TensorBoard
     <workdir>/checkpoints/     Orbax steps: train state, data iterator positions, metadata
     <workdir>/averaged/        averaged parameters (scripts/average_checkpoints.py)
+    <workdir>/best_<metric>/   the best evaluation's parameters (config.keep_best, run/best.py)
+    <workdir>/eval/            scripts/evaluate.py's outputs and results.jsonl
     <workdir>/config.<step>.json  the config a resume at <step> changed to (see `check_config`)
     <workdir>/.lock            held by the run that trains in the workdir (see `Lock`)
 
