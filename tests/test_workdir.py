@@ -340,7 +340,12 @@ def test_weight_decay_on_the_matrices_resumes_and_a_change_of_what_decays_is_ref
           ("weight_decay_mask", None, "all")]
 
 
-def test_keep_best_keeps_only_the_best_and_survives_a_resume_from_before_it(tmp_path):
+def _no_space(*args, **kwargs):
+  raise OSError(28, "No space left on device")
+
+
+def test_keep_best_keeps_only_the_best_and_survives_a_resume_from_before_it(tmp_path,
+                                                                           monkeypatch):
   run = str(tmp_path / "run")
   params = lambda x: {"dense": {"kernel": np.full((2, 3), x, np.float32)}}  # noqa: E731
   keeper = best_lib.BestKeeper(run, "eval_loss")
@@ -362,6 +367,22 @@ def test_keep_best_keeps_only_the_best_and_survives_a_resume_from_before_it(tmp_
   assert not again.offer(6, params(6.0), {"eval_loss": 2.5})
   assert again.offer(6, params(6.5), {"eval_loss": 1.5})
   assert checkpointing.checkpoint_steps(directory) == [6]
+  # A write that fails (here: the directory made read-only) is one StorageError, and loses
+  # nothing: the best so far stays, and stays readable.
+  if os.geteuid() != 0:  # root writes into read-only directories
+    os.chmod(directory, 0o555)
+  else:
+    monkeypatch.setattr(best_lib.ocp.CheckpointManager, "save", _no_space)
+  try:
+    with pytest.raises(checkpointing.StorageError,
+                       match=r"saving step 9's parameters as the best eval_loss into .*"
+                             r"The best so far, step 6, is untouched"):
+      again.offer(9, params(9.0), {"eval_loss": 1.0})
+  finally:
+    os.chmod(directory, 0o755)
+    monkeypatch.undo()
+  assert checkpointing.checkpoint_steps(directory) == [6] and (again.step, again.value) == (6, 1.5)
+  assert checkpointing.load_params(directory)[1]["dense"]["kernel"][0, 0] == 6.5
   # Larger is better for BLEU and accuracy.
   bleu = best_lib.BestKeeper(run, "bleu")
   assert bleu.offer(2, params(1.0), {"bleu": 10.0}) and not bleu.offer(4, params(1.0), {"bleu": 9})

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 
 import orbax.checkpoint as ocp
 
 from transformer_jax.experiment import BEST_METRICS
-from transformer_jax.run import distributed
+from transformer_jax.run import checkpointing, distributed
 
 
 def best_dir(workdir: str, metric: str) -> str:
@@ -69,15 +70,30 @@ class BestKeeper:
     if not distributed.from_main(value is not None and self.better(float(value))):
       return False
     meta = {"step": int(step), "metric": self.metric, "value": float(value)}
-    with ocp.CheckpointManager(self.directory, options=_options()) as mgr:
-      if step in mgr.all_steps():  # the same step again, after a resume from before it
-        mgr.delete(step)
-      mgr.save(int(step), args=ocp.args.Composite(
-          state=ocp.args.StandardSave({"params": params}), meta=ocp.args.JsonSave(meta)),
-          force=True)
-      mgr.wait_until_finished()
-      for old in mgr.all_steps():  # only once the new one is complete
-        if old != step:
-          mgr.delete(old)
+    try:
+      with ocp.CheckpointManager(self.directory, options=_options()) as mgr:
+        if step in mgr.all_steps():  # the same step again, after a resume from before it
+          mgr.delete(step)
+        mgr.save(int(step), args=ocp.args.Composite(
+            state=ocp.args.StandardSave({"params": params}), meta=ocp.args.JsonSave(meta)),
+            force=True)
+        mgr.wait_until_finished()
+        for old in mgr.all_steps():  # only once the new one is complete
+          if old != step:
+            mgr.delete(old)
+    except Exception as e:  # noqa: BLE001 - storage failures are reported, the rest re-raised
+      if not checkpointing.is_storage_failure(e):
+        raise
+      if distributed.is_main() and os.path.isdir(self.directory):
+        for name in os.listdir(self.directory):  # the half-written step
+          if ".orbax-checkpoint-tmp" in name:
+            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+      kept = (f"The best so far, step {self.step}, is untouched." if self.step is not None
+              else "There was no best yet.")
+      raise checkpointing.StorageError(
+          f"saving step {step}'s parameters as the best {self.metric} into {self.directory} "
+          f"failed: {str(e).strip().splitlines()[0][:300]}. {kept} The training checkpoints "
+          "are not affected: free space (or drop --config.keep_best) and run the same command "
+          "to resume.") from None
     self.step, self.value = int(step), float(value)
     return True
