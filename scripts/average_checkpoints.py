@@ -17,8 +17,8 @@ import sys
 from absl import flags
 
 from transformer_jax import cli
+from transformer_jax.inference.translator import workdir_config
 from transformer_jax.run.averaging import average_checkpoints
-from transformer_jax.run.workdir import load_run_config
 
 
 def define(values):
@@ -31,9 +31,10 @@ def define(values):
 
 
 def body(values, args):
+  run = workdir_config(values.workdir)  # a sweep or a checkpoints directory is told what to pass
   last = values.last
   if last is None:
-    last = int(load_run_config(values.workdir).get("average_last_checkpoints", 1))
+    last = int(run.get("average_last_checkpoints", 1))
   output, step, steps = average_checkpoints(
       values.workdir, last, values.output,
       log=lambda m: print(f"average_checkpoints: {m}", file=sys.stderr, flush=True))

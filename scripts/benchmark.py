@@ -98,7 +98,7 @@ def _options(v):
     return TRAIN(
         steps=v.steps, warmup=v.warmup, batches=v.batches, num_batches=v.num_batches,
         workdir=v.workdir, matmul_n=v.matmul_n, matmul_seconds=v.matmul_seconds,
-        profile_dir=v.profile_dir)
+        profile_dir=v.profile_dir, config_path=v["config"].config_filename)
   return DECODE(beams=tuple(int(b) for b in v.beams.split(",")), steps=v.steps,
                 rows=v.decode_rows, decode_len=v.decode_len, workdir=v.workdir)
 

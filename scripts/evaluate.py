@@ -3,6 +3,8 @@
     python scripts/evaluate.py --workdir runs/default --split test
     python scripts/evaluate.py --workdir runs/default --split test --averaged --beam_size 4
     python scripts/evaluate.py --workdir runs/default --split test --baseline copy
+    python scripts/evaluate.py --workdir runs/mine --source newstest2014.en \
+        --reference newstest2014.de --beam_size 4          # a test set of your own
 
 Every pair of the split is decoded (nothing dropped or truncated for length: sinusoidal
 positions extend past max_len; with a learned position table sources are cut to max_len - 1
@@ -38,7 +40,7 @@ from transformer_jax.data import get_data, raw_split
 from transformer_jax.inference import evaluation
 from transformer_jax.inference import translator as translator_lib
 from transformer_jax.inference.flags import define_checkpoint_flags, translator_from_flags
-from transformer_jax.run.workdir import RunError, load_run_config
+from transformer_jax.run.workdir import RunError
 
 
 def define(values):
@@ -53,6 +55,14 @@ def define(values):
   flags.DEFINE_enum("baseline", None, list(evaluation.BASELINES),
                     "score a baseline instead of the model: 'copy' = the source as translation",
                     flag_values=values)
+  flags.DEFINE_string("source", None, "score a test set of your own instead of a split: its "
+                      "source file, one sentence per line (with --reference)",
+                      flag_values=values)
+  flags.DEFINE_string("reference", None, "the reference translations of --source, "
+                      "line-aligned with it", flag_values=values)
+  flags.DEFINE_string("name", None, "the name of the --source test set in the output files "
+                      "(default: the source file's name without its extension)",
+                      flag_values=values)
   flags.DEFINE_integer("examples", 10, "pairs drawn at random (seed 0), plus the worst by "
                        "sentence chrF, written with their references to "
                        "examples.<split>.<search>.md; 0: none", lower_bound=0, flag_values=values)
@@ -71,14 +81,36 @@ def _data_config(values, run: dict):
   return data_config
 
 
+def _test_files(values) -> tuple[str, list[tuple[str, str]]] | None:
+  """(name, pairs) of --source/--reference, or None when scoring a split of the run's data."""
+  if not (values.source or values.reference):
+    return None
+  if not (values.source and values.reference):
+    raise RunError("--source and --reference go together: the test set's source file and its "
+                   "reference translations, line-aligned")
+  name = values.name or os.path.splitext(os.path.basename(values.source))[0]
+  return name, evaluation.file_pairs(values.source, values.reference)
+
+
 def body(values, args):
+  files = _test_files(values)
   if values.baseline:
-    pairs = raw_split(_data_config(values, load_run_config(values.workdir)), values.split)
+    run = translator_lib.workdir_config(values.workdir)
+    name, pairs = files or (values.split, raw_split(_data_config(values, run), values.split))
     output_dir = values.output_dir or os.path.join(values.workdir, "baselines")
-    result = evaluation.copy_baseline(pairs, values.split, output_dir, values.examples,
-                                      values.workdir)
-    print(f"evaluate: {values.split}: baseline {values.baseline}: BLEU {result['bleu']:.2f}, "
+    result = evaluation.copy_baseline(pairs, name, output_dir, values.examples, values.workdir)
+    print(f"evaluate: {name}: baseline {values.baseline}: BLEU {result['bleu']:.2f}, "
           f"chrF {result['chrf']:.2f} on {result['sentences']} sentences", file=sys.stderr)
+  elif files:
+    name, pairs = files
+    translator = translator_from_flags(values, truncate=None)
+    result = evaluation.evaluate(translator, None, name, values.output_dir, values.examples,
+                                 pairs=pairs, extra={
+                                     "source_file": os.path.abspath(values.source),
+                                     "reference_file": os.path.abspath(values.reference)})
+    print(f"evaluate: {name}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} on "
+          f"{result['sentences']} sentences; {translator_lib.throughput_line(translator.stats)}; "
+          f"hypotheses in {result['hypotheses']}", file=sys.stderr)
   else:
     translator = translator_from_flags(values, truncate=None)
     data = get_data(_data_config(values, translator.run), values.workdir)

@@ -1,4 +1,4 @@
-"""Plot the learning curves of one or more runs from their metrics.jsonl, as one PNG.
+r"""Plot the learning curves of one or more runs from their metrics.jsonl, as one PNG.
 
     python scripts/plot_metrics.py --workdir runs/locale_ende
     python scripts/plot_metrics.py --workdir runs/a --workdir runs/b --label pre --label post \

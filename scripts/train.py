@@ -2,16 +2,20 @@
 
     python scripts/train.py --config configs/default.py --workdir runs/default
 
-
 Any config field can be overridden: `--config.num_train_steps=500 --config.model.d_model=256`.
-Re-running the same command resumes from the workdir's latest checkpoint.
+Re-running the same command resumes from the workdir's latest checkpoint, and so does
+`python scripts/train.py --workdir runs/default` alone (the config the run trains with now, from
+its workdir); to resume with changes, `--config configs/resume.py:runs/default
+--config.num_train_steps=2000`.
 """
+import os
 import sys
 
 from absl import flags
 
 from transformer_jax import cli
 from transformer_jax.run import distributed
+from transformer_jax.run import workdir as workdir_lib
 from transformer_jax.run.loop import train_and_evaluate
 
 
@@ -22,10 +26,17 @@ def define(values):
 
 
 def body(values, args):
-  if values.config is None:
-    print("error: --config is required, e.g. --config configs/default.py", file=sys.stderr)
-    return 2
-  result = train_and_evaluate(values.config, values.workdir)
+  config = values.config
+  if config is None:
+    if not os.path.exists(os.path.join(values.workdir, workdir_lib.CONFIG)):
+      print(f"error: --config is required to start a run ({values.workdir} holds none to "
+            "resume), e.g. --config configs/default.py", file=sys.stderr)
+      return 2
+    config = workdir_lib.experiment_config(values.workdir)
+    print(f"train: resuming with the run's own config "
+          f"({workdir_lib.current_config_path(values.workdir)}); to change fields, "
+          f"--config configs/resume.py:{values.workdir} --config.<field>=...", file=sys.stderr)
+  result = train_and_evaluate(config, values.workdir)
   summary = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()
              if isinstance(v, (int, float, str))}
   print(summary, file=sys.stderr)

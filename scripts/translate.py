@@ -34,13 +34,17 @@ def define(values):
 
 
 def body(values, sentences):
-  translator = translator_from_flags(values)
+  # Read before loading the model: a bad --input fails at once.
   if sentences:
     names = [f"argument {i + 1}" for i in range(len(sentences))]
   else:
-    sentences = read_lines(values.input)
+    try:
+      sentences = read_lines(values.input)
+    except OSError as e:  # the errno alone does not say which flag held the path
+      raise OSError(f"--input {values.input}: {e.strerror or e}") from None
     where = "stdin" if values.input == "-" else values.input
     names = [f"{where} line {i + 1}" for i in range(len(sentences))]
+  translator = translator_from_flags(values)
   # Opened before translating: a bad path fails now, not after the whole search.
   out = sys.stdout if values.output == "-" else open(values.output, "w", encoding="utf-8")
   if values.verbose:

@@ -3,6 +3,7 @@
 flags onto them; `--what train` needs neither tensorflow-datasets nor grain."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -134,6 +135,9 @@ def test_benchmark_train_smoke(capsys):
   assert code == 0
   printed = last_json_line(out)
   assert "train step: 32d, 1+1 layers, vocab 200, float32, batches synthetic" in out
+  assert f"config                    {TINY}\n" in out
+  assert "warm-up (untimed)         1 step, the first compiles" in out
+  assert printed["config_path"] == TINY and printed["warmup_steps"] == 1
   assert printed["what"] == "train" and printed["batches"] == "synthetic"
   assert printed["shapes"] == {"inputs": [8, 32], "targets": [8, 32]}
   assert printed["model"]["fused_qkv"] is True and printed["model"]["d_model"] == 32
@@ -161,6 +165,29 @@ def test_benchmark_profile_summary(tmp_path):
   assert sum(profile["categories"].values()) == pytest.approx(1.0, abs=1e-3)
 
 
+def test_an_mfu_above_100_percent_on_a_small_measured_matmul_is_explained(monkeypatch, capsys):
+  # A peak as low as a 256 matmul's can be: the step's MFU comes out far above 100%.
+  monkeypatch.setattr(bench_train.flops, "peak_flops",
+                      lambda dtype, n, **kw: (1e6, f"measured {dtype} {n}x{n} matmul"))
+  options = bench_train.TrainOptions(steps=1, warmup=1, matmul_n=256, matmul_seconds=0)
+  result = bench_train.run(tiny_config_with(), options)
+  assert result["figures"]["mfu"] > 1
+  notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+  assert len(notes) == 1 and "(measured float32 256x256 matmul) is too small a matmul" in notes[0]
+  assert "default 2048" in notes[0]
+  assert bench_train.mfu_note(0.98, "measured float32 256x256 matmul") is None
+  assert bench_train.mfu_note(1.2, "table[H100][bfloat16]") is None   # not the matmul's doing
+
+
+def test_help_into_a_closed_pipe_ends_without_a_traceback():
+  """`benchmark.py --help | head`: the reader is gone before the help is written."""
+  proc = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "benchmark.py"),
+                           "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc.stdout.close()
+  err = proc.stderr.read().decode()
+  assert proc.wait(timeout=300) == 1 and "Traceback" not in err, err
+
+
 def test_check_accelerator_runs_and_passes_on_cpu(tmp_path):
   check_accelerator = load_script("check_accelerator")
   out = tmp_path / "check.json"
@@ -178,8 +205,11 @@ def test_benchmark_decode_smoke(capsys):
   options = bench_decode.DecodeOptions(beams=(1, 2), steps=1, rows=2, decode_len=5)
   result = bench_decode.run(tiny_config_with(), options)
   assert json.loads(json.dumps(result)) == result
-  assert "decode: 2 sources x 32 tokens, up to 5 output tokens" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "decode: 2 sources x 32 tokens, up to 5 output tokens" in out
+  assert re.search(r"\nsources +random token ids \(4\.\.199, no padding\)", out), out
   assert result["what"] == "decode" and "random parameters" in result["parameters"]
+  assert result["sources"].startswith("random token ids")
   for name in ("greedy", "beam 2"):
     f = result["figures"][name]
     # EOS is disabled with random parameters: every sentence runs to its 5-token limit.

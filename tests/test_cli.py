@@ -41,3 +41,21 @@ def test_limits_that_no_pair_fits_are_an_error_line(tmp_path, capsys):
           "(pieces, EOS included)") in err, err[-2000:]
   assert "Traceback" not in err
   assert not [n for n in os.listdir(workdir / "checkpoints") if n.isdigit()]  # nothing saved
+
+
+def test_a_config_file_that_cannot_be_loaded_is_one_error_line(tmp_path, capsys):
+  workdir = tmp_path / "run"
+  json_config = tmp_path / "config.json"
+  json_config.write_text('{"share_embeddings": true}')
+  repo = os.path.dirname(os.path.dirname(TINY))
+  for config, message in (
+      ("configs/defualt.py", "error: --config configs/defualt.py: no such file (paths are "
+                             "relative to the current directory"),
+      (f"{repo}/configs/locale.py:xx", "error: configs/locale.py:xx: expected <pair>"),
+      (str(json_config), f"error: --config {json_config}: not a Python config file with "
+                         "get_config() (NameError"),
+      (f"{repo}/configs/resume.py", "error: configs/resume.py needs the run's workdir")):
+    assert train.main(["--config", config, "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+  assert not workdir.exists()

@@ -1,13 +1,15 @@
 """Learning curves (scripts/plot_metrics.py): one point per step, every curve drawn, a real PNG."""
 import json
 import os
+import subprocess
+import sys
 
 from matplotlib import image
 import numpy as np
 
-from transformer_jax.run import curves
+from transformer_jax.run import curves, metrics
 
-from scripts_under_test import load_script
+from scripts_under_test import SCRIPTS, load_script
 
 plot_metrics = load_script("plot_metrics")
 
@@ -94,3 +96,28 @@ def test_runs_with_the_same_name_are_told_apart_or_refused(tmp_path, capsys):
   # Only the names alike grow, and only as far as it takes.
   assert curves.default_labels(["x/a/run", "y/a/run", "runs/other", "z/b/run"]) == [
       "x/a/run", "y/a/run", "other", "b/run"]
+
+
+def test_the_progress_bar_shows_the_numbers_of_the_step_it_shows(capsys):
+  """At 20/60 the bar shows step 20's loss and learning rate, not the previous log's."""
+  progress = metrics.Progress(total=60, initial=0)
+  # Redraw at every update, as log intervals of seconds do.
+  progress.bar.mininterval, progress.bar.miniters, progress.bar.dynamic_miniters = 0, 0, False
+  for step in (10, 20, 30):
+    progress.update(step, {"train_loss": step / 10, "learning_rate": step * 1e-4,
+                           "tokens_per_sec": 1000.0, "mfu": 0.5})
+  progress.close()
+  drawn = [line for line in capsys.readouterr().err.split("\r") if "/60" in line]
+  for step in (10, 20, 30):
+    lines = [line for line in drawn if f" {step}/60 " in line]
+    assert lines and all(f"loss {step / 10:.3f} lr {step * 1e-4:.2e}" in line
+                         for line in lines), lines
+
+
+def test_help_into_a_closed_pipe_ends_without_a_traceback():
+  """`plot_metrics.py --help | head`: the reader is gone before the help is written."""
+  proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, "plot_metrics.py"), "--help"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc.stdout.close()
+  err = proc.stderr.read().decode()
+  assert proc.wait(timeout=120) == 1 and "Traceback" not in err and "Error" not in err, err

@@ -1,5 +1,6 @@
 """The training and evaluation streams on a small numbers dataset built into a tmp dir."""
 import json
+import logging
 import re
 import threading
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import batch as batch_lib
-from transformer_jax.data import default_data_config, get_data, pipeline
+from transformer_jax.data import datasets, default_data_config, get_data, pipeline
 
 KEYS = batch_lib.KEYS
 
@@ -558,3 +559,21 @@ def test_limits_no_pair_fits_are_an_error_not_an_endless_read(base, caplog):
       "than data.max_source_len=12 / data.max_target_len=12 (pieces, EOS included)") == 1
   # The next epoch's chunks still come (the error needs a whole epoch without a pair).
   assert read(read.chunks_per_epoch)
+
+
+def test_a_local_corpus_builds_and_loads_without_tfds_download_notices(tmp_path, capsys, caplog):
+  """TFDS's "Using custom data configuration" WARNING and its "Downloading and preparing dataset
+  Unknown size" read like failures for a corpus built from local files; they are not shown, and
+  other warnings still are."""
+  c = small_config(tmp_path, numbers_train_size=200, numbers_eval_size=20)
+  with caplog.at_level(logging.INFO, logger="absl"):
+    for _ in range(2):  # the build, then a load of what it built
+      sources = datasets.load_sources(c)
+    logging.getLogger("absl").warning("a real warning")
+  out, err = capsys.readouterr()
+  shown = out + err + caplog.text
+  for notice in ("custom data configuration", "Downloading and preparing", "Unknown size",
+                 "downloaded and prepared"):
+    assert notice not in shown, notice
+  assert err.count("built dataset numbers_translate/en-de-") == 1
+  assert "a real warning" in caplog.text and len(sources["train"]) == 200

@@ -228,6 +228,32 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
   assert sweeps.report(sweep_dir, metric="eval_loss")["rows"][0]["learning_rate"] == 2.0
 
 
+def test_points_run_one_by_one_update_their_entries_of_status_json(tmp_path):
+  """`--point i` (a SLURM array task, or a point run by hand) records its outcome in status.json
+  beside the other points', in point order; an entry of a point the sweep no longer has goes."""
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(FAKE_TRAIN)
+  sweep_dir = str(tmp_path / "sweep")
+  path = os.path.join(sweep_dir, "status.json")
+  runner = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3})
+  with open(path, "w") as f:   # an older sweep()'s point 1, and a line that is no entry
+    json.dump([{"index": 1, "name": "learning_rate=9,warmup_steps=9", "status": "done"}, 7], f)
+
+  def recorded():
+    with open(path) as f:
+      return [(r["index"], r["status"]) for r in json.load(f)]
+
+  runner.run([2], log=lambda s: None)
+  assert recorded() == [(2, "failed")]
+  runner.run([0], log=lambda s: None)
+  assert recorded() == [(0, "done"), (2, "failed")]
+  again = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3})
+  again.run([3, 0], log=lambda s: None)
+  assert recorded() == [(0, "skipped (done)"), (2, "failed"), (3, "done")]
+  with open(path) as f:
+    assert json.load(f)[2]["name"] == sweeps.point_name(runner.points[3])
+
+
 def test_a_done_point_runs_again_when_the_sweep_asks_for_more_steps(tmp_path):
   """A point DONE at 3 steps is not done at 6: the re-run extends it (training resumes from its
   checkpoint), SLURM re-submits it, and the report stops calling it done once it restarts."""
@@ -319,6 +345,22 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
     json.dump({"points": [{"overrides": p} for p in points if p["seed"] == 0]}, f)
   assert "seeds" not in json.dumps(sweeps.report(str(tmp_path), "bleu")["files"])
   assert "report_seeds.csv" not in os.listdir(tmp_path)
+
+
+def test_report_of_a_directory_that_is_not_a_sweep_says_so(tmp_path, capsys):
+  """Not the bare `[Errno 2] ... sweep.json`: what the directory is and what to pass."""
+  script = load_sweep_script()
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text("{}")
+  for path, hint in ((tmp_path, "pass the --workdir a sweep ran in"),
+                     (run, f"scripts/plot_metrics.py --workdir {run}"),
+                     (tmp_path / "missing", "it does not exist")):
+    assert script.main(["--workdir", str(path), "--report"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {path} is not a sweep directory (no sweep.json): " in err and hint in err, err
+    assert "Errno" not in err
+  assert os.listdir(run) == ["config.json"]   # no report written into it
 
 
 def test_config_overrides_reach_every_point(tmp_path, monkeypatch, capsys):

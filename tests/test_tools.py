@@ -184,6 +184,107 @@ def test_actionable_errors(workdir, tmp_path, capsys, monkeypatch):
   assert rc == 1 and "No such file or directory" in err
 
 
+def test_translate_names_the_input_flag_of_a_missing_file(workdir, tmp_path, capsys):
+  missing = tmp_path / "missing.txt"
+  rc, out, err = run_main(translate_script, ["--workdir", workdir, "--input", str(missing)],
+                          capsys)
+  assert rc == 1 and out == ""
+  assert f"error: --input {missing}: No such file or directory" in err, err
+
+
+def test_what_is_not_a_workdir_is_told_what_to_pass(workdir, tmp_path, capsys):
+  """Not "train first": a missing path, a run's checkpoints or one step of them, a sweep."""
+  missing = tmp_path / "no_such_run"
+  rc, _, err = run_main(translate_script, ["--workdir", str(missing), "one"], capsys)
+  assert rc == 1 and f"--workdir {missing} does not exist" in err and "train first" not in err
+  step_dir = os.path.join(workdir, "checkpoints", "6")
+  rc, _, err = run_main(evaluate_script, ["--workdir", step_dir], capsys)
+  assert rc == 1 and f"pass --workdir {workdir} --step 6" in err and "train first" not in err
+  rc, _, err = run_main(translate_script, ["--workdir", os.path.join(workdir, "checkpoints"),
+                                           "one"], capsys)
+  assert rc == 1 and f"pass --workdir {workdir}, with --step N" in err and "steps [3, 6]" in err
+  rc, _, err = run_main(average_script, ["--workdir", os.path.join(workdir, "checkpoints")],
+                        capsys)
+  assert rc == 1 and f"pass --workdir {workdir}" in err and "train first" not in err
+  sweep = tmp_path / "sweep"
+  (sweep / "learning_rate=1").mkdir(parents=True)
+  (sweep / "sweep.json").write_text("{}")
+  shutil.copy(os.path.join(workdir, "config.json"), sweep / "learning_rate=1")
+  rc, _, err = run_main(evaluate_script, ["--workdir", str(sweep), "--baseline", "copy"], capsys)
+  assert rc == 1 and "is a sweep (it holds sweep.json)" in err, err
+  assert f"pass one point's workdir as --workdir:\n  {sweep}/learning_rate=1" in err
+  assert "train first" not in err
+
+
+def _swap_two_pieces(spm_path: str) -> None:
+  """Another tokenizer with the same vocabulary size: two pieces change places."""
+  from sentencepiece import sentencepiece_model_pb2
+  model = sentencepiece_model_pb2.ModelProto()
+  with open(spm_path, "rb") as f:
+    model.ParseFromString(f.read())
+  model.pieces[-1].piece, model.pieces[-2].piece = model.pieces[-2].piece, model.pieces[-1].piece
+  with open(spm_path, "wb") as f:
+    f.write(model.SerializeToString())
+
+
+def test_a_checkpoint_of_a_run_with_another_tokenizer_is_refused(workdir, tmp_path, capsys):
+  """Same vocabulary size, other pieces: it used to decode silently with the wrong tokenizer."""
+  same = str(tmp_path / "same")
+  shutil.copytree(workdir, same)
+  rc, out, err = run_main(translate_script, ["--workdir", workdir, "--checkpoint",
+                                             os.path.join(same, "checkpoints"), "seven"], capsys)
+  assert rc == 0 and out.count("\n") == 1, err   # the same spm.model: fine
+  other = str(tmp_path / "other")
+  shutil.copytree(workdir, other)
+  _swap_two_pieces(os.path.join(other, "spm.model"))
+  for checkpoint in (other, os.path.join(other, "checkpoints"),
+                     os.path.join(other, "checkpoints", "3")):
+    rc, out, err = run_main(translate_script, ["--workdir", workdir, "--checkpoint", checkpoint,
+                                               "seven"], capsys)
+    assert rc == 1 and out == "", err
+    assert (f"belongs to the run {other}, trained with the tokenizer {other}/spm.model, which "
+            f"differs from {workdir}/spm.model") in err, err
+    assert f"pass --workdir {other} instead" in err
+
+
+def test_parameters_of_another_model_are_refused_naming_the_parameter(workdir, tmp_path,
+                                                                       capsys):
+  """A checkpoint of another vocabulary size: one line naming the parameter, not Flax's
+  ScopeParamShapeError traceback."""
+  _, params = checkpointing.load_params(workdir, 6)
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  path, table = next((p, x) for p, x in flat if "embed" in jax.tree_util.keystr(p))
+  name = "/".join(k.key for k in path)
+  bigger = jax.tree_util.tree_map_with_path(
+      lambda p, x: np.concatenate([x, x[:8]]) if p == path else x, params)
+  elsewhere = str(tmp_path / "elsewhere")
+  checkpointing.save_params(elsewhere, 6, bigger, {})
+  rc, out, err = run_main(translate_script, ["--workdir", workdir, "--checkpoint", elsewhere,
+                                             "seven"], capsys)
+  assert rc == 1 and out == "" and "Traceback" not in err, err
+  wider = (table.shape[0] + 8,) + table.shape[1:]
+  assert (f"the parameters in {elsewhere}/6 do not fit the model of {workdir}: {name} has "
+          f"shape {wider} there but {table.shape} in the model") in err, err
+  assert err.count("\n") == 1
+
+
+def test_a_stale_average_is_warned_about(workdir, tmp_path, capsys, monkeypatch):
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  shutil.rmtree(os.path.join(run, "averaged"), ignore_errors=True)
+  _, p3 = checkpointing.load_params(run, 3)
+  checkpointing.save_params(os.path.join(run, "averaged"), 3, p3, {"averaged_steps": [3]})
+  rc, out, err = run_main(translate_script, ["--workdir", run, "--averaged", "seven"], capsys)
+  assert rc == 0 and out.count("\n") == 1, err
+  warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+  assert len(warnings) == 1 and "has reached step 6" in warnings[0], err
+  assert f"re-run scripts/average_checkpoints.py --workdir {run}" in warnings[0]
+  rc, _, err = run_main(average_script, ["--workdir", run, "--last", "1"], capsys)
+  assert rc == 0, err
+  rc, _, err = run_main(translate_script, ["--workdir", run, "--averaged", "seven"], capsys)
+  assert rc == 0 and "warning:" not in err, err
+
+
 # ---------------------------------------------------------------- evaluate
 
 
@@ -252,6 +353,42 @@ def test_evaluations_with_other_searches_sit_side_by_side_and_are_logged(workdir
   assert rc == 0, err
   with open(os.path.join(run, "eval", "results.jsonl"), encoding="utf-8") as f:
     assert json.loads(f.read().splitlines()[-1]) == json.loads(out)
+
+
+def test_evaluate_scores_a_test_set_of_ones_own(workdir, tmp_path, capsys):
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  pairs = get_data(ml_collections.ConfigDict(workdir_lib.load_run_config(run)["data"]),
+                   run).raw_examples("test")
+  src, ref = tmp_path / "newstest.en", tmp_path / "newstest.de"
+  src.write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+  ref.write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+  rc, out, err = run_main(evaluate_script, ["--workdir", run, "--split", "test"], capsys)
+  assert rc == 0, err
+  split = json.loads(out)
+  rc, out, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src),
+                                            "--reference", str(ref)], capsys)
+  assert rc == 0, err
+  own = json.loads(out)
+  # The same pairs as the test split: the same scores, under the files' name.
+  assert (own["bleu"], own["chrf"], own["sentences"]) == (split["bleu"], split["chrf"],
+                                                         EVAL_SIZE)
+  assert own["split"] == "newstest" and own["source_file"] == str(src)
+  assert own["hypotheses"] == os.path.join(run, "eval", "step_6",
+                                           "hypotheses.newstest.greedy.txt")
+  with open(os.path.join(run, "eval", "results.jsonl"), encoding="utf-8") as f:
+    assert json.loads(f.read().splitlines()[-1]) == own
+  rc, out, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src),
+                                            "--reference", str(ref), "--baseline", "copy",
+                                            "--name", "nt14"], capsys)
+  assert rc == 0 and json.loads(out)["split"] == "nt14", err
+  # Misaligned files and a lone --source are one error line each.
+  ref.write_text("one line\n", encoding="utf-8")
+  rc, _, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src),
+                                          "--reference", str(ref)], capsys)
+  assert rc == 1 and f"--source {src} has {EVAL_SIZE} lines but --reference {ref} has 1" in err
+  rc, _, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src)], capsys)
+  assert rc == 1 and "--source and --reference go together" in err
 
 
 def test_an_evaluation_outlives_its_checkpoint(workdir, tmp_path):

@@ -16,13 +16,15 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax.data import get_data
+from transformer_jax import experiment
+from transformer_jax.data import fingerprint, get_data
 from transformer_jax.inference import evaluation
 from transformer_jax.inference.translator import Translator
 from transformer_jax.run import best as best_lib
 from transformer_jax.run import checkpointing, loop, metrics
 from transformer_jax.run import workdir as workdir_lib
 
+from scripts_under_test import load_script
 import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,7 +90,16 @@ def test_a_change_that_breaks_the_checkpoint_or_tokenizer_is_refused_before_any_
   with pytest.raises(workdir_lib.ConfigChangeRefused) as refused:
     loop.train_and_evaluate(config(data_dir, num_train_steps=5, **{field: value}), run)
   message = str(refused.value)
-  assert expected in message and "--config.init_from=" in message and "new --workdir" in message
+  assert expected in message and "new --workdir" in message
+  # The ways out: the run's own config, or configs/resume.py with allowed changes; and
+  # init_from only where the parameters' shapes stay.
+  assert f"python scripts/train.py --workdir {run} (the run's own config" in message
+  assert f"--config configs/resume.py:{run} --config.<field>=..." in message
+  if field == "model.d_model":
+    assert "--config.init_from" not in message
+    assert "its parameters cannot seed it: their shapes change with model.d_model" in message
+  else:
+    assert "--config.init_from=" in message
   # The num_train_steps change alone would have been fine: only the refused field is listed.
   assert "num_train_steps" not in message
   assert snapshot(run) == before                   # config.json, metrics, checkpoints untouched
@@ -320,7 +331,7 @@ def test_weight_decay_on_the_matrices_resumes_and_a_change_of_what_decays_is_ref
     workdir_lib.check_config(run, config(data_dir, weight_decay=0.1, weight_decay_mask="all"))
   # A run from before the option decayed every parameter (no optax.masked in its state): told
   # how to resume it, and resumed with "all" as before.
-  path = workdir_lib._current_config_path(run)   # config.2.json: the resume changed the steps
+  path = workdir_lib.current_config_path(run)   # config.2.json: the resume changed the steps
   with open(path) as f:
     stored = json.load(f)
   del stored["weight_decay_mask"]
@@ -411,6 +422,89 @@ def test_a_run_with_keep_best_saves_the_best_evaluation_for_the_tools(tmp_path, 
   assert translator.step == best_step
   assert evaluation.default_output_dir(run, translator.checkpoint_dir, best_step) == \
       os.path.join(run, "eval", f"best_eval_loss_{best_step}")
+
+
+def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, tmp_path):
+  corpus = tmp_path / "corpus.tsv"
+  corpus.write_text("one\teins\n")
+  text = config(data_dir, **{"data.dataset": "text", "data.tsv_path": str(corpus)})
+  path = os.path.join(run, workdir_lib.CONFIG)
+  with open(path) as f:
+    stored = json.load(f)
+  assert stored[workdir_lib.RESOLVED_DATA] == {"inputs": {}}        # numbers: no files
+  stored[workdir_lib.RESOLVED_DATA] = {"inputs": fingerprint.fingerprint(text.data)}
+  assert list(stored[workdir_lib.RESOLVED_DATA]["inputs"]) == [str(corpus)]
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  assert workdir_lib.check_config(run, config(data_dir))[1] == []
+  os.utime(corpus, ns=(10**9, 10**9))                   # touched or copied: the same bytes
+  assert workdir_lib.check_config(run, config(data_dir))[1] == []
+  corpus.write_text("one\tzwei\n")                       # the same size, another content
+  with pytest.raises(workdir_lib.ConfigChangeRefused,
+                     match=f"(?s){corpus}: its content changed.*restore them to resume"):
+    workdir_lib.check_config(run, config(data_dir))
+  corpus.unlink()
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match=f"{corpus}: no longer exists"):
+    workdir_lib.check_config(run, config(data_dir))
+
+
+def test_a_text_run_records_its_corpus_and_refuses_an_edited_one(tmp_path, data_dir):
+  """The newcomer's case: pairs appended to the corpus of a run, then the same command."""
+  src, tgt = tmp_path / "train.en", tmp_path / "train.rev"
+  lines = [f"the {w} number {i} is here" for i, w in
+           zip(range(600), ["red", "green", "blue", "big", "small", "old"] * 100)]
+  src.write_text("\n".join(lines) + "\n")
+  tgt.write_text("\n".join(" ".join(reversed(t.split())) for t in lines) + "\n")
+  overrides = {"data.dataset": "text", "data.source_path": str(src),
+               "data.target_path": str(tgt), "data.vocab_size": 100, "num_train_steps": 1}
+  run = str(tmp_path / "run")
+  loop.train_and_evaluate(config(data_dir, **overrides), run)
+  with open(os.path.join(run, workdir_lib.CONFIG)) as f:
+    assert sorted(json.load(f)[workdir_lib.RESOLVED_DATA]["inputs"]) == [str(src), str(tgt)]
+  original = src.read_bytes(), tgt.read_bytes()
+  with open(src, "a") as f:
+    f.write("a zebra\n")
+  with open(tgt, "a") as f:
+    f.write("zebra a\n")
+  overrides["num_train_steps"] = 2
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="its content changed"):
+    loop.train_and_evaluate(config(data_dir, **overrides), run)
+  # The old files put back (new times, the old bytes): the run resumes.
+  src.write_bytes(original[0])
+  tgt.write_bytes(original[1])
+  assert loop.train_and_evaluate(config(data_dir, **overrides), run)["step"] == 2
+  # The corpus's own fields set for another dataset would train on that one: refused.
+  with pytest.raises(ValueError, match="data.source_path is set but data.dataset='numbers': "
+                                       "add --config.data.dataset=text"):
+    experiment.validate(config(data_dir, **{**overrides, "data.dataset": "numbers"}))
+
+
+def test_a_finished_run_run_again_says_so_and_names_its_data(run, data_dir, capsys):
+  assert loop.train_and_evaluate(config(data_dir), run)["step"] == 3
+  out, err = capsys.readouterr()
+  assert "data numbers en->de (2,000 train / 64 validation / 64 test pairs)" in out + err
+  assert "step 3: the run is finished (num_train_steps=3); nothing to do" in out + err
+
+
+def test_a_run_resumes_with_its_own_config_without_retyping_it(run, data_dir, tmp_path,
+                                                                capsys):
+  own = workdir_lib.experiment_config(run)
+  assert workdir_lib.check_config(run, own)[1] == []        # the config it trains with
+  assert own.data.bucket_boundaries == config(data_dir).data.bucket_boundaries   # a tuple again
+  train = load_script("train")
+  assert train.main(["--workdir", run]) == 0
+  out, err = capsys.readouterr()
+  assert f"train: resuming with the run's own config ({run}/config.json)" in err
+  assert "step 3: the run is finished" in out + err
+  # configs/resume.py: the same config, with the changes a resume allows on top.
+  resume = os.path.join(REPO, "configs", "resume.py")
+  assert train.main(["--config", f"{resume}:{run}", "--workdir", run,
+                     "--config.num_train_steps=4"]) == 0
+  assert checkpointing.checkpoint_steps(os.path.join(run, "checkpoints"))[-1] == 4
+  assert workdir_lib.experiment_config(run).num_train_steps == 4    # from config.3.json
+  # No config and no run to resume: told to pass one.
+  assert train.main(["--workdir", str(tmp_path / "new")]) == 2
+  assert "--config is required to start a run" in capsys.readouterr().err
 
 
 def test_a_resume_from_an_older_checkpoint_supersedes_later_changes(run, data_dir):

@@ -56,6 +56,15 @@ def run(body: Callable[[flags.FlagValues, list[str]], int | None],
   default config file. `positional`: whether the script takes arguments besides flags.
   `absl_level`: the read-only tools pass ERROR to hide Orbax's notices.
   """
+  try:
+    return _run(body, argv, doc, define, config, config_help, positional, absl_level)
+  except BrokenPipeError:  # the reader went away (`--help | head`): nothing left to say
+    # Python flushes stdout again at exit: pointed at /dev/null, that flush cannot fail too.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
+
+
+def _run(body, argv, doc, define, config, config_help, positional, absl_level) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script"
   full = [program] + argv
@@ -75,6 +84,17 @@ def run(body: Callable[[flags.FlagValues, list[str]], int | None],
     # config file's get_config() ValueError for a bad argument (configs/locale.py:xx).
     print(f"error: {_flag_error(e)} (--help lists the flags)", file=sys.stderr)
     return 2
+  except (NameError, SyntaxError) as e:  # --config names a file that is not Python
+    print(f"error: --config {_config_arg(argv)}: not a Python config file with get_config() "
+          f"({type(e).__name__}: {e}); a run's config.json is read back with --config "
+          "configs/resume.py:<workdir>, or by scripts/train.py --workdir <workdir> alone",
+          file=sys.stderr)
+    return 2
+  if config is not NO_CONFIG and type(values.config).__name__ == "_ErrorConfig":
+    # config_flags keeps a config file's load error (a missing file) until first use.
+    print(f"error: --config {_config_arg(argv)}: {_load_error(values.config)}",
+          file=sys.stderr)
+    return 2
   if rest[1:] and not positional:
     print(f"error: unexpected arguments {rest[1:]} (--help lists the flags)", file=sys.stderr)
     return 2
@@ -92,8 +112,33 @@ def run(body: Callable[[flags.FlagValues, list[str]], int | None],
     return 1
 
 
+def _config_arg(argv: Sequence[str]) -> str:
+  """The value given to --config (for messages)."""
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      return a[len("--config="):]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return "?"
+
+
+def _load_error(error_config) -> str:
+  """What config_flags' deferred load error says, in one line."""
+  error = object.__getattribute__(error_config, "_error")
+  text = str(error)
+  if "No such file or directory" in text:
+    return ("no such file (paths are relative to the current directory; the configs are in "
+            f"{os.path.join(REPO, 'configs')})")
+  return text.strip().splitlines()[-1].strip()
+
+
 def _flag_error(e: Exception) -> str:
   """The text of a flag error; str() of a KeyError is the repr of its message."""
+  text = str(e)
+  if "Error whilst parsing config file" in text:
+    # A config file's get_config() raised: its own message is the traceback's last line.
+    last = [line for line in text.strip().splitlines() if line.strip()][-1].strip()
+    return last.split(": ", 1)[1] if last.split(":", 1)[0].endswith("Error") else last
   if isinstance(e, AttributeError) and e.args and isinstance(e.args[0], KeyError):
     # ConfigDict's "no such field": a KeyError holding the name, then a suggestion on the
     # next line when one is close.

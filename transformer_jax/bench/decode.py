@@ -1,12 +1,13 @@
 """Throughput of greedy and beam search: `run(config, DecodeOptions(...)) -> dict`.
 
-`search.search_batch` on random source rows of `data.max_source_len` tokens, `rows` at a time,
-compiled once then timed `steps` times: sentences/s and output tokens/s. With random parameters
-(no `workdir`) the output length is forced: EOS is set to the padding id, which the search never
-emits, so every sentence runs to its limit of `decode_len` tokens (default
-`data.max_target_len`) and the figures are of that many steps. With `workdir` holding a training
-run, its latest parameters and model config are used and sentences stop at EOS as usual
-(tokens/s counts what was produced).
+`search.search_batch` on rows of `data.max_source_len` random token ids (not the dataset's
+sentences, also with a trained run's parameters), `rows` at a time, compiled once then timed
+`steps` times: sentences/s and output tokens/s. With random parameters (no `workdir`) the output
+length is forced: EOS is set to the padding id, which the search never emits, so every sentence
+runs to its limit of `decode_len` tokens (default `data.max_target_len`) and the figures are of
+that many steps. With `workdir` holding a training run, its latest parameters and model config
+are used and sentences stop at EOS as usual (tokens/s counts what was produced; on random
+sources the output lengths are not those of real translations).
 """
 from __future__ import annotations
 
@@ -92,7 +93,11 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
     search_cfg = search_cfg.replace(max_len=decode_len)  # sinusoidal positions only
   rng = np.random.default_rng(0)
   inputs = rng.integers(4, model_cfg.vocab_size, (rows, d.max_source_len)).astype(np.int32)
-  results, table = {}, [("device", f"{jax.devices()[0].device_kind}"), ("parameters", source)]
+  # Said in the output: trained parameters or not, what is searched is no real sentence.
+  sources = (f"random token ids (4..{model_cfg.vocab_size - 1}, no padding), not sentences of "
+             "the dataset")
+  results, table = {}, [("device", f"{jax.devices()[0].device_kind}"), ("parameters", source),
+                        ("sources", sources)]
   for beam in options.beams:
     first_s, times, produced = _time_search(search_cfg, params, inputs, beam, decode_len,
                                             options.steps)
@@ -111,7 +116,7 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
   common.print_table(f"decode: {rows} sources x {d.max_source_len} tokens, up to {decode_len} "
                      f"output tokens, {model_cfg.dtype}", table)
   memory, memory_source = common.peak_memory()
-  return {"what": "decode", "parameters": source,
+  return {"what": "decode", "parameters": source, "sources": sources,
           "shapes": {"inputs": [rows, d.max_source_len], "max_output_len": decode_len},
           "model": model_cfg.to_dict(), "config": common.config_json(config),
           **common.environment(model_cfg), "load_average_start": load_start,

@@ -46,6 +46,7 @@ class TrainOptions:
   matmul_n: int = 2048         # CPU peak: the size of the measured matmul
   matmul_seconds: float = 2.0  # CPU peak: at least this long measuring it
   profile_dir: str = ""        # after timing, trace 3 steps here and summarise device time
+  config_path: str | None = None  # the config file (path[:arg]) the config came from: reported
 
   def __post_init__(self):
     if self.warmup < 1 or self.steps < 1:
@@ -172,7 +173,10 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
       f"train step: {model_cfg.d_model}d, {model_cfg.num_encoder_layers}+"
       f"{model_cfg.num_decoder_layers} layers, vocab {model_cfg.vocab_size}, {model_cfg.dtype}, "
       f"batches {options.batches} {shapes}", [
+          ("config", options.config_path or "(not from a file)"),
           ("device", f"{jax.devices()[0].device_kind} x {jax.device_count()}"),
+          ("warm-up (untimed)", f"{options.warmup} step{'s' * (options.warmup > 1)}, the "
+                                "first compiles"),
           ("first step (compiles)", f"{t['first_step_s']:.2f} s"),
           ("step time (median)", f"{median * 1e3:.1f} ms  (min {min(times) * 1e3:.1f}, "
                                  f"max {max(times) * 1e3:.1f}, {len(times)} steps)"),
@@ -187,11 +191,27 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
           ("compilations of the step", str(compilations)),
           ("load average (start)", str(load_start)),
       ])
+  note = mfu_note(max(figures["mfu"], figures["back_to_back_mfu"]), peak_source)
+  if note:
+    print(note, flush=True)
   if compilations != 1:
     print(f"WARNING: the train step compiled {compilations} times", file=sys.stderr)
   if "profile" in t:
     figures["profile"] = t["profile"]
-  return {"what": "train", "batches": options.batches, "shapes": shapes,
+  return {"what": "train", "config_path": options.config_path, "batches": options.batches,
+          "warmup_steps": options.warmup, "shapes": shapes,
           "model": model_cfg.to_dict(), "config": common.config_json(config),
           **common.environment(model_cfg), "load_average_start": load_start,
           "load_average_end": common.load_average(), "figures": figures}
+
+
+def mfu_note(mfu: float, peak_source: str) -> str | None:
+  """A line for an MFU above 100% on a measured CPU peak, else None.
+
+  A small matmul (say 256) runs below the CPU's peak, slower than the model's larger matmuls, so
+  it is no peak to divide by. Above 100% on a table's peak would be a FLOP count's bug instead,
+  and is left to show as it is."""
+  if not (mfu > 1 and peak_source.startswith("measured")):
+    return None
+  return (f"note: MFU above 100%: the peak ({peak_source}) is too small a matmul to be the "
+          f"CPU's peak; measure it on a larger one (--matmul_n, default {TrainOptions.matmul_n})")

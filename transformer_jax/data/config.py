@@ -133,6 +133,15 @@ def validate(c) -> None:
   if c.dataset in ("wmt14", "wmt17") and {c.source_lang, c.target_lang} != {"en", "de"}:
     raise ValueError(f"data.dataset={c.dataset!r} is de-en: data.source_lang/target_lang "
                      f"must be 'en' and 'de' in either order")
+  # A corpus's fields set for another dataset: the run would train on that one, silently.
+  for dataset, fields in (("text", ("tsv_path", "source_path", "target_path")),
+                          ("locale", ("locale_dir", "locale_ding_path"))):
+    given = [f for f in fields if c[f]]
+    if given and c.dataset != dataset:
+      raise ValueError(f"data.{given[0]} is set but data.dataset={c.dataset!r}: add "
+                       f"--config.data.dataset={dataset} to train on "
+                       + ("your files" if dataset == "text" else "those catalogs")
+                       + f", or drop data.{given[0]}")
   if c.dataset == "text":
     if bool(c.tsv_path) == bool(c.source_path or c.target_path):
       raise ValueError("data.dataset='text': set data.tsv_path, or data.source_path and "

@@ -23,6 +23,7 @@ import re
 from typing import Sequence
 
 from transformer_jax import bleu as bleu_lib
+from transformer_jax.data.lines import read_lines
 from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.run import averaging
 from transformer_jax.run.workdir import CHECKPOINTS, EVAL, EVAL_LOG, RunError
@@ -117,13 +118,26 @@ def _write(output_dir: str, name: str, hypotheses: Sequence[str], result: dict,
   return result
 
 
+def file_pairs(source: str, reference: str) -> list[tuple[str, str]]:
+  """(source, reference) pairs of two line-aligned UTF-8 files, every line kept (a test set
+  is scored whole); files of different lengths are an error naming both."""
+  sources, references = read_lines(source), read_lines(reference)
+  if len(sources) != len(references):
+    raise RunError(f"--source {source} has {len(sources):,} lines but --reference {reference} "
+                   f"has {len(references):,}: they must be line-aligned")
+  return list(zip(sources, references))
+
+
 def evaluate(translator: Translator, data, split: str, output_dir: str | None = None,
-             num_examples: int = 10) -> dict:
+             num_examples: int = 10, pairs: list[tuple[str, str]] | None = None,
+             extra: dict | None = None) -> dict:
   """Translate every pair of `split` (nothing dropped or truncated for length), write the
   hypotheses, examples and the result into `output_dir` (default: `default_output_dir`) as
   `<kind>.<split>.<search tag>.*`, append the result to `<workdir>/eval/results.jsonl` and
-  return the scores, the search settings and the search throughput."""
-  pairs = nonempty(data.raw_examples(split), split)
+  return the scores, the search settings and the search throughput. With `pairs` (a test set
+  of one's own, `file_pairs`), those are scored instead, under the name `split`; `extra`
+  fields go into the result (where those came from)."""
+  pairs = nonempty(data.raw_examples(split) if pairs is None else pairs, split)
   warnings: list[str] = []
   hypotheses = translator.translate([s for s, _ in pairs], warnings.append,
                                     names=[f"{split} pair {i + 1}" for i in range(len(pairs))])
@@ -135,7 +149,7 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   result = {"split": split, "sentences": len(pairs),
             **scores(hypotheses, [t for _, t in pairs]), **translator.settings(),
             "averaged_steps": averaging.averaged_steps(translator.checkpoint_dir, translator.step),
-            "truncated_sources": len(warnings), **translator.stats.as_dict()}
+            "truncated_sources": len(warnings), **translator.stats.as_dict(), **(extra or {})}
   output_dir = output_dir or default_output_dir(translator.workdir, translator.checkpoint_dir,
                                                  translator.step)
   tag = search_tag(translator.beam_size, translator.alpha, translator.max_len_margin)

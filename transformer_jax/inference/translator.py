@@ -7,7 +7,9 @@
 
 Everything a run needs is in its workdir (`transformer_jax.run.workdir`): `config.json` (the
 model's `resolved_model` fields and the search settings), `spm.model` and `checkpoints/<step>/`
-or `averaged/<step>/` (`transformer_jax.run.averaging`).
+or `averaged/<step>/` (`transformer_jax.run.averaging`). A checkpoint from elsewhere
+(`checkpoint=`) must fit the workdir's model (every parameter's shape) and, where it lies in
+another run's workdir, come with the same spm.model: both are checked before decoding.
 
 Batching: sentences are sorted by length and cut into batches of at most `batch_size` rows; a
 batch is padded to a bucket shape, rows to a power of two and length to a multiple of 16 (capped
@@ -17,19 +19,26 @@ at `max_len`), so the jitted search compiles a bounded number of times (at most
 from __future__ import annotations
 
 import dataclasses
+import filecmp
 import os
 import sys
 import time
 from typing import Callable, Sequence
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.config import TransformerConfig
 from transformer_jax.data.tokenizer import Tokenizer, normalize_spaces
+from transformer_jax.model import Transformer
 from transformer_jax.run import checkpointing
 from transformer_jax.run.workdir import (
   AVERAGED,
+  CHECKPOINTS,
+  CONFIG,
+  SPM_MODEL,
   TRAIN_HINT,
   RunError,
   load_run_config,
@@ -74,6 +83,81 @@ def warn_stderr(message: str) -> None:
   print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+def workdir_config(workdir: str) -> dict:
+  """`load_run_config(workdir)`, or a RunError that says what `workdir` is instead.
+
+  load_run_config's advice ("train first") is wrong for what a user passes by mistake: a path
+  that does not exist, a sweep, or a run's checkpoints directory or one step of it.
+  """
+  if not os.path.exists(os.path.join(workdir, CONFIG)):
+    problem = _not_a_workdir(workdir)
+    if problem:
+      raise RunError(problem)
+  return load_run_config(workdir)
+
+
+def _not_a_workdir(path: str) -> str | None:
+  """What to pass instead of `path` as --workdir (None: no better advice than "train first")."""
+  if not os.path.exists(path):
+    return f"--workdir {path} does not exist: pass the directory of a training run"
+  if os.path.exists(os.path.join(path, "sweep.json")):
+    points = sorted(n for n in os.listdir(path) if os.path.exists(os.path.join(path, n, CONFIG)))
+    listed = "".join(f"\n  {os.path.join(path, n)}" for n in points)
+    return (f"{path} is a sweep (it holds sweep.json), not one run: pass one point's workdir as "
+            "--workdir" + (f":{listed}" if points else " (no point has started yet)"))
+  path = os.path.abspath(path)
+  parent, name = os.path.split(path)
+  if name.isdigit() and os.path.isdir(os.path.join(path, "state")):
+    # One step of a run's checkpoints/ (or averaged/, best_<metric>/).
+    run = os.path.dirname(parent)
+    how = (f"--step {name}" if os.path.basename(parent) == CHECKPOINTS
+           else f"--checkpoint {path}")
+    return (f"{path} is one checkpoint of the run {run}, not its workdir: pass --workdir {run} "
+            f"{how}")
+  steps = checkpointing.checkpoint_steps(path)
+  if steps or name == CHECKPOINTS:
+    how = {CHECKPOINTS: ", with --step N for a step other than the latest",
+           AVERAGED: " --averaged"}.get(name, f" --checkpoint {path}")
+    return (f"{path} holds the checkpoints of the run {parent} (steps {steps}), not its workdir: "
+            f"pass --workdir {parent}{how}")
+  return None
+
+
+def _check_tokenizer(workdir: str, checkpoint_dir: str, spm_path: str) -> None:
+  """A checkpoint inside another run's workdir must come with this run's tokenizer: with the
+  same vocabulary size but other pieces it would decode, silently, into the wrong words."""
+  other = os.path.dirname(checkpoint_dir)
+  other_spm = os.path.join(other, SPM_MODEL)
+  if (other == os.path.abspath(workdir) or not os.path.exists(os.path.join(other, CONFIG))
+      or not os.path.exists(other_spm) or filecmp.cmp(other_spm, spm_path, shallow=False)):
+    return
+  raise RunError(f"{checkpoint_dir} belongs to the run {other}, trained with the tokenizer "
+                 f"{other_spm}, which differs from {spm_path}, the one --workdir {workdir} "
+                 f"uses: pass --workdir {other} instead to decode with that run's checkpoints")
+
+
+def _shapes(tree) -> dict[str, tuple]:
+  """{"encoder/layer_0/.../kernel": shape} of a parameter tree, in its order."""
+  return {"/".join(str(getattr(k, "key", k)) for k in path): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def check_param_shapes(params, config: TransformerConfig, where: str, workdir: str) -> None:
+  """Parameters of another model (vocabulary size, width, depth) fail deep inside Flax with a
+  long traceback; this names the first parameter that differs instead."""
+  model = Transformer(config.replace(deterministic=True))
+  dummy = jnp.ones((1, 8), jnp.int32)
+  expected = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy))["params"]
+  want, got = _shapes(nn.meta.unbox(expected)), _shapes(params)
+  for path in [*want, *(p for p in got if p not in want)]:
+    if want.get(path) != got.get(path):
+      have, expect = got.get(path, "none (missing)"), want.get(path, "none (no such parameter)")
+      raise RunError(
+          f"the parameters in {where} do not fit the model of {workdir}: {path} has shape "
+          f"{have} there but {expect} in the model its config.json describes; pass the workdir "
+          "of the run these parameters were trained in as --workdir")
+
+
 def _round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
@@ -94,7 +178,7 @@ class Translator:
                max_len_margin: int | None = None, batch_size: int = 64,
                truncate: bool | None = True):
     self.workdir = workdir
-    load_run_config(workdir)  # a clear error first when this is not a run's workdir
+    workdir_config(workdir)  # a clear error first when this is not a run's workdir
     self.checkpoint_dir, self.step = checkpointing.resolve_checkpoint(workdir, checkpoint, step,
                                                                       averaged)
     # The config this step was written with (a resume may have changed e.g. the search).
@@ -106,6 +190,7 @@ class Translator:
     if not os.path.exists(spm_path):
       raise RunError(f"{spm_path} not found: the run's SentencePiece model is missing; "
                      + TRAIN_HINT.format(workdir))
+    _check_tokenizer(workdir, self.checkpoint_dir, spm_path)
     self.tokenizer = Tokenizer(spm_path)
     if self.tokenizer.vocab_size != self.config.vocab_size:
       raise RunError(f"{spm_path} has {self.tokenizer.vocab_size} pieces but the model was "
@@ -119,11 +204,22 @@ class Translator:
                      f"max_len_margin={self.max_len_margin} >= 0")
     self.batch_size = batch_size
     _, params = checkpointing.load_params(self.checkpoint_dir, self.step)
+    check_param_shapes(params, self.config, self.step_dir, workdir)
     self.params = jax.device_put(params)
+    if self.checkpoint_dir == os.path.join(os.path.abspath(workdir), AVERAGED):
+      self._warn_if_stale()
     # A learned position table has max_len rows: sources beyond it must be cut.
     self.truncate = bool(truncate) or self.config.position_encoding == "learned"
     self.stats = SearchStats()
     self._compiled: set = set()
+
+  def _warn_if_stale(self) -> None:
+    """An average made before the run trained on: it decodes, but not what the run is now."""
+    steps = checkpointing.checkpoint_steps(checkpointing.checkpoint_dir(self.workdir))
+    if steps and steps[-1] > self.step:
+      warn_stderr(f"{self.step_dir} averages checkpoints up to step {self.step}, but the run has "
+                  f"reached step {steps[-1]}: re-run scripts/average_checkpoints.py --workdir "
+                  f"{self.workdir} to average its latest checkpoints")
 
   @property
   def step_dir(self) -> str:

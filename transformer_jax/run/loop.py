@@ -112,9 +112,12 @@ class _Run:
     warning = trainer.eval_cut_warning()
     if warning and main:
       self.progress.write(f"warning: {warning}")
-    m = trainer.model_cfg
+    m, d = trainer.model_cfg, self.config.data
+    sizes = " / ".join(f"{len(trainer.data.sources[s]):,} {s}"
+                       for s in ("train", "validation", "test") if s in trainer.data.sources)
     self.progress.write(
-        f"transformer-jax: {self.origin}; model {m.d_model}d, {m.num_encoder_layers}+"
+        f"transformer-jax: {self.origin}; data {d.dataset} {d.source_lang}->{d.target_lang} "
+        f"({sizes} pairs); model {m.d_model}d, {m.num_encoder_layers}+"
         f"{m.num_decoder_layers} layers, {m.norm_position}-LN, vocab {m.vocab_size}; "
         f"mesh {dict(trainer.mesh.shape)}; {jax.process_count()} process(es); "
         f"peak {peak / 1e12:.3f} TFLOP/s per device ({peak_source})")
@@ -122,10 +125,15 @@ class _Run:
   def train(self) -> dict:
     last: dict = {}
     try:
-      if self.step >= self.config.num_train_steps and not self._final_evaluation_done():
-        self.progress.write(f"step {self.step}: the final checkpoint has no final evaluation "
-                            "yet; running it")
-        last.update(self._evaluate(evaluate=True, bleu=True))
+      if self.step >= self.config.num_train_steps:
+        if not self._final_evaluation_done():
+          self.progress.write(f"step {self.step}: the final checkpoint has no final "
+                              "evaluation yet; running it")
+          last.update(self._evaluate(evaluate=True, bleu=True))
+        else:
+          self.progress.write(f"step {self.step}: the run is finished (num_train_steps="
+                              f"{self.config.num_train_steps}); nothing to do. To train on, "
+                              "raise --config.num_train_steps")
       with distributed.StopFlag() as stop:
         upcoming = self.batches.next() if self.step < self.config.num_train_steps else None
         while self.step < self.config.num_train_steps:

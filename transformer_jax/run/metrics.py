@@ -136,12 +136,14 @@ class Progress:
   def update(self, step: int, info: dict | None = None):
     if self.bar is None:
       return
-    self.bar.update(step - self.bar.n)
+    # The postfix first: `update` redraws the bar, and a postfix set after it would show only at
+    # the next redraw, next to the next interval's step count.
     if info:
       self.bar.set_postfix_str(
           f"loss {info['train_loss']:.3f} lr {info['learning_rate']:.2e} "
           f"tok/s {info['tokens_per_sec']:,.0f} MFU {100 * info['mfu']:.1f}%",
           refresh=False)
+    self.bar.update(step - self.bar.n)
 
   def write(self, text: str):
     if self.bar is not None:

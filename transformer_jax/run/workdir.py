@@ -35,6 +35,11 @@ EVAL = "eval"                  # scripts/evaluate.py's outputs, never touched by
 EVAL_LOG = "results.jsonl"     # in EVAL: one line per evaluation, appended
 TRAIN_HINT = "train first with scripts/train.py --config configs/default.py --workdir {}"
 LOCK = ".lock"
+RESOLVED_DATA = "resolved_data"   # config.json: the corpus files' fingerprint
+# Model fields that change what the parameters compute but not their shapes (max_len: with
+# sinusoidal positions): a new run can start from the old one's parameters (init_from).
+SAME_SHAPE_MODEL_FIELDS = ("norm_position", "layer_norm_epsilon", "scale_embeddings",
+                           "activation", "max_len")
 # Fields whose change on resume would make the checkpoint or the tokenizer unusable or silently
 # wrong. Model fields are all refused but these, which change neither the parameters' shapes nor
 # what they compute:
@@ -61,9 +66,14 @@ class CheckpointError(RunError):
 
 
 def config_json(config, model_cfg) -> dict:
-  """What `config.json` holds: the experiment config and the resolved model config."""
+  """What `config.json` holds: the experiment config, the resolved model config and the
+  corpus files' fingerprint (`data.fingerprint`; empty for corpora built from no files)."""
+  # Imported here: transformer_jax.data loads sentencepiece, which the benchmark's GPU runs
+  # (that import this module through checkpointing) do without.
+  from transformer_jax.data import fingerprint
   out = json.loads(config.to_json_best_effort())
   out["resolved_model"] = model_cfg.to_dict()
+  out[RESOLVED_DATA] = {"inputs": fingerprint.fingerprint(config.data)}
   return out
 
 
@@ -93,6 +103,31 @@ def load_run_config(workdir: str, step: int | None = None) -> dict:
     raise RunError(f"{path} has no 'resolved_model': it was not written by "
                    "transformer_jax's training; pass the workdir of a training run")
   return run
+
+
+def experiment_config(workdir: str):
+  """The experiment config the run in `workdir` trains with now (`config.json`, or its latest
+  `config.<step>.json`), as a ConfigDict shaped like `experiment.base_config()`, so that
+  `--config.<field>` overrides keep their types (`configs/resume.py`, `train.py --workdir W`).
+  A field the run recorded that this codebase no longer has is an error, not dropped."""
+  from transformer_jax import experiment
+  run = load_run_config(workdir)
+  config = experiment.base_config()
+  stored = flatten({k: v for k, v in run.items() if not k.startswith("resolved_")})
+  known = flatten(json.loads(config.to_json_best_effort()))
+  unknown = sorted(set(stored) - set(known))
+  if unknown:
+    raise RunError(f"{current_config_path(workdir)} has fields this code does not know: "
+                   f"{unknown}; pass the run's config file with --config instead")
+  for key, value in stored.items():
+    *parents, leaf = key.split(".")
+    target = config
+    for name in parents:
+      target = target[name]
+    if isinstance(target[leaf], tuple) and isinstance(value, list):
+      value = tuple(value)  # JSON has no tuples
+    target[leaf] = value
+  return config
 
 
 def vocabulary_path(workdir: str, run: dict) -> str:
@@ -199,8 +234,8 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 def config_changes(stored: dict, new: dict) -> list[tuple[str, object, object]]:
   """(field, stored value, new value) of every field that differs; the resolved model and how
   this process joined the run are not compared."""
-  old = flatten({k: v for k, v in stored.items() if k != "resolved_model"})
-  now = flatten({k: v for k, v in new.items() if k != "resolved_model"})
+  old = flatten({k: v for k, v in stored.items() if not k.startswith("resolved_")})
+  now = flatten({k: v for k, v in new.items() if not k.startswith("resolved_")})
   return [(k, old.get(k), now.get(k)) for k in sorted(set(old) | set(now))
           if k not in LAUNCH_FIELDS and old.get(k) != now.get(k)]
 
@@ -240,6 +275,8 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
   refused = [(f, old, new, why) for f, old, new in changes
              if (why := refusal(f, old, new, stored, has_checkpoint=has_checkpoint,
                                 has_tokenizer=has_tokenizer))]
+  if not refused and (has_checkpoint or has_tokenizer):
+    _check_corpus(workdir, stored)
   if refused:
     lines = "\n".join(f"  {f}: {old!r} -> {new!r} (changes {why})" for f, old, new, why in refused)
     if any(f == "data.split" and old is None for f, old, _, _ in refused):
@@ -248,12 +285,21 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
     if any(f == "weight_decay_mask" and old is None for f, old, _, _ in refused):
       lines += ("\n  (runs made before 2026-11-25 decayed every parameter: add "
                 "--config.weight_decay_mask=all to resume one of them)")
+    learned = stored.get("model", {}).get("position_encoding") == "learned"
+    shapes = [f for f, _, _, _ in refused if f.startswith("model.")
+              and f[len("model."):] not in SAFE_MODEL_FIELDS + SAME_SHAPE_MODEL_FIELDS
+              or f == "model.max_len" and learned]
+    start_from = (
+        f", adding --config.init_from={os.path.join(workdir, CHECKPOINTS)} to begin from this "
+        "run's parameters" if not shapes else
+        f" (its parameters cannot seed it: their shapes change with {', '.join(shapes)})")
     raise ConfigChangeRefused(
-        f"{workdir} holds a run whose config these changes contradict:\n{lines}\nNothing was "
-        f"changed in {workdir}. To resume it, drop these overrides (its config is "
-        f"{_current_config_path(workdir)}). To train with them, start a new --workdir, adding "
-        f"--config.init_from={os.path.join(workdir, CHECKPOINTS)} to begin from this run's "
-        "parameters where the model's shapes still match.")
+        f"{workdir} holds a run whose config differs from this command's (its --config file "
+        f"and overrides) where a resume cannot change it:\n{lines}\nNothing was changed in "
+        f"{workdir}. To resume it as it is: python scripts/train.py --workdir {workdir} (the "
+        f"run's own config, {current_config_path(workdir)}); with the changes a resume allows: "
+        f"--config configs/resume.py:{workdir} --config.<field>=... To train with these values, "
+        f"start a new --workdir{start_from}.")
   return stored, changes
 
 
@@ -300,7 +346,26 @@ def _check_tokenizer(workdir: str, config) -> None:
         "or pass the data config it was trained with.")
 
 
-def _current_config_path(workdir: str) -> str:
+def _check_corpus(workdir: str, stored: dict) -> None:
+  """Refuse a resume whose corpus files changed since the run recorded them: the dataset would
+  be rebuilt with other splits under the old tokenizer and data position."""
+  recorded = stored.get(RESOLVED_DATA, {}).get("inputs")
+  if not recorded:  # a corpus of no files, or a run from before the record (2026-11-25)
+    return
+  from transformer_jax.data import fingerprint  # see config_json
+  lines = fingerprint.changed(recorded)
+  if lines:
+    raise ConfigChangeRefused(
+        f"{workdir} holds a run trained on corpus files that have changed since:\n  "
+        + "\n  ".join(lines) + f"\nNothing was changed in {workdir}. Its tokenizer, its "
+        "validation and test splits and its place in the data were made from the old files: "
+        "restore them to resume this run, or start a new --workdir on the new files (with "
+        f"--config.init_from={os.path.join(workdir, CHECKPOINTS)} and "
+        f"--config.data.vocab_path={os.path.join(workdir, SPM_MODEL)} to continue from this "
+        "run's parameters and tokenizer).")
+
+
+def current_config_path(workdir: str) -> str:
   entries = history(workdir)
   return entries[-1][1] if entries else os.path.join(workdir, CONFIG)
 

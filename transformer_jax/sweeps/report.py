@@ -11,7 +11,7 @@ import statistics
 
 from transformer_jax.run.metrics import last_values
 from transformer_jax.sweeps.runner import status
-from transformer_jax.sweeps.spec import Point, point_dir, point_name
+from transformer_jax.sweeps.spec import Point, SweepError, point_dir, point_name
 
 
 def lower_is_better(metric: str) -> bool:
@@ -171,8 +171,24 @@ def seed_summary(rows: list[dict], fields: list[str], metric: str, lower: bool |
   return sort_rows(out, f"{metric}_mean", lower_is_better(metric) if lower is None else lower)
 
 
+def _check_sweep_dir(sweep_dir: str) -> None:
+  """A SweepError saying what to pass where `sweep_dir` holds no sweep (not the bare errno)."""
+  if os.path.exists(os.path.join(sweep_dir, "sweep.json")):
+    return
+  if os.path.exists(os.path.join(sweep_dir, "config.json")):
+    what = (f"it is one training run: plot its metrics with scripts/plot_metrics.py --workdir "
+            f"{sweep_dir}, or pass the sweep directory above it")
+  elif os.path.isdir(sweep_dir):
+    what = ("pass the --workdir a sweep ran in (scripts/sweep.py --config FILE --workdir DIR "
+            "writes sweep.json there)")
+  else:
+    what = "it does not exist: pass the --workdir a sweep ran in"
+  raise SweepError(f"{sweep_dir} is not a sweep directory (no sweep.json): {what}")
+
+
 def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> dict:
   """`report.csv`, `report.md` and `report_<metric>.png` in the sweep directory."""
+  _check_sweep_dir(sweep_dir)
   with open(os.path.join(sweep_dir, "sweep.json")) as f:
     points = [p["overrides"] for p in json.load(f)["points"]]
   rows, fields = collect(sweep_dir, points)

@@ -5,6 +5,8 @@ Each point is its own process, so a crash or a leak in one cannot touch the othe
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -118,6 +120,27 @@ def _write(path: str, text: str):
     f.write(text)
 
 
+@contextlib.contextmanager
+def _locked(path: str):
+  """An exclusive advisory lock on `path` (created if needed) while the block runs."""
+  with open(path, "a") as handle:
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_list(path: str) -> list:
+  """The JSON list in `path`; [] where there is none (missing, cut short, not a list)."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (OSError, ValueError):
+    return []
+  return value if isinstance(value, list) else []
+
+
 def _tail(path: str, lines: int = 60) -> str:
   if not os.path.exists(path):
     return ""
@@ -133,8 +156,8 @@ class Runner:
 
   Each point's workdir holds `overrides.json`, `train.log` (its output, appended on re-runs),
   then `DONE` (with the number of steps it finished) or `FAILED` (exit status and the log's
-  tail). `sweep.json` lists every point; `status.json` the outcome of each point of the last
-  invocation that ran them all.
+  tail). `sweep.json` lists every point; `status.json` the latest outcome of each point run so
+  far, in point order (a run of some points, `--point`, updates their entries).
   """
 
   def __init__(self, config_spec: str, sweep_dir: str, train_script: str,
@@ -263,6 +286,23 @@ class Runner:
         del running[slot]
         free.append(slot)
     ordered = [results[i] for i in indices]
-    if self._main and len(indices) == len(self.points):  # array tasks (--point) would race
-      _write(os.path.join(self.sweep_dir, "status.json"), json.dumps(ordered, indent=1) + "\n")
+    if self._main:
+      self._record(ordered)
     return ordered
+
+  def _record(self, results: list[dict]) -> None:
+    """Merge `results` into `status.json`. SLURM array tasks (`--point i` each) end at once: the
+    lock keeps every task's entry, the rename keeps a reader from a half-written file. Entries
+    of points the sweep no longer has (its `sweep()` changed) are dropped."""
+    path = os.path.join(self.sweep_dir, "status.json")
+    with _locked(os.path.join(self.sweep_dir, ".status.lock")):
+      names = [point_name(p) for p in self.points]
+      entries = {}
+      for r in _read_list(path):
+        i = r.get("index") if isinstance(r, dict) else None
+        if isinstance(i, int) and 0 <= i < len(names) and r.get("name") == names[i]:
+          entries[i] = r
+      entries.update((r["index"], r) for r in results)
+      tmp = f"{path}.{os.getpid()}.tmp"
+      _write(tmp, json.dumps([entries[i] for i in sorted(entries)], indent=1) + "\n")
+      os.replace(tmp, path)
