@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from typing import Any
 
 import jax
@@ -191,10 +192,7 @@ class Checkpointer:
     self.failed = True
     match = _TMP_STEP.search(str(error))
     step = int(match.group(1)) if match else step
-    if jax.process_index() == 0:
-      for name in os.listdir(self.directory):
-        if ".orbax-checkpoint-tmp" in name:
-          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    self._remove_partial_steps()
     good = checkpoint_steps(self.directory)
     free = shutil.disk_usage(self.directory).free
     # The operating system's words first: TensorStore's messages bury them after long paths.
@@ -267,6 +265,15 @@ class Checkpointer:
     except Exception as e:  # noqa: BLE001 - storage failures are reported, the rest re-raised
       self._storage_failure(e, self._last_requested or 0)
 
+  def _remove_partial_steps(self) -> bool:
+    """Delete the half-written (temporary) step directories; returns whether there were any."""
+    if jax.process_index() != 0:
+      return False
+    partial = [n for n in os.listdir(self.directory) if ".orbax-checkpoint-tmp" in n]
+    for name in partial:
+      shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    return bool(partial)
+
   def close(self):
     """Finish pending saves (raising StorageError if one failed) and release the manager."""
     try:
@@ -279,6 +286,15 @@ class Checkpointer:
         if not self.failed:
           raise
       finally:
+        if self.failed:
+          # Writer threads of the failed save can still create files after the first clean-up
+          # (seen on a loaded machine: a step's temporary directory left behind): clean again
+          # until none reappears for a moment.
+          for _ in range(25):
+            if not self._remove_partial_steps():
+              time.sleep(0.2)
+              if not self._remove_partial_steps():
+                break
         # After a failed save the filter stays: Orbax's threads go on logging it until the
         # process ends.
         if not self.failed:
