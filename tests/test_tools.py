@@ -5,6 +5,7 @@ are called in-process (one subprocess smoke test checks the command line itself)
 """
 import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -499,6 +500,15 @@ def test_load_params_reads_only_the_parameters(workdir, monkeypatch):
 
 
 # ---------------------------------------------------------------- averaging
+
+
+def test_reading_parameters_prints_no_orbax_notices(workdir, caplog):
+  with caplog.at_level(logging.INFO, logger="absl"):
+    checkpointing.load_params(workdir)
+    assert checkpointing.load_meta(os.path.join(workdir, "checkpoints"), 6)["step"] == 6
+    logging.getLogger("absl").warning("a real warning")
+  messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  assert messages == ["a real warning"], messages
 
 
 def test_average_refuses_checkpoints_of_different_models():

@@ -47,14 +47,10 @@ class BestKeeper:
     self.directory = best_dir(workdir, metric)
     self.step: int | None = None
     self.value: float | None = None
-    if os.path.isdir(self.directory):
-      with ocp.CheckpointManager(self.directory,
-                                 options=ocp.CheckpointManagerOptions(read_only=True)) as mgr:
-        for step in sorted(mgr.all_steps()):
-          meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-          value = float(meta["meta"]["value"])
-          if self.better(value):
-            self.step, self.value = step, value
+    for step in checkpointing.checkpoint_steps(self.directory):
+      meta = checkpointing.load_meta(self.directory, step) or {}
+      if "value" in meta and self.better(float(meta["value"])):
+        self.step, self.value = step, float(meta["value"])
 
   def better(self, value: float) -> bool:
     if value is None or math.isnan(value):

@@ -7,6 +7,7 @@ restore, and we then fall back to the previous step with a warning, never to a f
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -326,9 +327,7 @@ def load_params(path: str, step: int | None = None):
   if not os.path.isdir(path):
     raise CheckpointError(f"no checkpoint directory at {path}: pass a workdir of a training run "
                           "or its checkpoints/<step> directory")
-  options = ocp.CheckpointManagerOptions(read_only=True)
-  with ocp.CheckpointManager(path, options=options,
-                             item_handlers={"state": ocp.PyTreeCheckpointHandler()}) as mgr:
+  with read_only_manager(path, item_handlers={"state": ocp.PyTreeCheckpointHandler()}) as mgr:
     steps = sorted(mgr.all_steps())
     if not steps:
       raise CheckpointError(f"{path} holds no finished checkpoint")
@@ -406,11 +405,33 @@ def save_params(directory: str, step: int, params, meta: dict) -> None:
     manager.wait_until_finished()
 
 
+class _ReadNotices(logging.Filter):
+  """Drops Orbax's notices on opening a checkpoint to read part of it: that a read-only manager
+  saves nothing, and that the items not asked for (`data`, `meta`) were not restored."""
+  NOTICES = ("CheckpointManagerOptions.read_only=True", "Given directory is read only",
+             "was found in the checkpoint, but could not be restored")
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not any(n in str(record.msg) for n in self.NOTICES)
+
+
+@contextlib.contextmanager
+def read_only_manager(directory: str, **kwargs):
+  """A read-only Orbax CheckpointManager on `directory`, without its notices on the console."""
+  quiet, absl_logger = _ReadNotices(), logging.getLogger("absl")
+  absl_logger.addFilter(quiet)
+  try:
+    with ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
+                               **kwargs) as manager:
+      yield manager
+  finally:
+    absl_logger.removeFilter(quiet)
+
+
 def load_meta(directory: str, step: int) -> dict | None:
   """The `meta` item of one step (None where the step has none)."""
-  options = ocp.CheckpointManagerOptions(read_only=True)
   try:
-    with ocp.CheckpointManager(directory, options=options) as manager:
+    with read_only_manager(directory) as manager:
       meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
   except (FileNotFoundError, KeyError, ValueError):  # no meta item in this step
     return None
