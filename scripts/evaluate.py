@@ -30,6 +30,7 @@ all-padding batch whose search loop ends at once, and that time is `compile_seco
 import json
 import logging
 import os
+import re
 import sys
 
 from absl import flags
@@ -89,6 +90,12 @@ def _test_files(values) -> tuple[str, list[tuple[str, str]]] | None:
     raise RunError("--source and --reference go together: the test set's source file and its "
                    "reference translations, line-aligned")
   name = values.name or os.path.splitext(os.path.basename(values.source))[0]
+  if name in ("validation", "test") or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+    # The name goes into file names beside the splits' own files.
+    raise RunError(f"the test set's name {name!r} " + (
+        "is a split's: its files would replace the split's evaluation" if name in
+        ("validation", "test") else "must be letters, digits, '_', '.' or '-'")
+        + ": pass another with --name")
   return name, evaluation.file_pairs(values.source, values.reference)
 
 

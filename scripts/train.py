@@ -9,6 +9,7 @@ its workdir); to resume with changes, `--config configs/resume.py:runs/default
 --config.num_train_steps=2000`.
 """
 import os
+import shlex
 import sys
 
 from absl import flags
@@ -35,7 +36,8 @@ def body(values, args):
     config = workdir_lib.experiment_config(values.workdir)
     print(f"train: resuming with the run's own config "
           f"({workdir_lib.current_config_path(values.workdir)}); to change fields, "
-          f"--config configs/resume.py:{values.workdir} --config.<field>=...", file=sys.stderr)
+          f"--config {shlex.quote('configs/resume.py:' + values.workdir)} --config.<field>=...",
+          file=sys.stderr)
   result = train_and_evaluate(config, values.workdir)
   summary = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()
              if isinstance(v, (int, float, str))}

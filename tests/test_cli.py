@@ -47,13 +47,22 @@ def test_a_config_file_that_cannot_be_loaded_is_one_error_line(tmp_path, capsys)
   workdir = tmp_path / "run"
   json_config = tmp_path / "config.json"
   json_config.write_text('{"share_embeddings": true}')
+  typo = tmp_path / "typo.py"
+  typo.write_text("def get_config(arg=None):\n  del arg\n  return undefined_name\n")
+  missing_import = tmp_path / "imports.py"
+  missing_import.write_text("import no_such_module\n")
   repo = os.path.dirname(os.path.dirname(TINY))
   for config, message in (
       ("configs/defualt.py", "error: --config configs/defualt.py: no such file (paths are "
                              "relative to the current directory"),
       (f"{repo}/configs/locale.py:xx", "error: configs/locale.py:xx: expected <pair>"),
       (str(json_config), f"error: --config {json_config}: not a Python config file with "
-                         "get_config() (NameError"),
+                         "get_config(); a run's config.json is read back with --config "
+                         "configs/resume.py:<workdir>"),
+      (str(typo), f"error: --config {typo}: NameError: name 'undefined_name' is not defined "
+                  f"(at {typo}:3)"),
+      (str(missing_import), f"error: --config {missing_import}: ModuleNotFoundError: No module "
+                            f"named 'no_such_module' (at {missing_import}:1)"),
       (f"{repo}/configs/resume.py", "error: configs/resume.py needs the run's workdir")):
     assert train.main(["--config", config, "--workdir", str(workdir)]) == 2
     err = capsys.readouterr().err

@@ -246,6 +246,17 @@ def test_a_checkpoint_of_a_run_with_another_tokenizer_is_refused(workdir, tmp_pa
     assert (f"belongs to the run {other}, trained with the tokenizer {other}/spm.model, which "
             f"differs from {workdir}/spm.model") in err, err
     assert f"pass --workdir {other} instead" in err
+  # A run trained with data.vocab_path has no spm.model of its own: its vocab_path is read.
+  shared = str(tmp_path / "shared.model")
+  os.replace(os.path.join(other, "spm.model"), shared)
+  with open(os.path.join(other, "config.json")) as f:
+    run = json.load(f)
+  run["data"]["vocab_path"] = shared
+  with open(os.path.join(other, "config.json"), "w") as f:
+    json.dump(run, f)
+  rc, out, err = run_main(translate_script, ["--workdir", workdir, "--checkpoint", other,
+                                             "seven"], capsys)
+  assert rc == 1 and f"trained with the tokenizer {shared}, which differs" in err, err
 
 
 def test_parameters_of_another_model_are_refused_naming_the_parameter(workdir, tmp_path,
@@ -390,6 +401,34 @@ def test_evaluate_scores_a_test_set_of_ones_own(workdir, tmp_path, capsys):
   assert rc == 1 and f"--source {src} has {EVAL_SIZE} lines but --reference {ref} has 1" in err
   rc, _, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src)], capsys)
   assert rc == 1 and "--source and --reference go together" in err
+  # A name that would replace a split's files, or leave eval/, is refused.
+  for name, why in (("test", "is a split's"), ("../x", "must be letters")):
+    rc, _, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src),
+                                            "--reference", str(src), "--name", name], capsys)
+    assert rc == 1 and f"the test set's name {name!r} {why}" in err, err
+
+
+def test_evaluation_files_are_written_whole_under_their_own_temporary_names(tmp_path):
+  """Two evaluations of one checkpoint, split and search ending together: each writes its own
+  temporary file, and the last rename wins whole."""
+  import threading
+  path = str(tmp_path / "eval.test.greedy.json")
+  errors = []
+
+  def write(text):
+    try:
+      for _ in range(200):
+        evaluation._write_file(path, text)
+    except OSError as e:
+      errors.append(e)
+
+  threads = [threading.Thread(target=write, args=(t * 5000,)) for t in "ab"]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors and open(path).read() in ("a" * 5000, "b" * 5000)
+  assert os.listdir(tmp_path) == ["eval.test.greedy.json"]
 
 
 def test_an_evaluation_outlives_its_checkpoint(workdir, tmp_path):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import experiment
-from transformer_jax.data import fingerprint, get_data
+from transformer_jax.data import DataError, fingerprint, get_data
 from transformer_jax.inference import evaluation
 from transformer_jax.inference.translator import Translator
 from transformer_jax.run import best as best_lib
@@ -96,8 +96,11 @@ def test_a_change_that_breaks_the_checkpoint_or_tokenizer_is_refused_before_any_
   assert f"python scripts/train.py --workdir {run} (the run's own config" in message
   assert f"--config configs/resume.py:{run} --config.<field>=..." in message
   if field == "model.d_model":
-    assert "--config.init_from" not in message
+    assert "--config.init_from=" not in message
     assert "its parameters cannot seed it: their shapes change with model.d_model" in message
+  elif field.startswith("data."):   # init_from would bring the old tokenizer along
+    assert "--config.init_from=" not in message
+    assert "from scratch: data.vocab_size needs a new tokenizer" in message
   else:
     assert "--config.init_from=" in message
   # The num_train_steps change alone would have been fine: only the refused field is listed.
@@ -317,6 +320,10 @@ def test_a_run_split_before_the_grouping_is_told_how_to_resume(run, data_dir):
     json.dump(stored, f)
   with pytest.raises(workdir_lib.ConfigChangeRefused, match="--config.data.split=source"):
     workdir_lib.check_config(run, config(data_dir))
+  # Following the hint resumes it (the value it used, not a change), and so does its own config.
+  assert workdir_lib.check_config(run, config(data_dir, **{"data.split": "source"}))[1] == []
+  own = workdir_lib.experiment_config(run)
+  assert own.data.split == "source" and workdir_lib.check_config(run, own)[1] == []
 
 
 def test_weight_decay_on_the_matrices_resumes_and_a_change_of_what_decays_is_refused(
@@ -340,15 +347,14 @@ def test_weight_decay_on_the_matrices_resumes_and_a_change_of_what_decays_is_ref
   with pytest.raises(workdir_lib.ConfigChangeRefused, match="--config.weight_decay_mask=all"):
     workdir_lib.check_config(run, config(data_dir, weight_decay=0.1))
   assert workdir_lib.check_config(
-      run, config(data_dir, weight_decay=0.1, weight_decay_mask="all", num_train_steps=4))[1] == [
-          ("weight_decay_mask", None, "all")]
+      run, config(data_dir, weight_decay=0.1, weight_decay_mask="all", num_train_steps=4))[1] == []
+  assert workdir_lib.experiment_config(run).weight_decay_mask == "all"
   # Without weight decay there is no such state: the mask may change freely.
   stored["weight_decay"] = 0.0
   with open(path, "w") as f:
     json.dump(stored, f)
-  assert workdir_lib.check_config(
-      run, config(data_dir, weight_decay_mask="all", num_train_steps=4))[1] == [
-          ("weight_decay_mask", None, "all")]
+  assert workdir_lib.check_config(run, config(data_dir, num_train_steps=4))[1] == [
+      ("weight_decay_mask", "all", "matrices")]
 
 
 def _no_space(*args, **kwargs):
@@ -394,6 +400,16 @@ def test_keep_best_keeps_only_the_best_and_survives_a_resume_from_before_it(tmp_
     monkeypatch.undo()
   assert checkpointing.checkpoint_steps(directory) == [6] and (again.step, again.value) == (6, 1.5)
   assert checkpointing.load_params(directory)[1]["dense"]["kernel"][0, 0] == 6.5
+  # The same step better again (a resume from before it) whose save fails: the old save of
+  # that step was set aside, not deleted, and is put back.
+  monkeypatch.setattr(best_lib.ocp.CheckpointManager, "save", _no_space)
+  with pytest.raises(checkpointing.StorageError, match="The best so far, step 6, is untouched"):
+    again.offer(6, params(6.9), {"eval_loss": 1.0})
+  monkeypatch.undo()
+  assert sorted(os.listdir(directory)) == ["6"]
+  assert checkpointing.load_params(directory)[1]["dense"]["kernel"][0, 0] == 6.5
+  assert again.offer(6, params(6.9), {"eval_loss": 1.0}) and sorted(os.listdir(directory)) == ["6"]
+  assert checkpointing.load_params(directory)[1]["dense"]["kernel"][0, 0] == np.float32(6.9)
   # Larger is better for BLEU and accuracy.
   bleu = best_lib.BestKeeper(run, "bleu")
   assert bleu.offer(2, params(1.0), {"bleu": 10.0}) and not bleu.offer(4, params(1.0), {"bleu": 9})
@@ -424,28 +440,44 @@ def test_a_run_with_keep_best_saves_the_best_evaluation_for_the_tools(tmp_path, 
       os.path.join(run, "eval", f"best_eval_loss_{best_step}")
 
 
-def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, tmp_path):
-  corpus = tmp_path / "corpus.tsv"
+def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, tmp_path,
+                                                                monkeypatch):
+  (tmp_path / "a").mkdir()
+  (tmp_path / "b").mkdir()
+  corpus = tmp_path / "a" / "corpus.tsv"
   corpus.write_text("one\teins\n")
-  text = config(data_dir, **{"data.dataset": "text", "data.tsv_path": str(corpus)})
+  monkeypatch.chdir(tmp_path / "a")
+  # The run as if it had trained on the relative path corpus.tsv, from directory a.
+  text = config(data_dir, **{"data.dataset": "text", "data.tsv_path": "corpus.tsv"})
   path = os.path.join(run, workdir_lib.CONFIG)
   with open(path) as f:
     stored = json.load(f)
   assert stored[workdir_lib.RESOLVED_DATA] == {"inputs": {}}        # numbers: no files
+  stored["data"].update(dataset="text", tsv_path="corpus.tsv")
   stored[workdir_lib.RESOLVED_DATA] = {"inputs": fingerprint.fingerprint(text.data)}
   assert list(stored[workdir_lib.RESOLVED_DATA]["inputs"]) == [str(corpus)]
   with open(path, "w") as f:
     json.dump(stored, f)
-  assert workdir_lib.check_config(run, config(data_dir))[1] == []
+  assert workdir_lib.check_config(run, text)[1] == []
   os.utime(corpus, ns=(10**9, 10**9))                   # touched or copied: the same bytes
-  assert workdir_lib.check_config(run, config(data_dir))[1] == []
+  assert workdir_lib.check_config(run, text)[1] == []
+  # From another directory the relative path reads another file: the same corpus only if it
+  # holds the same bytes.
+  monkeypatch.chdir(tmp_path / "b")
+  (tmp_path / "b" / "corpus.tsv").write_text("one\teins\n")
+  assert workdir_lib.check_config(run, text)[1] == []
+  (tmp_path / "b" / "corpus.tsv").write_text("two\tzwei\n")
+  with pytest.raises(workdir_lib.ConfigChangeRefused,
+                     match=f"{corpus}: recorded, not read now"):
+    workdir_lib.check_config(run, text)
+  monkeypatch.chdir(tmp_path / "a")
   corpus.write_text("one\tzwei\n")                       # the same size, another content
   with pytest.raises(workdir_lib.ConfigChangeRefused,
                      match=f"(?s){corpus}: its content changed.*restore them to resume"):
-    workdir_lib.check_config(run, config(data_dir))
+    workdir_lib.check_config(run, text)
   corpus.unlink()
   with pytest.raises(workdir_lib.ConfigChangeRefused, match=f"{corpus}: no longer exists"):
-    workdir_lib.check_config(run, config(data_dir))
+    workdir_lib.check_config(run, text)
 
 
 def test_a_text_run_records_its_corpus_and_refuses_an_edited_one(tmp_path, data_dir):
@@ -473,10 +505,14 @@ def test_a_text_run_records_its_corpus_and_refuses_an_edited_one(tmp_path, data_
   src.write_bytes(original[0])
   tgt.write_bytes(original[1])
   assert loop.train_and_evaluate(config(data_dir, **overrides), run)["step"] == 2
-  # The corpus's own fields set for another dataset would train on that one: refused.
-  with pytest.raises(ValueError, match="data.source_path is set but data.dataset='numbers': "
-                                       "add --config.data.dataset=text"):
-    experiment.validate(config(data_dir, **{**overrides, "data.dataset": "numbers"}))
+  # The corpus's own fields set for another dataset would train on that one: refused when a
+  # run starts, and only then (a run made so is resumed and evaluated as it was).
+  stray = config(data_dir, **{**overrides, "data.dataset": "numbers"})
+  experiment.validate(stray)
+  with pytest.raises(DataError, match="data.source_path is set but data.dataset='numbers': "
+                                      "add --config.data.dataset=text"):
+    loop.train_and_evaluate(stray, str(tmp_path / "new"))
+  assert not os.path.exists(tmp_path / "new" / workdir_lib.CONFIG)
 
 
 def test_a_finished_run_run_again_says_so_and_names_its_data(run, data_dir, capsys):
@@ -490,6 +526,15 @@ def test_a_run_resumes_with_its_own_config_without_retyping_it(run, data_dir, tm
                                                                 capsys):
   own = workdir_lib.experiment_config(run)
   assert workdir_lib.check_config(run, own)[1] == []        # the config it trains with
+  # How process 0 joined the run is not every process's: the launch fields keep the defaults.
+  path = os.path.join(run, workdir_lib.CONFIG)
+  with open(path) as f:
+    stored = json.load(f)
+  stored.update(coordinator_address="10.0.0.1:1234", num_processes=2, process_id=0)
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  own = workdir_lib.experiment_config(run)
+  assert (own.coordinator_address, own.num_processes, own.process_id) == ("", 0, -1)
   assert own.data.bucket_boundaries == config(data_dir).data.bucket_boundaries   # a tuple again
   train = load_script("train")
   assert train.main(["--workdir", run]) == 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from typing import Callable, Sequence
 import warnings
 
@@ -84,11 +85,11 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
     # config file's get_config() ValueError for a bad argument (configs/locale.py:xx).
     print(f"error: {_flag_error(e)} (--help lists the flags)", file=sys.stderr)
     return 2
-  except (NameError, SyntaxError) as e:  # --config names a file that is not Python
-    print(f"error: --config {_config_arg(argv)}: not a Python config file with get_config() "
-          f"({type(e).__name__}: {e}); a run's config.json is read back with --config "
-          "configs/resume.py:<workdir>, or by scripts/train.py --workdir <workdir> alone",
-          file=sys.stderr)
+  except (NameError, SyntaxError, ImportError) as e:
+    # A config file that fails to load: not Python at all (a run's config.json), or a bug in
+    # it. (config_flags turns only ValueError and TypeError into flag errors.)
+    arg = _config_arg(argv)
+    print(f"error: --config {arg}: {_config_file_error(e, arg)}", file=sys.stderr)
     return 2
   if config is not NO_CONFIG and type(values.config).__name__ == "_ErrorConfig":
     # config_flags keeps a config file's load error (a missing file) until first use.
@@ -120,6 +121,23 @@ def _config_arg(argv: Sequence[str]) -> str:
     if a == "--config" and i + 1 < len(argv):
       return argv[i + 1]
   return "?"
+
+
+def _config_file_error(e: BaseException, arg: str) -> str:
+  """What went wrong in config file `arg` (path[:argument]): its type, message and line."""
+  if arg.split(":", 1)[0].endswith(".json"):
+    return ("not a Python config file with get_config(); a run's config.json is read back with "
+            "--config configs/resume.py:<workdir>, or by scripts/train.py --workdir <workdir> "
+            "alone")
+  where = ""
+  if isinstance(e, SyntaxError) and e.filename:
+    where = f" (at {e.filename}:{e.lineno})"
+  else:
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "config_flags" not in
+              f.filename and "absl" not in f.filename]
+    if frames:
+      where = f" (at {frames[-1].filename}:{frames[-1].lineno})"
+  return f"{type(e).__name__}: {e}{where}"
 
 
 def _load_error(error_config) -> str:

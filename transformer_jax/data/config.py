@@ -116,6 +116,22 @@ def _check_positive(c, field, allow_zero=False):
     raise ValueError(f"data.{field}={value!r}: expected an integer {bound}")
 
 
+def stray_corpus_field(c) -> str | None:
+  """Why a new run's corpus fields contradict its dataset (None: they do not): the path of a
+  text corpus or locale catalogs set for another dataset, which would train on that other one
+  without a word. Checked when a run starts (`run.workdir.check_config`), not on resume: a run
+  made with such a field is resumed and evaluated as it was."""
+  for dataset, fields in (("text", ("tsv_path", "source_path", "target_path")),
+                          ("locale", ("locale_dir", "locale_ding_path"))):
+    given = [f for f in fields if c[f]]
+    if given and c.dataset != dataset:
+      return (f"data.{given[0]} is set but data.dataset={c.dataset!r}: add "
+              f"--config.data.dataset={dataset} to train on "
+              + ("your files" if dataset == "text" else "those catalogs")
+              + f", or drop data.{given[0]}")
+  return None
+
+
 def validate(c) -> None:
   """Raises ValueError naming the first bad field and what it accepts."""
   _check_choice(c, "dataset", DATASETS)
@@ -133,15 +149,6 @@ def validate(c) -> None:
   if c.dataset in ("wmt14", "wmt17") and {c.source_lang, c.target_lang} != {"en", "de"}:
     raise ValueError(f"data.dataset={c.dataset!r} is de-en: data.source_lang/target_lang "
                      f"must be 'en' and 'de' in either order")
-  # A corpus's fields set for another dataset: the run would train on that one, silently.
-  for dataset, fields in (("text", ("tsv_path", "source_path", "target_path")),
-                          ("locale", ("locale_dir", "locale_ding_path"))):
-    given = [f for f in fields if c[f]]
-    if given and c.dataset != dataset:
-      raise ValueError(f"data.{given[0]} is set but data.dataset={c.dataset!r}: add "
-                       f"--config.data.dataset={dataset} to train on "
-                       + ("your files" if dataset == "text" else "those catalogs")
-                       + f", or drop data.{given[0]}")
   if c.dataset == "text":
     if bool(c.tsv_path) == bool(c.source_path or c.target_path):
       raise ValueError("data.dataset='text': set data.tsv_path, or data.source_path and "

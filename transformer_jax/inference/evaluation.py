@@ -21,6 +21,7 @@ import os
 import random
 import re
 from typing import Sequence
+import uuid
 
 from transformer_jax import bleu as bleu_lib
 from transformer_jax.data.lines import read_lines
@@ -92,10 +93,16 @@ def default_output_dir(workdir: str, checkpoint_dir: str, step: int) -> str:
 
 
 def _write_file(path: str, text: str) -> None:
-  """Whole or not at all: a reader never sees half a file, nor a crash leaves one."""
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)
+  """Whole or not at all: a reader never sees half a file, nor a crash leaves one. The
+  temporary name is this write's own: two evaluations of one checkpoint may end together."""
+  tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
 
 
 def _write(output_dir: str, name: str, hypotheses: Sequence[str], result: dict,

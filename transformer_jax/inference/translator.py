@@ -38,7 +38,6 @@ from transformer_jax.run.workdir import (
   AVERAGED,
   CHECKPOINTS,
   CONFIG,
-  SPM_MODEL,
   TRAIN_HINT,
   RunError,
   load_run_config,
@@ -127,9 +126,13 @@ def _check_tokenizer(workdir: str, checkpoint_dir: str, spm_path: str) -> None:
   """A checkpoint inside another run's workdir must come with this run's tokenizer: with the
   same vocabulary size but other pieces it would decode, silently, into the wrong words."""
   other = os.path.dirname(checkpoint_dir)
-  other_spm = os.path.join(other, SPM_MODEL)
-  if (other == os.path.abspath(workdir) or not os.path.exists(os.path.join(other, CONFIG))
-      or not os.path.exists(other_spm) or filecmp.cmp(other_spm, spm_path, shallow=False)):
+  if other == os.path.abspath(workdir) or not os.path.exists(os.path.join(other, CONFIG)):
+    return
+  try:  # that run's own tokenizer: its data.vocab_path, or its spm.model
+    other_spm = vocabulary_path(other, load_run_config(other))
+  except RunError:
+    return
+  if not os.path.exists(other_spm) or filecmp.cmp(other_spm, spm_path, shallow=False):
     return
   raise RunError(f"{checkpoint_dir} belongs to the run {other}, trained with the tokenizer "
                  f"{other_spm}, which differs from {spm_path}, the one --workdir {workdir} "
@@ -146,7 +149,7 @@ def check_param_shapes(params, config: TransformerConfig, where: str, workdir: s
   """Parameters of another model (vocabulary size, width, depth) fail deep inside Flax with a
   long traceback; this names the first parameter that differs instead."""
   model = Transformer(config.replace(deterministic=True))
-  dummy = jnp.ones((1, 8), jnp.int32)
+  dummy = jnp.ones((1, min(8, config.max_len)), jnp.int32)  # within a learned position table
   expected = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy))["params"]
   want, got = _shapes(nn.meta.unbox(expected)), _shapes(params)
   for path in [*want, *(p for p in got if p not in want)]:

@@ -66,10 +66,16 @@ class BestKeeper:
     if not distributed.from_main(value is not None and self.better(float(value))):
       return False
     meta = {"step": int(step), "metric": self.metric, "value": float(value)}
+    # The same step again (a resume from before it): its old save is set aside, not deleted,
+    # until the new one is complete, and put back if the new one fails.
+    here = os.path.join(self.directory, str(step))
+    aside = f"{here}.replaced"
+    if step in checkpointing.checkpoint_steps(self.directory):
+      if distributed.is_main():
+        os.replace(here, aside)
+      distributed.sync("transformer_jax: the best's old save of this step set aside")
     try:
       with ocp.CheckpointManager(self.directory, options=_options()) as mgr:
-        if step in mgr.all_steps():  # the same step again, after a resume from before it
-          mgr.delete(step)
         mgr.save(int(step), args=ocp.args.Composite(
             state=ocp.args.StandardSave({"params": params}), meta=ocp.args.JsonSave(meta)),
             force=True)
@@ -78,12 +84,14 @@ class BestKeeper:
           if old != step:
             mgr.delete(old)
     except Exception as e:  # noqa: BLE001 - storage failures are reported, the rest re-raised
-      if not checkpointing.is_storage_failure(e):
-        raise
       if distributed.is_main() and os.path.isdir(self.directory):
         for name in os.listdir(self.directory):  # the half-written step
           if ".orbax-checkpoint-tmp" in name:
             shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        if os.path.isdir(aside) and not os.path.isdir(here):
+          os.replace(aside, here)
+      if not checkpointing.is_storage_failure(e):
+        raise
       kept = (f"The best so far, step {self.step}, is untouched." if self.step is not None
               else "There was no best yet.")
       raise checkpointing.StorageError(
@@ -91,5 +99,7 @@ class BestKeeper:
           f"failed: {str(e).strip().splitlines()[0][:300]}. {kept} The training checkpoints "
           "are not affected: free space (or drop --config.keep_best) and run the same command "
           "to resume.") from None
+    if distributed.is_main() and os.path.isdir(aside):
+      shutil.rmtree(aside, ignore_errors=True)
     self.step, self.value = int(step), float(value)
     return True

@@ -292,10 +292,10 @@ class Checkpointer:
           # (seen on a loaded machine: a step's temporary directory left behind): clean again
           # until none reappears for a moment.
           for _ in range(25):
-            if not self._remove_partial_steps():
-              time.sleep(0.2)
-              if not self._remove_partial_steps():
-                break
+            removed = self._remove_partial_steps()
+            time.sleep(0.2)
+            if not removed and not self._remove_partial_steps():
+              break
         # After a failed save the filter stays: Orbax's threads go on logging it until the
         # process ends.
         if not self.failed:

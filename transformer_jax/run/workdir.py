@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import socket
 import sys
 import time
@@ -38,8 +39,8 @@ LOCK = ".lock"
 RESOLVED_DATA = "resolved_data"   # config.json: the corpus files' fingerprint
 # Model fields that change what the parameters compute but not their shapes (max_len: with
 # sinusoidal positions): a new run can start from the old one's parameters (init_from).
-SAME_SHAPE_MODEL_FIELDS = ("norm_position", "layer_norm_epsilon", "scale_embeddings",
-                           "activation", "max_len")
+# (Not norm_position: pre-LN has a final LayerNorm that post-LN has not.)
+SAME_SHAPE_MODEL_FIELDS = ("layer_norm_epsilon", "scale_embeddings", "activation", "max_len")
 # Fields whose change on resume would make the checkpoint or the tokenizer unusable or silently
 # wrong. Model fields are all refused but these, which change neither the parameters' shapes nor
 # what they compute:
@@ -55,6 +56,9 @@ TOKENIZER_FIELDS = tuple(f"data.{f}" for f in (
 # How this process joins a run: differs between the processes of one run and between launches.
 LAUNCH_FIELDS = ("distributed", "coordinator_address", "coordinator_bind_address",
                  "num_processes", "process_id")
+# Fields added after runs were made whose default differs from what those runs did: a
+# config.json without them is read back with these values (`experiment_config`).
+LEGACY_VALUES = {"data.split": "source", "weight_decay_mask": "all"}
 
 
 class RunError(RuntimeError):
@@ -109,7 +113,10 @@ def experiment_config(workdir: str):
   """The experiment config the run in `workdir` trains with now (`config.json`, or its latest
   `config.<step>.json`), as a ConfigDict shaped like `experiment.base_config()`, so that
   `--config.<field>` overrides keep their types (`configs/resume.py`, `train.py --workdir W`).
-  A field the run recorded that this codebase no longer has is an error, not dropped."""
+  A field the run recorded that this codebase no longer has is an error, not dropped; one it
+  did not record yet takes the value that matches what the run did (`LEGACY_VALUES`), or the
+  default. The launch fields are each process's own, not process 0's: they keep the defaults
+  (pass them as overrides)."""
   from transformer_jax import experiment
   run = load_run_config(workdir)
   config = experiment.base_config()
@@ -119,6 +126,8 @@ def experiment_config(workdir: str):
   if unknown:
     raise RunError(f"{current_config_path(workdir)} has fields this code does not know: "
                    f"{unknown}; pass the run's config file with --config instead")
+  stored = {**{k: v for k, v in LEGACY_VALUES.items() if k not in stored},
+            **{k: v for k, v in stored.items() if k not in LAUNCH_FIELDS}}
   for key, value in stored.items():
     *parents, leaf = key.split(".")
     target = config
@@ -235,6 +244,7 @@ def config_changes(stored: dict, new: dict) -> list[tuple[str, object, object]]:
   """(field, stored value, new value) of every field that differs; the resolved model and how
   this process joined the run are not compared."""
   old = flatten({k: v for k, v in stored.items() if not k.startswith("resolved_")})
+  old = {**{k: v for k, v in LEGACY_VALUES.items() if k not in old}, **old}  # what it did
   now = flatten({k: v for k, v in new.items() if not k.startswith("resolved_")})
   return [(k, old.get(k), now.get(k)) for k in sorted(set(old) | set(now))
           if k not in LAUNCH_FIELDS and old.get(k) != now.get(k)]
@@ -255,9 +265,8 @@ def refusal(field: str, old, new, stored: dict, *, has_checkpoint: bool,
   if field in ("weight_decay", "grad_clip_norm") and bool(old) != bool(new):
     return "the optimizer state's structure (Adam <-> AdamW, clipping on <-> off)"
   if field == "weight_decay_mask" and stored.get("weight_decay", 0) > 0:
-    # "all" has no optax.masked wrapper, "matrices" has; a run from before the field is "all".
-    if (old or "all") != new:
-      return "the optimizer state's structure (AdamW on every parameter <-> on the matrices)"
+    # "all" has no optax.masked wrapper, "matrices" has (a run from before the field: "all").
+    return "the optimizer state's structure (AdamW on every parameter <-> on the matrices)"
   return None
 
 
@@ -266,6 +275,10 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
   naming every refused field and the way out, before anything is written."""
   path = os.path.join(workdir, CONFIG)
   if not os.path.exists(path):
+    from transformer_jax.data import config as data_config  # see config_json
+    stray = data_config.stray_corpus_field(config.data)
+    if stray:
+      raise data_config.DataError(stray)
     _check_tokenizer(workdir, config)
     return None, []
   stored = load_run_config(workdir)
@@ -276,30 +289,38 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
              if (why := refusal(f, old, new, stored, has_checkpoint=has_checkpoint,
                                 has_tokenizer=has_tokenizer))]
   if not refused and (has_checkpoint or has_tokenizer):
-    _check_corpus(workdir, stored)
+    _check_corpus(workdir, stored, config)
   if refused:
     lines = "\n".join(f"  {f}: {old!r} -> {new!r} (changes {why})" for f, old, new, why in refused)
-    if any(f == "data.split" and old is None for f, old, _, _ in refused):
+    recorded = flatten(stored)
+    if any(f == "data.split" and f not in recorded for f, _, _, _ in refused):
       lines += ("\n  (runs made before 2026-11-23 split their corpus by the exact source: add "
                 "--config.data.split=source to resume one of them)")
-    if any(f == "weight_decay_mask" and old is None for f, old, _, _ in refused):
+    if any(f == "weight_decay_mask" and f not in recorded for f, _, _, _ in refused):
       lines += ("\n  (runs made before 2026-11-25 decayed every parameter: add "
                 "--config.weight_decay_mask=all to resume one of them)")
     learned = stored.get("model", {}).get("position_encoding") == "learned"
     shapes = [f for f, _, _, _ in refused if f.startswith("model.")
               and f[len("model."):] not in SAFE_MODEL_FIELDS + SAME_SHAPE_MODEL_FIELDS
               or f == "model.max_len" and learned]
-    start_from = (
-        f", adding --config.init_from={os.path.join(workdir, CHECKPOINTS)} to begin from this "
-        "run's parameters" if not shapes else
-        f" (its parameters cannot seed it: their shapes change with {', '.join(shapes)})")
+    tokenizer = [f for f, _, _, _ in refused if f in TOKENIZER_FIELDS]
+    if shapes:
+      start_from = f" (its parameters cannot seed it: their shapes change with {shapes[0]})"
+    elif tokenizer:
+      # init_from takes the old run's spm.model along: the new tokenizer fields would be moot.
+      start_from = (f" (from scratch: {tokenizer[0]} needs a new tokenizer, and "
+                    "--config.init_from would bring this run's)")
+    else:
+      start_from = (f", adding --config.init_from={os.path.join(workdir, CHECKPOINTS)} to "
+                    "begin from this run's parameters")
+    w = shlex.quote(workdir)
     raise ConfigChangeRefused(
         f"{workdir} holds a run whose config differs from this command's (its --config file "
         f"and overrides) where a resume cannot change it:\n{lines}\nNothing was changed in "
-        f"{workdir}. To resume it as it is: python scripts/train.py --workdir {workdir} (the "
+        f"{workdir}. To resume it as it is: python scripts/train.py --workdir {w} (the "
         f"run's own config, {current_config_path(workdir)}); with the changes a resume allows: "
-        f"--config configs/resume.py:{workdir} --config.<field>=... To train with these values, "
-        f"start a new --workdir{start_from}.")
+        f"--config {shlex.quote('configs/resume.py:' + workdir)} --config.<field>=... To train "
+        f"with these values, start a new --workdir{start_from}.")
   return stored, changes
 
 
@@ -346,14 +367,25 @@ def _check_tokenizer(workdir: str, config) -> None:
         "or pass the data config it was trained with.")
 
 
-def _check_corpus(workdir: str, stored: dict) -> None:
+def _check_corpus(workdir: str, stored: dict, config) -> None:
   """Refuse a resume whose corpus files changed since the run recorded them: the dataset would
-  be rebuilt with other splits under the old tokenizer and data position."""
+  be rebuilt with other splits under the old tokenizer and data position. The files this
+  config reads now are compared: another set of files (a relative path from another working
+  directory, a catalog added) is the same corpus only with the same contents."""
   recorded = stored.get(RESOLVED_DATA, {}).get("inputs")
   if not recorded:  # a corpus of no files, or a run from before the record (2026-11-25)
     return
   from transformer_jax.data import fingerprint  # see config_json
-  lines = fingerprint.changed(recorded)
+  now = fingerprint.input_files(config.data)
+  if sorted(now) == sorted(recorded):
+    lines = fingerprint.changed(recorded)
+  else:
+    current = fingerprint.fingerprint(config.data)
+    same = sorted(e["sha256"] for e in current.values()) == sorted(
+        e["sha256"] for e in recorded.values())
+    lines = [] if same and len(current) == len(now) else (
+        [f"{p}: recorded, not read now" for p in sorted(recorded) if p not in now]
+        + [f"{p}: read now, not recorded" for p in now if p not in recorded])
   if lines:
     raise ConfigChangeRefused(
         f"{workdir} holds a run trained on corpus files that have changed since:\n  "
