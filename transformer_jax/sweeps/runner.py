@@ -5,8 +5,6 @@ Each point is its own process, so a crash or a leak in one cannot touch the othe
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
@@ -15,6 +13,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from transformer_jax.data.tokenizer import file_lock
 from transformer_jax.run.metrics import evaluated
 from transformer_jax.sweeps.spec import (
   SweepError,
@@ -118,17 +117,6 @@ def slot_env(slot: int, devices_per_point: int, base_env: dict | None = None) ->
 def _write(path: str, text: str):
   with open(path, "w") as f:
     f.write(text)
-
-
-@contextlib.contextmanager
-def _locked(path: str):
-  """An exclusive advisory lock on `path` (created if needed) while the block runs."""
-  with open(path, "a") as handle:
-    fcntl.flock(handle, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _read_list(path: str) -> list:
@@ -295,7 +283,7 @@ class Runner:
     lock keeps every task's entry, the rename keeps a reader from a half-written file. Entries
     of points the sweep no longer has (its `sweep()` changed) are dropped."""
     path = os.path.join(self.sweep_dir, "status.json")
-    with _locked(os.path.join(self.sweep_dir, ".status.lock")):
+    with file_lock(os.path.join(self.sweep_dir, ".status.lock")):
       names = [point_name(p) for p in self.points]
       entries = {}
       for r in _read_list(path):
