@@ -552,6 +552,19 @@ def test_a_run_resumes_with_its_own_config_without_retyping_it(run, data_dir, tm
   assert "--config is required to start a run" in capsys.readouterr().err
 
 
+def test_an_mfu_above_100_percent_against_a_small_measured_peak_is_explained_once(
+    tmp_path, data_dir, monkeypatch, capsys):
+  monkeypatch.setattr(loop.flops, "peak_flops",
+                      lambda dtype, n, **kw: (1e6, f"measured {dtype} {n}x{n} matmul"))
+  loop.train_and_evaluate(config(data_dir, num_train_steps=4), str(tmp_path / "run"))
+  out, err = capsys.readouterr()
+  notes = [line for line in (out + err).replace("\r", "\n").splitlines()
+           if line.startswith("note: MFU above 100%")]
+  assert len(notes) == 1, out + err
+  assert "(measured float32 256x256 matmul) is too small a matmul" in notes[0]
+  assert "(--config.cpu_peak_matmul_size, default 2048)" in notes[0]
+
+
 def test_a_resume_from_an_older_checkpoint_supersedes_later_changes(run, data_dir):
   c = config(data_dir, num_train_steps=9)
   model = Translator(run).config

@@ -169,3 +169,16 @@ def peak_flops(dtype: str = "float32", device=None, **measure_kwargs) -> tuple[f
             f"measured {dtype} {n}x{n} matmul")
   return float("nan"), (f"unknown device kind {device.device_kind!r}: add it to "
                         "transformer_jax.flops.PEAK_FLOPS")
+
+
+def mfu_note(mfu: float, peak_source: str, how: str) -> str | None:
+  """A line for an MFU above 100% on a measured CPU peak, else None; `how` says how to measure
+  on a larger matmul (the flag and its default).
+
+  A small matmul (say 256) runs below the CPU's peak, slower than the model's larger matmuls, so
+  it is no peak to divide by. Above 100% on a table's peak would be a FLOP count's bug instead,
+  and is left to show as it is."""
+  if not (mfu > 1 and peak_source.startswith("measured")):
+    return None
+  return (f"note: MFU above 100%: the peak ({peak_source}) is too small a matmul to be the "
+          f"CPU's peak; measure it on a larger one ({how})")

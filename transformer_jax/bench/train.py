@@ -206,12 +206,5 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
 
 
 def mfu_note(mfu: float, peak_source: str) -> str | None:
-  """A line for an MFU above 100% on a measured CPU peak, else None.
-
-  A small matmul (say 256) runs below the CPU's peak, slower than the model's larger matmuls, so
-  it is no peak to divide by. Above 100% on a table's peak would be a FLOP count's bug instead,
-  and is left to show as it is."""
-  if not (mfu > 1 and peak_source.startswith("measured")):
-    return None
-  return (f"note: MFU above 100%: the peak ({peak_source}) is too small a matmul to be the "
-          f"CPU's peak; measure it on a larger one (--matmul_n, default {TrainOptions.matmul_n})")
+  """`throughput.mfu_note` with this benchmark's flag."""
+  return flops.mfu_note(mfu, peak_source, f"--matmul_n, default {TrainOptions.matmul_n}")
