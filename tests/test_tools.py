@@ -541,6 +541,15 @@ def test_load_params_reads_only_the_parameters(workdir, monkeypatch):
 # ---------------------------------------------------------------- averaging
 
 
+def test_commands_in_messages_quote_a_workdir_with_spaces(tmp_path):
+  spaced = str(tmp_path / "my run")
+  with pytest.raises(workdir_lib.RunError) as e:
+    checkpointing.resolve_checkpoint(spaced)
+  assert f"--workdir '{spaced}'" in str(e.value), e.value
+  with pytest.raises(workdir_lib.RunError, match=f"--workdir '{spaced}' --last N first"):
+    checkpointing.resolve_checkpoint(spaced, averaged=True)
+
+
 def test_reading_parameters_prints_no_orbax_notices(workdir, caplog):
   with caplog.at_level(logging.INFO, logger="absl"):
     checkpointing.load_params(workdir)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import filecmp
 import os
+import shlex
 import sys
 import time
 from typing import Callable, Sequence
@@ -38,9 +39,9 @@ from transformer_jax.run.workdir import (
   AVERAGED,
   CHECKPOINTS,
   CONFIG,
-  TRAIN_HINT,
   RunError,
   load_run_config,
+  train_hint,
   vocabulary_path,
 )
 from transformer_jax.search import output_ids, search_batch
@@ -110,15 +111,16 @@ def _not_a_workdir(path: str) -> str | None:
     # One step of a run's checkpoints/ (or averaged/, best_<metric>/).
     run = os.path.dirname(parent)
     how = (f"--step {name}" if os.path.basename(parent) == CHECKPOINTS
-           else f"--checkpoint {path}")
-    return (f"{path} is one checkpoint of the run {run}, not its workdir: pass --workdir {run} "
+           else f"--checkpoint {shlex.quote(path)}")
+    return (f"{path} is one checkpoint of the run {run}, not its workdir: pass --workdir "
+            f"{shlex.quote(run)} "
             f"{how}")
   steps = checkpointing.checkpoint_steps(path)
   if steps or name == CHECKPOINTS:
     how = {CHECKPOINTS: ", with --step N for a step other than the latest",
-           AVERAGED: " --averaged"}.get(name, f" --checkpoint {path}")
+           AVERAGED: " --averaged"}.get(name, f" --checkpoint {shlex.quote(path)}")
     return (f"{path} holds the checkpoints of the run {parent} (steps {steps}), not its workdir: "
-            f"pass --workdir {parent}{how}")
+            f"pass --workdir {shlex.quote(parent)}{how}")
   return None
 
 
@@ -136,7 +138,8 @@ def _check_tokenizer(workdir: str, checkpoint_dir: str, spm_path: str) -> None:
     return
   raise RunError(f"{checkpoint_dir} belongs to the run {other}, trained with the tokenizer "
                  f"{other_spm}, which differs from {spm_path}, the one --workdir {workdir} "
-                 f"uses: pass --workdir {other} instead to decode with that run's checkpoints")
+                 f"uses: pass --workdir {shlex.quote(other)} instead to decode with that run's "
+                 "checkpoints")
 
 
 def _shapes(tree) -> dict[str, tuple]:
@@ -192,7 +195,7 @@ class Translator:
     spm_path = vocabulary_path(workdir, self.run)
     if not os.path.exists(spm_path):
       raise RunError(f"{spm_path} not found: the run's SentencePiece model is missing; "
-                     + TRAIN_HINT.format(workdir))
+                     + train_hint(workdir))
     _check_tokenizer(workdir, self.checkpoint_dir, spm_path)
     self.tokenizer = Tokenizer(spm_path)
     if self.tokenizer.vocab_size != self.config.vocab_size:

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from transformer_jax.run import checkpointing
-from transformer_jax.run.workdir import AVERAGED, TRAIN_HINT, RunError
+from transformer_jax.run.workdir import AVERAGED, RunError, train_hint
 
 
 def average_params(trees: Iterable[tuple[str, object]]) -> object:
@@ -58,7 +58,7 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
   source = checkpointing.checkpoint_dir(workdir)
   steps = checkpointing.checkpoint_steps(source)
   if not steps:
-    raise RunError(f"no checkpoint in {source}: " + TRAIN_HINT.format(workdir))
+    raise RunError(f"no checkpoint in {source}: " + train_hint(workdir))
   if last < 1:
     raise RunError(f"--last {last}: must be >= 1")
   # The paper averages checkpoints written at even intervals: a save forced by a signal (a

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -21,7 +22,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
-from transformer_jax.run.workdir import AVERAGED, CHECKPOINTS, TRAIN_HINT, CheckpointError, RunError
+from transformer_jax.run.workdir import AVERAGED, CHECKPOINTS, CheckpointError, RunError, train_hint
 
 log = logging.getLogger(__name__)
 
@@ -373,7 +374,7 @@ def resolve_checkpoint(workdir: str, checkpoint: str | None = None, step: int | 
     checkpoint = os.path.join(workdir, AVERAGED)
     if not os.path.isdir(checkpoint):
       raise RunError(f"no averaged checkpoint in {checkpoint}: run scripts/average_checkpoints.py "
-                     f"--workdir {workdir} --last N first")
+                     f"--workdir {shlex.quote(workdir)} --last N first")
   path, step_dir = manager_directory(checkpoint or workdir)
   if step_dir is not None:
     if step is not None and step != step_dir:
@@ -383,7 +384,7 @@ def resolve_checkpoint(workdir: str, checkpoint: str | None = None, step: int | 
   if not steps:
     where = path if checkpoint else checkpoint_dir(workdir)
     raise RunError(f"no checkpoint in {where}: " + (
-        TRAIN_HINT.format(workdir) if not checkpoint else
+        train_hint(workdir) if not checkpoint else
         "pass a workdir, its checkpoints or averaged directory, or one checkpoints/<step> "
         "directory"))
   if step is None:

@@ -35,6 +35,12 @@ AVERAGED = "averaged"
 EVAL = "eval"                  # scripts/evaluate.py's outputs, never touched by training
 EVAL_LOG = "results.jsonl"     # in EVAL: one line per evaluation, appended
 TRAIN_HINT = "train first with scripts/train.py --config configs/default.py --workdir {}"
+
+
+def train_hint(workdir: str) -> str:
+  """TRAIN_HINT for `workdir`, quoted for a shell where it needs to be (spaces, say)."""
+  return TRAIN_HINT.format(shlex.quote(workdir))
+
 LOCK = ".lock"
 RESOLVED_DATA = "resolved_data"   # config.json: the corpus files' fingerprint
 # Model fields that change what the parameters compute but not their shapes (max_len: with
@@ -97,7 +103,7 @@ def load_run_config(workdir: str, step: int | None = None) -> dict:
   path = os.path.join(workdir, CONFIG)
   if not os.path.exists(path):
     raise RunError(f"{path} not found: {workdir} is not the workdir of a training run; "
-                   + TRAIN_HINT.format(workdir))
+                   + train_hint(workdir))
   for resumed_at, changed in history(workdir):
     if step is None or resumed_at < step:
       path = changed
