@@ -69,10 +69,21 @@ def body(v, args):
     print(f"error: {', '.join(configured)} apply to --what train and decode, not data",
           file=sys.stderr)
     return 2
-  if v.what == "kernels" and (v.sweep or v.sweep_config):
-    print("error: --sweep and --sweep_config apply to --what train and decode, not kernels",
+  if v.what in ("data", "kernels") and (v.sweep or v.sweep_config):
+    print(f"error: --sweep and --sweep_config apply to --what train and decode, not {v.what}",
           file=sys.stderr)
     return 2
+  if v.sweep and v.sweep_config:
+    print("error: pass --sweep or --sweep_config, not both", file=sys.stderr)
+    return 2
+  try:
+    return _measure(v)
+  except sweeps.SweepError as e:  # a curve the user got wrong: its fields or values
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
+def _measure(v):
   if v.what == "data":
     result = data.run(DATA(
         datasets=tuple(v.datasets.split(",")), batchings=tuple(v.batching.split(",")),

@@ -241,6 +241,9 @@ def test_benchmark_kernels_smoke(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--what", "kernels", "--sweep", "data.batch_size=8,16"], "not kernels"),
+    (["--sweep", "data.batch_size=8,16"], "not data"),   # --what data is the default
+    (["--what", "train", "--config", TINY, "--sweep", "data.batch_size=8,16",
+      "--sweep_config"], "pass --sweep or --sweep_config, not both"),
     (["--what", "data", "--config.model.d_model=8"], "--config.model.d_model apply to --what"),
     (["--what", "data", "--config", TINY], "--config apply to --what train and decode"),
     (["--what", "train", "--warmup", "0"], "--warmup=0"),
@@ -361,10 +364,23 @@ def test_a_throughput_curve_runs_every_point_and_writes_table_plot_and_points(tm
   result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   rows = result["rows"]
   assert [(r["data.batch_size"], r["model.fused_qkv"]) for r in rows] == [(8, True), (16, True)]
-  assert all(r["target tokens/s"] > 0 and 0 < r["MFU"] for r in rows)
+  assert all(r["target tokens/s"] > 0 and 0 < r["MFU"] and r["peak FLOP/s"] > 0 for r in rows)
   assert sorted(os.listdir(out / "points")) == [
       f"data.batch_size={b},model.fused_qkv=True.json" for b in (16, 8)]
   with open(out / "curve.csv") as f:
     assert len(f.read().splitlines()) == 3
   assert (out / "curve.png").stat().st_size > 10_000
   assert benchmark.main(["--what", "train", "--config", TINY, "--sweep", "batch_size"]) == 1
+  capsys.readouterr()
+  # Mistakes in a curve's points are one error line each, before any point runs.
+  bad = tmp_path / "bad_curve"
+  for sweep, message in (
+      ("data.batch_sise=8,16", "config has no field 'data.batch_sise'; did you mean"),
+      ("data.batch_size=8,x", "data.batch_size='x': "),
+      ("model.num_heads=4,5", "curve point 2 (model.num_heads=5): "),
+      ("data.batch_size=8,16,", "expected FIELD=V1,V2")):
+    assert benchmark.main(["--what", "train", "--config", TINY, "--sweep", sweep,
+                           "--curve_dir", str(bad)]) == 1, sweep
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err, err
+  assert not bad.exists()

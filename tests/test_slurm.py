@@ -146,10 +146,15 @@ get_config = tiny.get_config
 
 
 def sweep():
-  # The last point cannot train (a negative learning rate fails validation): it must be
-  # reported as failed, and alone submitted again.
-  return [dict(learning_rate=1.0), dict(learning_rate=2.0), dict(learning_rate=-1.0)]
+  # The last point cannot train (no training pair fits 2 target pieces, found only once the
+  # data is read; a value validation refuses would stop the whole sweep before it starts): it
+  # must be reported as failed, and alone submitted again.
+  return [dict(learning_rate=1.0), dict(learning_rate=2.0),
+          {{"learning_rate": 3.0, "data.max_target_len": 2}}]
 """
+
+
+BAD_POINT = "data.max_target_len=2,learning_rate=3"
 
 
 def test_a_sweep_runs_as_an_array_job_and_resubmits_only_its_unfinished_points(
@@ -167,9 +172,10 @@ def test_a_sweep_runs_as_an_array_job_and_resubmits_only_its_unfinished_points(
   assert "points 0-2" in first.stderr
   lines = first.stderr.splitlines()
   assert "[0] learning_rate=1: done" in lines and "[1] learning_rate=2: done" in lines
-  failed = next(line for line in lines if line.startswith("[2] learning_rate=-1: failed"))
+  failed = next(line for line in lines
+                if line.startswith(f"[2] {BAD_POINT}: failed"))
   failed_file = failed.split(": see ")[1]
-  assert "learning_rate=-1" in open(failed_file).read()     # the exit status and the log tail
+  assert "no training pair fits" in open(failed_file).read()  # the exit status and log tail
   logs = {n: os.path.getsize(sweep_dir / n / "train.log")
           for n in ("learning_rate=1", "learning_rate=2")}
 
@@ -180,5 +186,5 @@ def test_a_sweep_runs_as_an_array_job_and_resubmits_only_its_unfinished_points(
   report = slurm.run([sys.executable, os.path.join(REPO, "scripts", "sweep.py"), "--workdir",
                       str(sweep_dir), "--report"], env=env, timeout=120)
   assert report.returncode == 0, report.stderr[-3000:]
-  row = next(line for line in report.stdout.splitlines() if "learning_rate=-1" in line)
-  assert "failed" in row and str(sweep_dir / "learning_rate=-1" / "train.log") in row
+  row = next(line for line in report.stdout.splitlines() if BAD_POINT in line)
+  assert "failed" in row and str(sweep_dir / BAD_POINT / "train.log") in row

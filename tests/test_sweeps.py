@@ -198,7 +198,7 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
   assert again.run([0], log=lambda s: None)[0]["status"] == "skipped (done)"
   assert again.run([2], log=lambda s: None)[0]["status"] == "failed"
   assert _calls(sweep_dir, {"learning_rate": 2.0, "warmup_steps": 5}) == 3
-  with pytest.raises(IndexError, match="points 0..3"):
+  with pytest.raises(sweeps.SweepError, match=r"--point 4: this sweep has points 0..3"):
     again.run([4])
   # A point that saved and evaluated its last step counts as done without a DONE marker;
   # without the final evaluation (killed during it) it does not.
@@ -345,6 +345,10 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
     json.dump({"points": [{"overrides": p} for p in points if p["seed"] == 0]}, f)
   assert "seeds" not in json.dumps(sweeps.report(str(tmp_path), "bleu")["files"])
   assert "report_seeds.csv" not in os.listdir(tmp_path)
+  # A misspelt metric is an error listing what the points logged, not an empty report.
+  with pytest.raises(sweeps.SweepError, match=r"--metric blue: no point logged it; did you "
+                                              r"mean 'bleu'\? The points logged: bleu, "):
+    sweeps.report(str(tmp_path), "blue")
 
 
 def test_report_of_a_directory_that_is_not_a_sweep_says_so(tmp_path, capsys):
@@ -385,15 +389,31 @@ def test_config_overrides_reach_every_point(tmp_path, monkeypatch, capsys):
     assert argv[:2] == ["--config", TINY + ":x"]
     assert argv[-5:] == sweeps.override_flags(point) + overrides
   assert json.loads((sweep_dir / "sweep.json").read_text())["extra_flags"] == overrides
-  # Where an override sets a swept field it wins (it comes last), also for the step the
-  # driver checks a point's end against.
+  # An override of a swept field would replace every point's value (it comes last) while the
+  # points' names and the report showed the swept ones: refused before anything runs.
   swept = tmp_path / "steps.py"
   swept.write_text("from tiny_config import get_config\n"
                    "def sweep():\n  return [{'num_train_steps': 2}, {'num_train_steps': 4}]\n")
   assert sweeps.Runner(str(swept), str(tmp_path / "s0"), str(fake)).num_steps == [2, 4]
-  runner = sweeps.Runner(str(swept), str(tmp_path / "s1"), str(fake), {"num_train_steps": 7})
-  assert runner.num_steps == [7, 7]
-  assert runner.command(0)[-2:] == ["--config.num_train_steps=2", "--config.num_train_steps=7"]
+  assert script.main(["--config", str(swept), "--workdir", str(tmp_path / "s1"),
+                      "--config.num_train_steps=7"]) == 1
+  assert ("error: --config.num_train_steps sets a field the sweep varies: it would replace "
+          "every point's num_train_steps") in capsys.readouterr().err
+  assert not (tmp_path / "s1").exists()
+  # A point no run could train with fails before the first point runs, naming the point; so
+  # does a value of the wrong type.
+  bad = tmp_path / "bad_point.py"
+  bad.write_text("from tiny_config import get_config\n"
+                 "def sweep():\n  return [{'model.num_heads': 4}, {'model.num_heads': 5}]\n")
+  assert script.main(["--config", str(bad), "--workdir", str(tmp_path / "s2")]) == 1
+  err = capsys.readouterr().err
+  assert "error: point 1 (model.num_heads=5): " in err and "not divisible by num_heads=5" in err
+  assert not (tmp_path / "s2").exists()
+  typed = tmp_path / "typed.py"
+  typed.write_text("from tiny_config import get_config\n"
+                   "def sweep():\n  return [{'data.batch_size': 8}, {'data.batch_size': 'x'}]\n")
+  with pytest.raises(sweeps.SweepError, match="data.batch_size='x': "):
+    sweeps.points_from_config(str(typed))
   # A misspelt override fails before any point runs, naming the field.
   assert script.main(["--config", TINY, "--workdir", str(tmp_path / "bad"),
                       "--config.num_train_stepz=7"]) == 2

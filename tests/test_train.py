@@ -151,6 +151,8 @@ def test_gradient_accumulation_equals_big_batch():
     ("weight_decay", -0.1, r"config.weight_decay=-0.1: must be >= 0"),
     ("grad_clip_norm", -1.0, r"config.grad_clip_norm=-1.0: must be >= 0"),
     ("weight_decay_mask", "norms", r"config.weight_decay_mask='norms': expected one of"),
+    ("coordinator_address", "127.0.0.1:1234",
+     r"config.num_processes=0: must be >= 1 with coordinator_address"),
     ("keep_best", "BLEU", r"config.keep_best='BLEU': expected '' \(off\) or one of \['bleu', "),
     # The tiny config keeps 3 checkpoints: averaging 4 would find one deleted after training.
     ("average_last_checkpoints", 4, r"config.average_last_checkpoints=4: must be in \[1, "

@@ -139,6 +139,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
     bad("mesh", dict(c.mesh), f"unknown axes {unknown_axes}; expected among {MESH_AXES}")
   if c.distributed not in ("auto", "on", "off"):
     bad("distributed", c.distributed, "expected 'auto', 'on' or 'off'")
+  if c.coordinator_address and c.distributed != "off":
+    # An explicit coordinator needs each process's place (JAX names no config field).
+    if c.num_processes < 1:
+      bad("num_processes", c.num_processes, "must be >= 1 with coordinator_address (the "
+          "processes in the run, the same on each)")
+    if not 0 <= c.process_id < c.num_processes:
+      bad("process_id", c.process_id, f"must be in [0, num_processes={c.num_processes}) with "
+          "coordinator_address (this process's index, 0 on the coordinator's host)")
   for field in ("weight_decay", "grad_clip_norm"):
     if c[field] < 0:
       bad(field, c[field], "must be >= 0 (0 turns it off)")

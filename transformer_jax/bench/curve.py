@@ -17,15 +17,17 @@ import os
 
 from matplotlib.figure import Figure
 
+from transformer_jax import experiment
 from transformer_jax.bench import decode, train
 from transformer_jax.run.workdir import RunError
 from transformer_jax.sweeps.report import write_rows
-from transformer_jax.sweeps.spec import Point, apply_overrides, point_name, product
+from transformer_jax.sweeps.spec import Point, SweepError, apply_overrides, point_name, product
 
 # The figures a curve shows, per mode: (key in the result, column name).
 FIGURES = {
+    # The peak is measured at each point and moves with the machine: MFU is against it.
     "train": (("target_tokens_per_s", "target tokens/s"), ("mfu", "MFU"),
-              ("step_time_s", "step time (s)"),
+              ("peak_flops_per_s", "peak FLOP/s"), ("step_time_s", "step time (s)"),
               ("back_to_back_target_tokens_per_s", "back to back target tokens/s"),
               ("peak_memory_bytes", "peak memory (bytes)")),
     "decode": (("sentences_per_s", "sentences/s"), ("target_tokens_per_s", "target tokens/s")),
@@ -52,6 +54,11 @@ def run_curve(config, points: list[Point], what: str, options, out_dir: str,
   if not points:
     raise ValueError("a curve needs at least one point")
   fields = list(dict.fromkeys(k for p in points for k in p))
+  for i, point in enumerate(points):  # a bad last point fails now, not after the others ran
+    try:
+      experiment.validate(apply_overrides(config, point))
+    except ValueError as e:
+      raise SweepError(f"curve point {i + 1} ({point_name(point)}): {e}") from None
   os.makedirs(os.path.join(out_dir, "points"), exist_ok=True)
   rows = []
   for i, point in enumerate(points):
@@ -101,8 +108,10 @@ def points_from_flags(specs: list[str]) -> list[Point]:
   fields = {}
   for spec in specs:
     name, sep, values = spec.partition("=")
-    if not sep or not values:
+    if not sep or not values or "" in values.split(","):
       raise RunError(f"--sweep {spec!r}: expected FIELD=V1,V2,... e.g. data.batch_size=8,16")
+    if name in fields:
+      raise RunError(f"--sweep {spec!r}: {name} is swept twice; give its values once")
     parsed = []
     for text in values.split(","):
       try:

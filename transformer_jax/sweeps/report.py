@@ -4,6 +4,7 @@ setting ran with several seeds, their mean and spread as `report_seeds.csv/.md`.
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import math
 import os
@@ -192,6 +193,13 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> d
   with open(os.path.join(sweep_dir, "sweep.json")) as f:
     points = [p["overrides"] for p in json.load(f)["points"]]
   rows, fields = collect(sweep_dir, points)
+  logged = sorted({k for r in rows for k, v in r.items()
+                   if isinstance(v, (int, float)) and k not in fields and k != "step"})
+  if logged and metric not in logged:  # a misspelt metric: no column, no plot, no word
+    close = difflib.get_close_matches(metric, logged, n=1)
+    raise SweepError(f"--metric {metric}: no point logged it"
+                     + (f"; did you mean {close[0]!r}?" if close else "")
+                     + f" The points logged: {', '.join(logged)}")
   rows = sort_rows(rows, metric, lower)
   prefix = os.path.join(sweep_dir, "report")
   files = write_table(rows, fields, metric, prefix)

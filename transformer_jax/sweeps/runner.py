@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from transformer_jax import experiment
 from transformer_jax.data.tokenizer import file_lock
 from transformer_jax.run.metrics import evaluated
 from transformer_jax.sweeps.spec import (
@@ -155,9 +156,20 @@ class Runner:
     self.python = python or sys.executable
     self.sweep = load_sweep(config_spec)
     self.points = self.sweep.points
-    self.num_steps = [int(apply_overrides(apply_overrides(self.sweep.base, p),
-                                          self.overrides).num_train_steps)
-                      for p in self.points]
+    swept = sorted({k for p in self.points for k in p} & set(self.overrides))
+    if swept:
+      # The flag comes last on each point's command line: it would replace every point's value
+      # while the point's name and the report still showed the swept one.
+      raise SweepError(f"--config.{swept[0]} sets a field the sweep varies: it would replace "
+                       f"every point's {swept[0]}; drop the flag, or change the sweep")
+    configs = [apply_overrides(apply_overrides(self.sweep.base, p), self.overrides)
+               for p in self.points]
+    for i, (p, c) in enumerate(zip(self.points, configs)):
+      try:  # a bad value in the last point fails now, not hours into the sweep
+        experiment.validate(c)
+      except ValueError as e:
+        raise SweepError(f"point {i} ({point_name(p)}): {e}") from None
+    self.num_steps = [int(c.num_train_steps) for c in configs]
     os.makedirs(self.sweep_dir, exist_ok=True)
     self._main = os.environ.get("SLURM_PROCID", "0") == "0"  # multi-task points: one writes
     if self._main:
@@ -242,7 +254,8 @@ class Runner:
     indices = list(range(len(self.points)) if indices is None else indices)
     for i in indices:
       if not 0 <= i < len(self.points):
-        raise IndexError(f"point {i}: this sweep has points 0..{len(self.points) - 1}")
+        raise SweepError(f"--point {i}: this sweep has points 0..{len(self.points) - 1} "
+                         "(--list shows them)")
     results: dict[int, dict] = {}
     todo = []
     for i in indices:

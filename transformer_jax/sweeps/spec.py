@@ -144,7 +144,10 @@ def apply_overrides(config, point: Mapping[str, Any]):
   c = ml_collections.ConfigDict(config.to_dict()) if hasattr(config, "to_dict") else config
   for key, value in point.items():
     target, leaf = _field_parent(c, key, point)
-    target[leaf] = value
+    try:
+      target[leaf] = value
+    except TypeError as e:  # a value of another type than the field's
+      raise SweepError(f"sweep point {dict(point)}: {key}={value!r}: {e}") from None
   return c
 
 
