@@ -43,10 +43,12 @@ from transformer_jax.inference import translator as translator_lib
 from transformer_jax.inference.flags import define_checkpoint_flags, translator_from_flags
 from transformer_jax.run.workdir import RunError
 
+SPLITS = ("validation", "test")
+
 
 def define(values):
   define_checkpoint_flags(values)
-  flags.DEFINE_enum("split", "test", ["validation", "test"], "the split to score",
+  flags.DEFINE_enum("split", "test", list(SPLITS), "the split to score",
                     flag_values=values)
   flags.DEFINE_string("data_dir", None, "TFDS data dir (default: the run's config.data.data_dir)",
                       flag_values=values)
@@ -90,12 +92,13 @@ def _test_files(values) -> tuple[str, list[tuple[str, str]]] | None:
     raise RunError("--source and --reference go together: the test set's source file and its "
                    "reference translations, line-aligned")
   name = values.name or os.path.splitext(os.path.basename(values.source))[0]
-  if name in ("validation", "test") or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-    # The name goes into file names beside the splits' own files.
-    raise RunError(f"the test set's name {name!r} " + (
-        "is a split's: its files would replace the split's evaluation" if name in
-        ("validation", "test") else "must be letters, digits, '_', '.' or '-'")
-        + ": pass another with --name")
+  # The name goes into file names beside the splits' own files.
+  if name in SPLITS:
+    raise RunError(f"the test set's name {name!r} is a split's: its files would replace the "
+                   "split's evaluation: pass another with --name")
+  if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+    raise RunError(f"the test set's name {name!r} must be letters, digits, '_', '.' or '-': "
+                   "pass another with --name")
   return name, evaluation.file_pairs(values.source, values.reference)
 
 
@@ -108,22 +111,18 @@ def body(values, args):
     result = evaluation.copy_baseline(pairs, name, output_dir, values.examples, values.workdir)
     print(f"evaluate: {name}: baseline {values.baseline}: BLEU {result['bleu']:.2f}, "
           f"chrF {result['chrf']:.2f} on {result['sentences']} sentences", file=sys.stderr)
-  elif files:
-    name, pairs = files
-    translator = translator_from_flags(values, truncate=None)
-    result = evaluation.evaluate(translator, None, name, values.output_dir, values.examples,
-                                 pairs=pairs, extra={
-                                     "source_file": os.path.abspath(values.source),
-                                     "reference_file": os.path.abspath(values.reference)})
-    print(f"evaluate: {name}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} on "
-          f"{result['sentences']} sentences; {translator_lib.throughput_line(translator.stats)}; "
-          f"hypotheses in {result['hypotheses']}", file=sys.stderr)
   else:
     translator = translator_from_flags(values, truncate=None)
-    data = get_data(_data_config(values, translator.run), values.workdir)
-    result = evaluation.evaluate(translator, data, values.split, values.output_dir,
-                                 values.examples)
-    print(f"evaluate: {values.split}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} on "
+    if files:
+      (name, pairs), data = files, None
+      extra = {"source_file": os.path.abspath(values.source),
+               "reference_file": os.path.abspath(values.reference)}
+    else:
+      name, pairs, extra = values.split, None, None
+      data = get_data(_data_config(values, translator.run), values.workdir)
+    result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,
+                                 pairs=pairs, extra=extra)
+    print(f"evaluate: {name}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} on "
           f"{result['sentences']} sentences; {translator_lib.throughput_line(translator.stats)}; "
           f"hypotheses in {result['hypotheses']}", file=sys.stderr)
   print(json.dumps(result), flush=True)

@@ -389,7 +389,7 @@ def test_keep_best_keeps_only_the_best_and_survives_a_resume_from_before_it(tmp_
   if os.geteuid() != 0:  # root writes into read-only directories
     os.chmod(directory, 0o555)
   else:
-    monkeypatch.setattr(best_lib.ocp.CheckpointManager, "save", _no_space)
+    monkeypatch.setattr(checkpointing.ocp.CheckpointManager, "save", _no_space)
   try:
     with pytest.raises(checkpointing.StorageError,
                        match=r"saving step 9's parameters as the best eval_loss into .*"
@@ -402,7 +402,7 @@ def test_keep_best_keeps_only_the_best_and_survives_a_resume_from_before_it(tmp_
   assert checkpointing.load_params(directory)[1]["dense"]["kernel"][0, 0] == 6.5
   # The same step better again (a resume from before it) whose save fails: the old save of
   # that step was set aside, not deleted, and is put back.
-  monkeypatch.setattr(best_lib.ocp.CheckpointManager, "save", _no_space)
+  monkeypatch.setattr(checkpointing.ocp.CheckpointManager, "save", _no_space)
   with pytest.raises(checkpointing.StorageError, match="The best so far, step 6, is untouched"):
     again.offer(6, params(6.9), {"eval_loss": 1.0})
   monkeypatch.undo()

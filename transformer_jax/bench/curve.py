@@ -17,11 +17,10 @@ import os
 
 from matplotlib.figure import Figure
 
-from transformer_jax import experiment
 from transformer_jax.bench import decode, train
 from transformer_jax.run.workdir import RunError
 from transformer_jax.sweeps.report import write_rows
-from transformer_jax.sweeps.spec import Point, SweepError, apply_overrides, point_name, product
+from transformer_jax.sweeps.spec import Point, point_name, product, validated_configs
 
 # The figures a curve shows, per mode: (key in the result, column name).
 FIGURES = {
@@ -54,16 +53,12 @@ def run_curve(config, points: list[Point], what: str, options, out_dir: str,
   if not points:
     raise ValueError("a curve needs at least one point")
   fields = list(dict.fromkeys(k for p in points for k in p))
-  for i, point in enumerate(points):  # a bad last point fails now, not after the others ran
-    try:
-      experiment.validate(apply_overrides(config, point))
-    except ValueError as e:
-      raise SweepError(f"curve point {i + 1} ({point_name(point)}): {e}") from None
+  # A bad last point fails now, not after the others ran.
+  configs = validated_configs(config, points, label="curve point", first=1)
   os.makedirs(os.path.join(out_dir, "points"), exist_ok=True)
   rows = []
-  for i, point in enumerate(points):
+  for i, (point, c) in enumerate(zip(points, configs)):
     log(f"curve point {i + 1}/{len(points)}: {point_name(point)}")
-    c = apply_overrides(config, point)
     result = train.run(c, options) if what == "train" else decode.run(c, options)
     with open(os.path.join(out_dir, "points", point_name(point) + ".json"), "w") as f:
       json.dump({"point": point, **result}, f, indent=1, default=str)

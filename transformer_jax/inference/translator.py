@@ -113,8 +113,7 @@ def _not_a_workdir(path: str) -> str | None:
     how = (f"--step {name}" if os.path.basename(parent) == CHECKPOINTS
            else f"--checkpoint {shlex.quote(path)}")
     return (f"{path} is one checkpoint of the run {run}, not its workdir: pass --workdir "
-            f"{shlex.quote(run)} "
-            f"{how}")
+            f"{shlex.quote(run)} {how}")
   steps = checkpointing.checkpoint_steps(path)
   if steps or name == CHECKPOINTS:
     how = {CHECKPOINTS: ", with --step N for a step other than the latest",

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-
-import orbax.checkpoint as ocp
 
 from transformer_jax.experiment import BEST_METRICS
 from transformer_jax.run import checkpointing, distributed
@@ -28,12 +25,6 @@ from transformer_jax.run import checkpointing, distributed
 
 def best_dir(workdir: str, metric: str) -> str:
   return os.path.join(os.path.abspath(workdir), f"best_{metric}")
-
-
-def _options() -> ocp.CheckpointManagerOptions:
-  # No max_to_keep: Orbax would keep the highest step, and after a resume from an earlier
-  # checkpoint the new best can be a lower step than the old one. The old is deleted by hand.
-  return ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
 
 
 class BestKeeper:
@@ -66,30 +57,9 @@ class BestKeeper:
     if not distributed.from_main(value is not None and self.better(float(value))):
       return False
     meta = {"step": int(step), "metric": self.metric, "value": float(value)}
-    # The same step again (a resume from before it): its old save is set aside, not deleted,
-    # until the new one is complete, and put back if the new one fails.
-    here = os.path.join(self.directory, str(step))
-    aside = f"{here}.replaced"
-    if step in checkpointing.checkpoint_steps(self.directory):
-      if distributed.is_main():
-        os.replace(here, aside)
-      distributed.sync("transformer_jax: the best's old save of this step set aside")
     try:
-      with ocp.CheckpointManager(self.directory, options=_options()) as mgr:
-        mgr.save(int(step), args=ocp.args.Composite(
-            state=ocp.args.StandardSave({"params": params}), meta=ocp.args.JsonSave(meta)),
-            force=True)
-        mgr.wait_until_finished()
-        for old in mgr.all_steps():  # only once the new one is complete
-          if old != step:
-            mgr.delete(old)
+      checkpointing.save_params(self.directory, step, params, meta, keep_only=True)
     except Exception as e:  # noqa: BLE001 - storage failures are reported, the rest re-raised
-      if distributed.is_main() and os.path.isdir(self.directory):
-        for name in os.listdir(self.directory):  # the half-written step
-          if ".orbax-checkpoint-tmp" in name:
-            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-        if os.path.isdir(aside) and not os.path.isdir(here):
-          os.replace(aside, here)
       if not checkpointing.is_storage_failure(e):
         raise
       kept = (f"The best so far, step {self.step}, is untouched." if self.step is not None
@@ -99,7 +69,5 @@ class BestKeeper:
           f"failed: {str(e).strip().splitlines()[0][:300]}. {kept} The training checkpoints "
           "are not affected: free space (or drop --config.keep_best) and run the same command "
           "to resume.") from None
-    if distributed.is_main() and os.path.isdir(aside):
-      shutil.rmtree(aside, ignore_errors=True)
     self.step, self.value = int(step), float(value)
     return True

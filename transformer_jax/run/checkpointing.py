@@ -194,7 +194,7 @@ class Checkpointer:
     self.failed = True
     match = _TMP_STEP.search(str(error))
     step = int(match.group(1)) if match else step
-    self._remove_partial_steps()
+    remove_partial_steps(self.directory)
     good = checkpoint_steps(self.directory)
     free = shutil.disk_usage(self.directory).free
     # The operating system's words first: TensorStore's messages bury them after long paths.
@@ -267,15 +267,6 @@ class Checkpointer:
     except Exception as e:  # noqa: BLE001 - storage failures are reported, the rest re-raised
       self._storage_failure(e, self._last_requested or 0)
 
-  def _remove_partial_steps(self) -> bool:
-    """Delete the half-written (temporary) step directories; returns whether there were any."""
-    if jax.process_index() != 0:
-      return False
-    partial = [n for n in os.listdir(self.directory) if ".orbax-checkpoint-tmp" in n]
-    for name in partial:
-      shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-    return bool(partial)
-
   def close(self):
     """Finish pending saves (raising StorageError if one failed) and release the manager."""
     try:
@@ -293,9 +284,9 @@ class Checkpointer:
           # (seen on a loaded machine: a step's temporary directory left behind): clean again
           # until none reappears for a moment.
           for _ in range(25):
-            removed = self._remove_partial_steps()
+            removed = remove_partial_steps(self.directory)
             time.sleep(0.2)
-            if not removed and not self._remove_partial_steps():
+            if not removed and not remove_partial_steps(self.directory):
               break
         # After a failed save the filter stays: Orbax's threads go on logging it until the
         # process ends.
@@ -394,16 +385,50 @@ def resolve_checkpoint(workdir: str, checkpoint: str | None = None, step: int | 
   return path, step
 
 
-def save_params(directory: str, step: int, params, meta: dict) -> None:
+def remove_partial_steps(directory: str) -> bool:
+  """Delete an Orbax directory's half-written (temporary) steps, on process 0; returns whether
+  there were any."""
+  if jax.process_index() != 0 or not os.path.isdir(directory):
+    return False
+  partial = [n for n in os.listdir(directory) if ".orbax-checkpoint-tmp" in n]
+  for name in partial:
+    shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+  return bool(partial)
+
+
+def save_params(directory: str, step: int, params, meta: dict, keep_only: bool = False) -> None:
   """Parameters alone (`state` = {"params": ...}, the layout `load_params` reads) and a JSON
-  `meta` item as `<directory>/<step>`, replacing an earlier save of that step (synchronous)."""
+  `meta` item as `<directory>/<step>` (synchronous; every process writes its shards).
+
+  An earlier save of that step is set aside (`<step>.replaced`) until the new one is complete,
+  and put back if the save fails: a failed save never loses the old one. `keep_only`: the
+  directory's other steps are deleted once the new one is complete (by hand: Orbax's
+  max_to_keep would keep the highest step, and the new one may be lower).
+  """
+  here = os.path.join(directory, str(step))
+  aside = f"{here}.replaced"
+  main = jax.process_index() == 0
+  if step in checkpoint_steps(directory):
+    if main:
+      os.replace(here, aside)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("transformer_jax: an old save of the step set aside")
   options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
-  with ocp.CheckpointManager(directory, options=options) as manager:
-    if step in manager.all_steps():
-      manager.delete(step)
-    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params}),
-                                               meta=ocp.args.JsonSave(meta)), force=True)
-    manager.wait_until_finished()
+  try:
+    with ocp.CheckpointManager(directory, options=options) as manager:
+      manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params}),
+                                                 meta=ocp.args.JsonSave(meta)), force=True)
+      manager.wait_until_finished()
+      for old in manager.all_steps() if keep_only else []:
+        if old != step:
+          manager.delete(old)
+  except BaseException:
+    remove_partial_steps(directory)
+    if main and os.path.isdir(aside) and not os.path.isdir(here):
+      os.replace(aside, here)
+    raise
+  if main and os.path.isdir(aside):
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 class _ReadNotices(logging.Filter):

@@ -7,6 +7,7 @@ the current step, save, and return. A non-finite loss stops the run before anyth
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -105,7 +106,10 @@ class _Run:
     # On CPU the measured peak is the whole host's (fake devices share its cores).
     total_peak = peak if jax.devices()[0].platform == "cpu" else peak * jax.device_count()
     self.meter = ThroughputMeter(trainer.model_cfg, total_peak, trainer.checkpointer.directory)
-    self.peak_source, self.mfu_noted = peak_source, False
+    # Said once, the first time a logged MFU is above 100% (then None).
+    self.mfu_note = functools.partial(
+        flops.mfu_note, peak_source=peak_source, how="--config.cpu_peak_matmul_size, default "
+        f"{experiment.base_config().cpu_peak_matmul_size}")
     warning = trainer.checkpointer.space_warning(self.config.keep_checkpoints,
                                                  trainer.setup.state_shapes)
     if warning and main:
@@ -183,12 +187,10 @@ class _Run:
       if record:
         logged = self._write(step, record)
         self.progress.update(step, record if record.get("tokens_per_sec") else None)
-        note = None if self.mfu_noted else flops.mfu_note(
-            record.get("mfu", 0.0), self.peak_source, "--config.cpu_peak_matmul_size, default "
-            f"{experiment.base_config().cpu_peak_matmul_size}")
+        note = self.mfu_note and self.mfu_note(record.get("mfu", 0.0))
         if note:
           self.progress.write(note)
-          self.mfu_noted = True
+          self.mfu_note = None
     # Saved before evaluating: an evaluation that fails loses no training, and the
     # asynchronous save writes while the evaluation runs.
     if save:

@@ -35,12 +35,6 @@ AVERAGED = "averaged"
 EVAL = "eval"                  # scripts/evaluate.py's outputs, never touched by training
 EVAL_LOG = "results.jsonl"     # in EVAL: one line per evaluation, appended
 TRAIN_HINT = "train first with scripts/train.py --config configs/default.py --workdir {}"
-
-
-def train_hint(workdir: str) -> str:
-  """TRAIN_HINT for `workdir`, quoted for a shell where it needs to be (spaces, say)."""
-  return TRAIN_HINT.format(shlex.quote(workdir))
-
 LOCK = ".lock"
 RESOLVED_DATA = "resolved_data"   # config.json: the corpus files' fingerprint
 # Model fields that change what the parameters compute but not their shapes (max_len: with
@@ -65,6 +59,11 @@ LAUNCH_FIELDS = ("distributed", "coordinator_address", "coordinator_bind_address
 # Fields added after runs were made whose default differs from what those runs did: a
 # config.json without them is read back with these values (`experiment_config`).
 LEGACY_VALUES = {"data.split": "source", "weight_decay_mask": "all"}
+
+
+def train_hint(workdir: str) -> str:
+  """TRAIN_HINT for `workdir`, quoted for a shell where it needs to be (spaces, say)."""
+  return TRAIN_HINT.format(shlex.quote(workdir))
 
 
 class RunError(RuntimeError):
@@ -132,8 +131,7 @@ def experiment_config(workdir: str):
   if unknown:
     raise RunError(f"{current_config_path(workdir)} has fields this code does not know: "
                    f"{unknown}; pass the run's config file with --config instead")
-  stored = {**{k: v for k, v in LEGACY_VALUES.items() if k not in stored},
-            **{k: v for k, v in stored.items() if k not in LAUNCH_FIELDS}}
+  stored = {**LEGACY_VALUES, **{k: v for k, v in stored.items() if k not in LAUNCH_FIELDS}}
   for key, value in stored.items():
     *parents, leaf = key.split(".")
     target = config
@@ -250,7 +248,7 @@ def config_changes(stored: dict, new: dict) -> list[tuple[str, object, object]]:
   """(field, stored value, new value) of every field that differs; the resolved model and how
   this process joined the run are not compared."""
   old = flatten({k: v for k, v in stored.items() if not k.startswith("resolved_")})
-  old = {**{k: v for k, v in LEGACY_VALUES.items() if k not in old}, **old}  # what it did
+  old = {**LEGACY_VALUES, **old}  # a field the run did not record yet: what it did
   now = flatten({k: v for k, v in new.items() if not k.startswith("resolved_")})
   return [(k, old.get(k), now.get(k)) for k in sorted(set(old) | set(now))
           if k not in LAUNCH_FIELDS and old.get(k) != now.get(k)]

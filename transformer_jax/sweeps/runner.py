@@ -13,16 +13,15 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
-from transformer_jax import experiment
 from transformer_jax.data.tokenizer import file_lock
 from transformer_jax.run.metrics import evaluated
 from transformer_jax.sweeps.spec import (
   SweepError,
-  apply_overrides,
   load_sweep,
   override_flags,
   point_dir,
   point_name,
+  validated_configs,
 )
 
 DONE, FAILED, RUNNING = "DONE", "FAILED", "RUNNING"  # marker files in a point's workdir
@@ -162,14 +161,9 @@ class Runner:
       # while the point's name and the report still showed the swept one.
       raise SweepError(f"--config.{swept[0]} sets a field the sweep varies: it would replace "
                        f"every point's {swept[0]}; drop the flag, or change the sweep")
-    configs = [apply_overrides(apply_overrides(self.sweep.base, p), self.overrides)
-               for p in self.points]
-    for i, (p, c) in enumerate(zip(self.points, configs)):
-      try:  # a bad value in the last point fails now, not hours into the sweep
-        experiment.validate(c)
-      except ValueError as e:
-        raise SweepError(f"point {i} ({point_name(p)}): {e}") from None
-    self.num_steps = [int(c.num_train_steps) for c in configs]
+    # A bad value in the last point fails now, not hours into the sweep.
+    self.num_steps = [int(c.num_train_steps) for c in
+                      validated_configs(self.sweep.base, self.points, self.overrides)]
     os.makedirs(self.sweep_dir, exist_ok=True)
     self._main = os.environ.get("SLURM_PROCID", "0") == "0"  # multi-task points: one writes
     if self._main:

@@ -19,6 +19,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
 
+from transformer_jax import experiment
+
 Point = dict[str, Any]
 
 
@@ -149,6 +151,22 @@ def apply_overrides(config, point: Mapping[str, Any]):
     except TypeError as e:  # a value of another type than the field's
       raise SweepError(f"sweep point {dict(point)}: {key}={value!r}: {e}") from None
   return c
+
+
+def validated_configs(config, points: Sequence[Point], overrides: Mapping[str, Any] | None = None,
+                      label: str = "point", first: int = 0) -> list:
+  """Each point's full config (`config` with the point's fields, then `overrides`), checked by
+  `experiment.validate`: a bad value in the last point fails before the first one runs, as a
+  SweepError naming the point (`<label> <index from first> (<name>)`)."""
+  configs = []
+  for i, point in enumerate(points, first):
+    c = apply_overrides(apply_overrides(config, point), overrides or {})
+    try:
+      experiment.validate(c)
+    except ValueError as e:
+      raise SweepError(f"{label} {i} ({point_name(point)}): {e}") from None
+    configs.append(c)
+  return configs
 
 
 def override_flags(point: Mapping[str, Any]) -> list[str]:
