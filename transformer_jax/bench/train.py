@@ -206,5 +206,5 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
 
 
 def mfu_note(mfu: float, peak_source: str) -> str | None:
-  """`throughput.mfu_note` with this benchmark's flag."""
+  """`flops.mfu_note` with this benchmark's flag."""
   return flops.mfu_note(mfu, peak_source, f"--matmul_n, default {TrainOptions.matmul_n}")
