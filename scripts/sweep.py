@@ -10,7 +10,7 @@ r"""Run, submit or report a sweep: the points of a config file's `sweep()` (docs
 `--config.FIELD=VALUE` overrides apply to every point. Done points are skipped on a re-run or
 re-submission; failed and stopped ones run again, resuming their checkpoints. `--slurm` only
 writes sweep.sbatch; `--point i` runs one point (what each array task runs); `--list` prints
-each point's status. The exit status is 1 if a point failed.
+each point's status and writes nothing. The exit status is 1 if a point failed.
 """
 import os
 import sys
@@ -60,7 +60,8 @@ def _body(values):
     print("error: --config is required unless --report", file=sys.stderr)
     return 2
   runner = sweeps.Runner(values["config"].config_filename, values.workdir, TRAIN,
-                         config_flags.get_override_values(values["config"]))
+                         config_flags.get_override_values(values["config"]),
+                         record=not values.list)
   if values.list:
     for i, p in enumerate(runner.points):
       print(f"{i}\t{runner.status(i)}\t{sweeps.point_name(p)}")

@@ -369,6 +369,17 @@ def test_a_throughput_curve_runs_every_point_and_writes_table_plot_and_points(tm
       f"data.batch_size={b},model.fused_qkv=True.json" for b in (16, 8)]
   with open(out / "curve.csv") as f:
     assert len(f.read().splitlines()) == 3
+  # curve.md in the docs' units (curve.csv keeps the raw numbers): not `0.5395` or `1.076e+09`.
+  header, _, first = (out / "curve.md").read_text().splitlines()[:3]
+  assert header.split(" | ")[2:] == ["target tokens/s", "MFU", "peak TFLOP/s", "step",
+                                     "back to back target tokens/s", "peak memory |"]
+  cells = first.strip("| ").split(" | ")
+  r = rows[0]
+  assert cells[:6] == ["8", "True", f"{r['target tokens/s']:,.0f}", f"{100 * r['MFU']:.1f}%",
+                       f"{r['peak FLOP/s'] / 1e12:.3f}", f"{r['step time (s)'] * 1e3:,.0f} ms"]
+  assert cells[7] == f"{r['peak memory (bytes)'] / 1e9:.2f} GB"
+  assert curve._md_cells(["greedy: sentences/s", "beam 4: target tokens/s"])[
+      "greedy: sentences/s"][1](1234.56) == "1,234.6"
   assert (out / "curve.png").stat().st_size > 10_000
   assert benchmark.main(["--what", "train", "--config", TINY, "--sweep", "batch_size"]) == 1
   capsys.readouterr()

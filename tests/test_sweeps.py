@@ -516,12 +516,26 @@ def test_slurm_script(tmp_path):
   assert script.rstrip().endswith("--point $SLURM_ARRAY_TASK_ID")
   assert f"--config {TINY}:x" in script and "--config.num_train_steps=3" in script
   assert os.path.isdir(sweep_dir / "slurm")
-  assert len(json.loads((sweep_dir / "sweep.json").read_text())["points"]) == 4
+  recorded = (sweep_dir / "sweep.json").read_text()
+  assert len(json.loads(recorded)["points"]) == 4
+  # A look with another command line (no `:x`, no flags) must not rewrite what the sweep recorded.
   listing = subprocess.run(
       [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), "--config", TINY,
        "--workdir", str(sweep_dir), "--list"], capture_output=True, text=True, timeout=120)
   assert listing.returncode == 0, listing.stderr
   assert listing.stdout.splitlines()[0] == "0\tnew\tlearning_rate=1,warmup_steps=5"
+  assert (sweep_dir / "sweep.json").read_text() == recorded
+
+
+def test_list_writes_nothing(tmp_path):
+  """`--list` before a sweep exists: statuses, and no directory left behind."""
+  sweep_dir = tmp_path / "not_yet"
+  runner = sweeps.Runner(TINY, str(sweep_dir), str(tmp_path / "train.py"), record=False)
+  assert [runner.status(i) for i in range(len(runner.points))] == ["new"] * 4
+  assert not sweep_dir.exists()
+  with pytest.raises(ValueError, match="only looks"):
+    runner.run()
+  assert not sweep_dir.exists()
 
 
 def test_slurm_script_quotes_its_paths_for_sbatch(tmp_path):

@@ -33,6 +33,32 @@ FIGURES = {
 }
 
 
+def _count(v):
+  return f"{v:,.0f}"
+
+
+# curve.md shows each figure in the units the docs use; curve.csv keeps the raw numbers.
+MD_CELLS = {
+    "target tokens/s": ("target tokens/s", _count),
+    "back to back target tokens/s": ("back to back target tokens/s", _count),
+    "MFU": ("MFU", lambda v: f"{100 * v:.1f}%"),
+    "peak FLOP/s": ("peak TFLOP/s", lambda v: f"{v / 1e12:.3f}"),
+    "step time (s)": ("step", lambda v: f"{v * 1e3:,.0f} ms"),
+    "peak memory (bytes)": ("peak memory", lambda v: f"{v / 1e9:.2f} GB"),
+}
+
+
+def _md_cells(columns: list[str]) -> dict:
+  """MD_CELLS, and decode's per-search columns ("greedy: sentences/s", ...)."""
+  cells = {c: MD_CELLS[c] for c in columns if c in MD_CELLS}
+  for c in columns:
+    if c.endswith(": sentences/s"):
+      cells[c] = (c, lambda v: f"{v:,.1f}")
+    elif c.endswith(": target tokens/s"):
+      cells[c] = (c, _count)
+  return cells
+
+
 def _figures(what: str, result: dict) -> dict:
   figures = result["figures"]
   if what == "train":
@@ -64,7 +90,7 @@ def run_curve(config, points: list[Point], what: str, options, out_dir: str,
       json.dump({"point": point, **result}, f, indent=1, default=str)
     rows.append({**{k: point.get(k) for k in fields}, **_figures(what, result)})
   columns = list(dict.fromkeys(k for r in rows for k in r))
-  files = write_rows(rows, columns, columns, os.path.join(out_dir, "curve"))
+  files = write_rows(rows, columns, columns, os.path.join(out_dir, "curve"), _md_cells(columns))
   files.append(_plot(rows, fields, what, os.path.join(out_dir, "curve.png")))
   return {"rows": rows, "fields": fields, "files": files}
 

@@ -66,15 +66,22 @@ def _cell(v) -> str:
 
 
 def write_rows(rows: list[dict], csv_columns: list[str], md_columns: list[str],
-               out_prefix: str) -> list[str]:
-  """`<prefix>.csv` with `csv_columns` and `<prefix>.md` with `md_columns`; returns the paths."""
+               out_prefix: str, md_cells: dict | None = None) -> list[str]:
+  """`<prefix>.csv` with `csv_columns` and `<prefix>.md` with `md_columns`; returns the paths.
+
+  `md_cells` maps a column to (its Markdown header, a function from a value to its text), for
+  columns that read better in other units than the CSV's raw numbers."""
+  md_cells = md_cells or {}
   with open(out_prefix + ".csv", "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=csv_columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
-  lines = ["| " + " | ".join(md_columns) + " |", "|" + "---|" * len(md_columns)]
+  def cell(c, v):
+    return _cell(v) if v is None or c not in md_cells else md_cells[c][1](v)
+  header = [md_cells[c][0] if c in md_cells else c for c in md_columns]
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(md_columns)]
   for r in rows:
-    lines.append("| " + " | ".join(_cell(r.get(c)) for c in md_columns) + " |")
+    lines.append("| " + " | ".join(cell(c, r.get(c)) for c in md_columns) + " |")
   with open(out_prefix + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
   return [out_prefix + ".csv", out_prefix + ".md"]

@@ -146,10 +146,12 @@ class Runner:
   then `DONE` (with the number of steps it finished) or `FAILED` (exit status and the log's
   tail). `sweep.json` lists every point; `status.json` the latest outcome of each point run so
   far, in point order (a run of some points, `--point`, updates their entries).
+  `record=False` only looks (`--list`): it writes nothing, creates no directory and cannot run.
   """
 
   def __init__(self, config_spec: str, sweep_dir: str, train_script: str,
-               overrides: Mapping[str, Any] | None = None, python: str | None = None):
+               overrides: Mapping[str, Any] | None = None, python: str | None = None,
+               record: bool = True):
     self.config_spec, self.sweep_dir = config_spec, os.path.abspath(sweep_dir)
     self.train_script, self.overrides = train_script, dict(overrides or {})
     self.python = python or sys.executable
@@ -164,6 +166,12 @@ class Runner:
     # A bad value in the last point fails now, not hours into the sweep.
     self.num_steps = [int(c.num_train_steps) for c in
                       validated_configs(self.sweep.base, self.points, self.overrides)]
+    self.record = record
+    if not record:
+      # A look (`--list`): another command line's config and flags must not replace the
+      # sweep.json that the sweep's own runs wrote.
+      self._main = False
+      return
     os.makedirs(self.sweep_dir, exist_ok=True)
     self._main = os.environ.get("SLURM_PROCID", "0") == "0"  # multi-task points: one writes
     if self._main:
@@ -245,6 +253,8 @@ class Runner:
   def run(self, indices: Sequence[int] | None = None, parallel: int = 1,
           devices_per_point: int = 0, log=print) -> list[dict]:
     """Run the points not yet done, `parallel` at a time; returns one status dict per point."""
+    if not self.record:
+      raise ValueError("a Runner made with record=False only looks; make one that records")
     indices = list(range(len(self.points)) if indices is None else indices)
     for i in indices:
       if not 0 <= i < len(self.points):
