@@ -7,8 +7,10 @@ The mean is taken elementwise in float32 over `<workdir>/checkpoints`' last N st
 into `<workdir>/averaged/<last step>/` (or `--output`), never into `<workdir>/checkpoints`,
 which training resumes from. The checkpoint holds `state` = {"params": ...}, the layout
 `checkpointing.load_params` reads, and `meta` = {"averaged_steps": [...], ...}; translate.py,
-evaluate.py and plot_attention.py load it with `--averaged` or `--checkpoint <dir>`. Keep enough
-checkpoints while training: `--config.keep_checkpoints=N` (default 3).
+evaluate.py and plot_attention.py load it with `--averaged` or `--checkpoint <dir>`; evaluate.py
+writes into `<workdir>/eval/averaged_last<N>_<step>/`. Keep enough checkpoints while training:
+`--config.keep_checkpoints=N` (default 3). An average of one checkpoint (`--last 1`, or the
+default `average_last_checkpoints` of most configs) is a copy of it, with a warning.
 """
 import json
 import logging
@@ -19,6 +21,7 @@ from absl import flags
 from transformer_jax import cli
 from transformer_jax.inference.translator import workdir_config
 from transformer_jax.run.averaging import average_checkpoints
+from transformer_jax.run.checkpointing import checkpoint_dir, checkpoint_steps
 
 
 def define(values):
@@ -30,6 +33,17 @@ def define(values):
                       flag_values=values)
 
 
+def _warn_one(values, step: int) -> None:
+  """An "average" of one checkpoint is a copy of it: most configs' average_last_checkpoints
+  is 1, so without --last that is what a user gets, and should be told."""
+  why = "--last 1" if values.last is not None else (
+      "--last not given, and the run's config.average_last_checkpoints is 1")
+  source = checkpoint_dir(values.workdir)
+  print(f"average_checkpoints: warning: {why}: the \"average\" is a copy of step {step}; pass "
+        f"--last N to average the last N checkpoints ({source} holds "
+        f"{len(checkpoint_steps(source))})", file=sys.stderr, flush=True)
+
+
 def body(values, args):
   run = workdir_config(values.workdir)  # a sweep or a checkpoints directory is told what to pass
   last = values.last
@@ -38,6 +52,8 @@ def body(values, args):
   output, step, steps = average_checkpoints(
       values.workdir, last, values.output,
       log=lambda m: print(f"average_checkpoints: {m}", file=sys.stderr, flush=True))
+  if len(steps) == 1:
+    _warn_one(values, step)
   print(json.dumps({"output": output, "step": step, "averaged_steps": steps}), flush=True)
   print(f"average_checkpoints: use it with --checkpoint {output}"
         + (" (or --averaged)" if values.output is None else ""), file=sys.stderr)

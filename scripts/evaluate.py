@@ -12,15 +12,19 @@ pieces with a warning). The hypotheses go to `<out>/hypotheses.<split>.<search>.
 per pair in the split's order, and the result, printed as one JSON object on stdout, also to
 `<out>/eval.<split>.<search>.json`, and `--examples` pairs drawn at random (seed 0) plus the one
 with the lowest sentence chrF, as a Markdown table with the references, to
-`<out>/examples.<split>.<search>.md`. <out> is `<workdir>/eval/step_<N>` (or `averaged_<N>`
-with --averaged; --output_dir to choose), never the checkpoint's own directory, which training
-deletes when it rotates the step out; <search> is `greedy` or e.g. `beam4.alpha0.6`, so
-evaluations with different searches sit side by side. Every result is also appended as one line
-to `<workdir>/eval/results.jsonl`, the run's history of evaluations.
+`<out>/examples.<split>.<search>.md`. <out> is `<workdir>/eval/step_<N>` (or
+`averaged_last<k>_<N>` with --averaged, k checkpoints averaged; --output_dir to choose), never
+the checkpoint's own directory, which training deletes when it rotates the step out; <search>
+is `greedy` or e.g. `beam4.alpha0.6`, so evaluations with different searches sit side by side.
+Every result is also appended as one line to `<workdir>/eval/results.jsonl`, the run's history
+of evaluations.
 
 `--baseline copy` needs no checkpoint: it scores each source copied as its translation, the
 floor that names, numbers and other unchanged tokens give for free, into
-`<workdir>/baselines/eval.<split>.copy.json` (and `eval/results.jsonl`).
+`<workdir>/baselines/eval.<split>.copy.json` (and `eval/results.jsonl`). A flag the command
+would ignore (`--split` with `--source`, `--beam_size` with `--baseline`, ...) is an error.
+Empty source or reference lines are counted in the result (`empty_sources`,
+`empty_references`) and warned about: sacreBLEU's chrF leaves out pairs with an empty reference.
 
 BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the raw references;
 the signatures are in the output. `sentences_per_sec` and `target_tokens_per_sec` (output tokens,
@@ -40,10 +44,17 @@ from transformer_jax import cli
 from transformer_jax.data import get_data, raw_split
 from transformer_jax.inference import evaluation
 from transformer_jax.inference import translator as translator_lib
-from transformer_jax.inference.flags import define_checkpoint_flags, translator_from_flags
+from transformer_jax.inference.flags import (
+  define_checkpoint_flags,
+  refuse_ignored,
+  translator_from_flags,
+)
 from transformer_jax.run.workdir import RunError
 
 SPLITS = ("validation", "test")
+# The flags of define_checkpoint_flags that choose a model and its search: --baseline has none.
+MODEL_FLAGS = ("step", "checkpoint", "averaged", "beam_size", "alpha", "max_len_margin",
+               "batch_size")
 
 
 def define(values):
@@ -53,7 +64,7 @@ def define(values):
   flags.DEFINE_string("data_dir", None, "TFDS data dir (default: the run's config.data.data_dir)",
                       flag_values=values)
   flags.DEFINE_string("output_dir", None, "where the hypotheses go (default: <workdir>/eval/"
-                      "step_<N> or averaged_<N>; <workdir>/baselines for --baseline)",
+                      "step_<N> or averaged_last<k>_<N>; <workdir>/baselines for --baseline)",
                       flag_values=values)
   flags.DEFINE_enum("baseline", None, list(evaluation.BASELINES),
                     "score a baseline instead of the model: 'copy' = the source as translation",
@@ -84,13 +95,27 @@ def _data_config(values, run: dict):
   return data_config
 
 
+def _check_flags(values) -> None:
+  """Refuse a flag that the others make this command ignore: ignored, it would look applied."""
+  if values.source or values.reference:
+    if not (values.source and values.reference):
+      raise RunError("--source and --reference go together: the test set's source file and its "
+                     "reference translations, line-aligned")
+    refuse_ignored(values, ["split", "data_dir"], "with --source/--reference (a test set of "
+                   "your own is scored instead of a split)", "drop {flags}, or drop --source "
+                   "and --reference to score the split")
+  else:
+    refuse_ignored(values, ["name"], "without --source/--reference (it names a test set of "
+                   "your own)", "drop {flags}")
+  if values.baseline:
+    refuse_ignored(values, MODEL_FLAGS, f"with --baseline {values.baseline}, which uses no "
+                   "model", "drop {flags}, or drop --baseline to evaluate the model")
+
+
 def _test_files(values) -> tuple[str, list[tuple[str, str]]] | None:
   """(name, pairs) of --source/--reference, or None when scoring a split of the run's data."""
-  if not (values.source or values.reference):
+  if not values.source:
     return None
-  if not (values.source and values.reference):
-    raise RunError("--source and --reference go together: the test set's source file and its "
-                   "reference translations, line-aligned")
   name = values.name or os.path.splitext(os.path.basename(values.source))[0]
   # The name goes into file names beside the splits' own files.
   if name in SPLITS:
@@ -103,25 +128,31 @@ def _test_files(values) -> tuple[str, list[tuple[str, str]]] | None:
 
 
 def body(values, args):
+  _check_flags(values)
   files = _test_files(values)
+  # Where a test set of one's own came from: in the result, and naming its empty lines.
+  extra = origin = None
+  if files:
+    extra = {"source_file": os.path.abspath(values.source),
+             "reference_file": os.path.abspath(values.reference)}
+    origin = (f"--source {values.source}", f"--reference {values.reference}")
   if values.baseline:
     run = translator_lib.workdir_config(values.workdir)
     name, pairs = files or (values.split, raw_split(_data_config(values, run), values.split))
     output_dir = values.output_dir or os.path.join(values.workdir, "baselines")
-    result = evaluation.copy_baseline(pairs, name, output_dir, values.examples, values.workdir)
+    result = evaluation.copy_baseline(pairs, name, output_dir, values.examples, values.workdir,
+                                      extra=extra, origin=origin)
     print(f"evaluate: {name}: baseline {values.baseline}: BLEU {result['bleu']:.2f}, "
           f"chrF {result['chrf']:.2f} on {result['sentences']} sentences", file=sys.stderr)
   else:
     translator = translator_from_flags(values, truncate=None)
     if files:
       (name, pairs), data = files, None
-      extra = {"source_file": os.path.abspath(values.source),
-               "reference_file": os.path.abspath(values.reference)}
     else:
-      name, pairs, extra = values.split, None, None
+      name, pairs = values.split, None
       data = get_data(_data_config(values, translator.run), values.workdir)
     result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,
-                                 pairs=pairs, extra=extra)
+                                 pairs=pairs, extra=extra, origin=origin)
     print(f"evaluate: {name}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} on "
           f"{result['sentences']} sentences; {translator_lib.throughput_line(translator.stats)}; "
           f"hypotheses in {result['hypotheses']}", file=sys.stderr)

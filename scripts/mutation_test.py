@@ -348,7 +348,8 @@ def module_results(out: Path, name: str) -> tuple[dict, list] | None:
   """(counts by outcome, survivors as (line, source line, mutated line, diff)) of `name`'s
   sessions in `out`, or None when it was not run there."""
   counts = dict.fromkeys(["killed", "timeout", "survived", "not_executed", "equivalent",
-                          "incompetent", "pending", "filtered"], 0)
+                          "incompetent", "pending", "filtered", "not_drawn", "unchanged"], 0)
+  counts["since"] = None  # the --since revision, when it left mutants out
   seconds = []  # per mutant run, as mutation_select printed it
   survivors = []
   sessions = sorted((out / "sessions").glob(f"{name}.*.sqlite"))
@@ -361,9 +362,13 @@ def module_results(out: Path, name: str) -> tuple[dict, list] | None:
       for item in db.work_items:
         result = results.get(item.job_id)
         kind = outcome(result) if result else "pending"
+        kind = "not_drawn" if kind == "sample" else kind
         # Every session lists the skipped mutants: count those once.
-        if kind in counts and (first or kind not in ("equivalent", "filtered")):
+        if kind in counts and (first or kind not in ("equivalent", "filtered", "not_drawn",
+                                                     "unchanged")):
           counts[kind] += 1
+        if kind == "unchanged":
+          counts["since"] = result.output.rpartition(" since ")[2]
         took = re.search(r"^mutation_select: ([0-9.]+) s$", (result.output or "") if result
                          else "", re.M)
         if took:
@@ -383,6 +388,21 @@ def module_results(out: Path, name: str) -> tuple[dict, list] | None:
   return counts, sorted(survivors)
 
 
+def mutants_run(c: dict) -> str:
+  """How many of the module's mutants the run took, from module_results' counts: "34 (all)",
+  or "3 of 34 (a sample)" and the like for a --sample or --since run."""
+  ran = c["killed"] + c["timeout"] + c["survived"] + c["incompetent"] + c["pending"]
+  changed = ran + c["not_drawn"]
+  every = changed + c["unchanged"]
+  if c["unchanged"] and c["not_drawn"]:
+    return f"{ran} of {every} (a sample of the {changed} on lines changed since {c['since']})"
+  if c["unchanged"]:
+    return f"{ran} of {every} (on lines changed since {c['since']})"
+  if c["not_drawn"]:
+    return f"{ran} of {every} (a sample)"
+  return f"{every} (all)"
+
+
 def report(out: Path, config: dict, names: list[str]) -> dict:
   (out / "survivors").mkdir(parents=True, exist_ok=True)
   rows = {}
@@ -396,13 +416,17 @@ def report(out: Path, config: dict, names: list[str]) -> dict:
         f.write(f"# line {line}\n# line = {json.dumps(before)}\n# mutant = {json.dumps(after)}\n"
                 f"{diff}\n\n")
   (out / "report.json").write_text(json.dumps(rows, indent=1))
-  header = ("| module | killed | timeout | survived | of which not executed | score % | "
-            "equivalent | incompetent | pending | worker-s (per mutant) |")
-  lines = [header, "|" + "---|" * 10]
+  header = ("| module | mutants in the run | killed | timeout | survived | of which not "
+            "executed | score % | equivalent | incompetent | pending | worker-s (per mutant) |")
+  lines = [header, "|" + "---|" * 11]
   for name, c in rows.items():
-    lines.append(f"| {name} | {c['killed']} | {c['timeout']} | {c['survived']} | "
-                 f"{c['not_executed']} | {c['score']} | {c['equivalent']} | {c['incompetent']} | "
-                 f"{c['pending']} | {c['seconds']} ({c['seconds_per_mutant']}) |")
+    lines.append(f"| {name} | {mutants_run(c)} | {c['killed']} | {c['timeout']} | "
+                 f"{c['survived']} | {c['not_executed']} | {c['score']} | {c['equivalent']} | "
+                 f"{c['incompetent']} | {c['pending']} | {c['seconds']} "
+                 f"({c['seconds_per_mutant']}) |")
+  if any(c["not_drawn"] or c["unchanged"] for c in rows.values()):
+    lines.append("\nA partial run (--sample, --since): its score is that of the mutants run "
+                 "only.")
   (out / "report.md").write_text("\n".join(lines) + "\n")
   print("\n".join(lines))
   return rows

@@ -18,9 +18,14 @@ import sys
 from absl import flags
 
 from transformer_jax import cli
-from transformer_jax.data.lines import read_lines
 from transformer_jax.inference import translator as translator_lib
-from transformer_jax.inference.flags import define_checkpoint_flags, translator_from_flags
+from transformer_jax.inference.flags import (
+  define_checkpoint_flags,
+  open_flag_output,
+  read_flag_lines,
+  refuse_ignored,
+  translator_from_flags,
+)
 
 
 def define(values):
@@ -36,17 +41,16 @@ def define(values):
 def body(values, sentences):
   # Read before loading the model: a bad --input fails at once.
   if sentences:
+    refuse_ignored(values, ["input"], "when sentences are given as arguments",
+                   "pass either --input or the sentences, not both")
     names = [f"argument {i + 1}" for i in range(len(sentences))]
   else:
-    try:
-      sentences = read_lines(values.input)
-    except OSError as e:  # the errno alone does not say which flag held the path
-      raise OSError(f"--input {values.input}: {e.strerror or e}") from None
+    sentences = read_flag_lines("input", values.input)
     where = "stdin" if values.input == "-" else values.input
     names = [f"{where} line {i + 1}" for i in range(len(sentences))]
   translator = translator_from_flags(values)
   # Opened before translating: a bad path fails now, not after the whole search.
-  out = sys.stdout if values.output == "-" else open(values.output, "w", encoding="utf-8")
+  out = sys.stdout if values.output == "-" else open_flag_output("output", values.output)
   if values.verbose:
     print(f"translate: {translator.settings()}", file=sys.stderr)
   try:

@@ -1,14 +1,18 @@
 """The package's layering: the core never imports the run/tools layer, and what each layer may use.
 
+    python tests/test_layering.py            # prints the import picture and any violations
     python tests/test_layering.py --write    # regenerates the import picture of architecture.md
 
 Read from the source with `ast` (nothing is imported), so it runs in milliseconds. Function-local
 imports count like top-level ones: a lazy import of the outer ring is still a dependency.
 """
+import argparse
 import ast
 import collections
 import os
 import sys
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "transformer_jax")
@@ -82,15 +86,16 @@ def violations(imports: dict[str, set[str]] | None = None) -> list[str]:
   return out
 
 
-def mermaid() -> str:
+def mermaid(imports: dict[str, set[str]] | None = None) -> str:
   """The layers as boxes, an arrow per layer pair with how many module imports it stands for."""
+  imports = graph() if imports is None else imports
   edges = collections.Counter()
-  for module, deps in graph().items():
+  for module, deps in imports.items():
     for dep in deps:
       if dep != "transformer_jax" and layer_of(dep) != layer_of(module):
         edges[(layer_of(module), layer_of(dep))] += 1
   members = collections.defaultdict(list)
-  for module in graph():
+  for module in imports:
     if module != "transformer_jax":
       members[layer_of(module)].append(module.removeprefix("transformer_jax."))
   lines = ["```mermaid", "flowchart TD"]
@@ -110,8 +115,23 @@ def documented() -> str:
   return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip()
 
 
+def stale_picture(imports: dict[str, set[str]] | None = None) -> str | None:
+  """Why architecture.md's import picture needs rewriting, or None.
+
+  None while there is a layering violation: `--write` would then draw the violating import into
+  the docs, so the violation (reported by its own test) is fixed first.
+  """
+  imports = graph() if imports is None else imports
+  if violations(imports) or documented() == mermaid(imports):
+    return None
+  return ("docs/architecture.md's import picture is stale: run "
+          "`python tests/test_layering.py --write`")
+
+
 def test_the_core_imports_no_outer_layer_and_layers_keep_their_rules():
-  assert violations() == []
+  found = violations()
+  assert found == [], ("layering violations (fix the imports; the docs' import picture is checked "
+                       "once they are gone):\n" + "\n".join(found))
 
 
 def test_the_check_sees_a_violation():
@@ -127,18 +147,66 @@ def test_the_check_sees_a_violation():
 
 
 def test_architecture_doc_shows_the_current_imports():
-  assert documented() == mermaid(), ("docs/architecture.md's import picture is stale: run "
-                                     "`python tests/test_layering.py --write`")
+  problem = stale_picture()
+  assert problem is None, problem
 
 
-if __name__ == "__main__":
-  if sys.argv[1:] == ["--write"]:
+def test_a_violation_is_not_also_reported_as_a_stale_picture(monkeypatch, tmp_path):
+  # The advice to `--write` beside a violation would put the violating import into the docs.
+  real = graph()
+  broken = {**real, "transformer_jax.model": real["transformer_jax.model"] | {
+      "transformer_jax.run.loop"}}
+  monkeypatch.setitem(globals(), "graph", lambda: broken)
+  assert violations() == ["transformer_jax.model (core) imports transformer_jax.run.loop (run)"]
+  test_architecture_doc_shows_the_current_imports()
+  # And `--write` refuses to draw it.
+  with open(DOC) as f:
+    text = f.read()
+  doc = tmp_path / "architecture.md"
+  doc.write_text(text)
+  monkeypatch.setitem(globals(), "DOC", str(doc))
+  assert main(["--write"]) == 1
+  assert doc.read_text() == text
+  # An allowed new import still makes the picture stale.
+  grown = {**real, "transformer_jax.run.new": {"transformer_jax.model"}}
+  assert violations(grown) == []
+  assert "stale" in stale_picture(grown)
+
+
+def test_help_says_what_the_script_does(capsys):
+  with pytest.raises(SystemExit) as e:
+    main(["--help"])
+  assert e.value.code == 0
+  out = capsys.readouterr().out
+  assert out.startswith("usage: python tests/test_layering.py [-h] [--write]")
+  assert "flowchart" not in out
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+      prog="python tests/test_layering.py",
+      description="Check which layers of transformer_jax import which (read with ast, nothing is "
+      "imported). Prints the import picture of docs/architecture.md and any layering violations; "
+      "exits 1 on a violation. Under pytest, the same checks run as tests.")
+  parser.add_argument("--write", action="store_true",
+                      help="write the picture into docs/architecture.md (refused while there are "
+                      "layering violations)")
+  args = parser.parse_args(argv)
+  found = violations()
+  if not args.write:
+    print(mermaid())
+    print("\n".join(found) or "no violations")
+  elif found:
+    print("\n".join(found) + f"\nnot writing {DOC}: fix these imports first", file=sys.stderr)
+  else:
     with open(DOC) as f:
       text = f.read()
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     with open(DOC, "w") as f:
       f.write(text[:start] + "\n" + mermaid() + "\n" + text[end:])
     print(f"wrote {DOC}")
-  else:
-    print(mermaid())
-    print("\n".join(violations()) or "no violations")
+  return 1 if found else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import transformer_jax as tj
+from transformer_jax.config import CHOICES
 
 VOCAB = 40
 
@@ -470,11 +471,21 @@ def test_normal_kernel_init_has_std_0_02():
     assert abs(w.std() - 0.02) < 0.002 and abs(w.mean()) < 0.002, w.shape
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+# Every activation the config accepts, computed by hand: one added to config.CHOICES needs its
+# formula here (a KeyError otherwise) and its function in layers.ACTIVATIONS.
+HAND_ACTIVATIONS = {
+    "relu": lambda h: np.maximum(h, 0),
+    # The tanh approximation, flax's default (not the erf form of PyTorch's default nn.GELU).
+    "gelu": lambda h: 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3))),
+}
+
+
+@pytest.mark.parametrize("activation", CHOICES["activation"])
 def test_feed_forward_is_the_papers_equation_2(activation):
   # FFN(x) = max(0, x W1 + b1) W2 + b2 (GELU instead of the max with activation="gelu"),
   # against a hand computation with biases set away from their zero init.
-  from transformer_jax.layers import FeedForward
+  from transformer_jax.layers import ACTIVATIONS, FeedForward
+  assert set(ACTIVATIONS) == set(CHOICES["activation"])
   cfg = tj.model_config("tiny", vocab_size=VOCAB, activation=activation).replace(
       deterministic=True)
   ffn = FeedForward(cfg)
@@ -484,10 +495,7 @@ def test_feed_forward_is_the_papers_equation_2(activation):
   params["wo"]["bias"] = jax.random.normal(jax.random.key(3), (cfg.d_model,))
   x64 = np.asarray(x, np.float64)
   h = x64 @ np.asarray(params["wi"]["kernel"]) + np.asarray(params["wi"]["bias"])
-  if activation == "relu":
-    h = np.maximum(h, 0)
-  else:  # the tanh approximation, flax's default
-    h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+  h = HAND_ACTIVATIONS[activation](h)
   expected = h @ np.asarray(params["wo"]["kernel"]) + np.asarray(params["wo"]["bias"])
   np.testing.assert_allclose(ffn.apply({"params": params}, x), expected, rtol=1e-4, atol=1e-4)
 

@@ -81,8 +81,23 @@ def test_a_sample_of_seeded_bugs_is_killed(tmp_path):
   assert report["killed"] + report["timeout"] == 3 and report["survived"] == 0, report
   assert report["score"] == 100.0
   assert (tmp_path / "survivors" / "optim.diff").read_text() == ""
-  assert "| optim | " in (tmp_path / "report.md").read_text()
+  # The score is the sample's, and the report says so.
+  assert f"| optim | 3 of {3 + report['not_drawn']} (a sample) | " in (
+      tmp_path / "report.md").read_text()
   assert report["seconds"] > 0 and report["seconds_per_mutant"] > 0  # mutation_select's times
+
+
+def test_the_report_says_how_many_mutants_a_partial_run_took():
+  c = dict.fromkeys(["killed", "timeout", "survived", "incompetent", "pending", "not_drawn",
+                     "unchanged"], 0)
+  c.update(killed=30, timeout=1, survived=3)
+  assert mutation.mutants_run(c) == "34 (all)"
+  c.update(killed=2, timeout=0, survived=1, not_drawn=31)  # --sample 3
+  assert mutation.mutants_run(c) == "3 of 34 (a sample)"
+  c.update(not_drawn=0, unchanged=100, since="main")  # --since main
+  assert mutation.mutants_run(c) == "3 of 103 (on lines changed since main)"
+  c.update(not_drawn=9)  # both
+  assert mutation.mutants_run(c) == "3 of 112 (a sample of the 12 on lines changed since main)"
 
 
 select = load_script("mutation_select")

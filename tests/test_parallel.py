@@ -4,7 +4,7 @@
 The golden files in tests/golden/ record where each parameter of the `base` model lives. When a
 change to the model or the rules moves a parameter on purpose, regenerate and review the diff:
 
-    REGENERATE_GOLDEN=1 pytest tests/test_parallel.py -k golden
+    REGENERATE_GOLDEN=1 python -m pytest tests/test_parallel.py -k golden
 """
 import functools
 import json
@@ -191,8 +191,8 @@ def test_golden_partition_specs(filename, mesh_spec):
              if want["params"].get(k) != got["params"].get(k)}
   assert not changed, (
       f"partition specs differ from {path} (golden, now): {json.dumps(changed, indent=1)}\n"
-      "If intended, regenerate with REGENERATE_GOLDEN=1 pytest tests/test_parallel.py -k golden "
-      "and review the diff.")
+      "If intended, regenerate with REGENERATE_GOLDEN=1 python -m pytest "
+      "tests/test_parallel.py -k golden and review the diff.")
 
 
 # ---------------------------------------------------------------- portable checkpoints

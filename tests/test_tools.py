@@ -164,7 +164,8 @@ def test_actionable_errors(workdir, tmp_path, capsys, monkeypatch):
   shutil.copy(os.path.join(workdir, "spm.model"), empty)
   rc, _, err = run_main(translate_script, ["--workdir", str(empty), "one"], capsys)
   assert rc == 1
-  assert f"no checkpoint in {empty}/checkpoints: train first with scripts/train.py" in err
+  assert (f"no checkpoint in {empty}/checkpoints: train first with python scripts/train.py "
+          f"--workdir {empty} (it trains with the run's own config.json)") in err, err
   rc, _, err = run_main(translate_script, ["--workdir", workdir, "--step", "4", "one"], capsys)
   assert rc == 1 and "available steps [3, 6]" in err
   rc, _, err = run_main(translate_script, ["--workdir", str(empty), "--averaged", "one"], capsys)
@@ -191,6 +192,112 @@ def test_translate_names_the_input_flag_of_a_missing_file(workdir, tmp_path, cap
                           capsys)
   assert rc == 1 and out == ""
   assert f"error: --input {missing}: No such file or directory" in err, err
+
+
+def test_missing_and_unwritable_files_name_their_flag(workdir, tmp_path, capsys):
+  """Not `[Errno 2] No such file or directory: 'nope.en'`, which names no flag."""
+  src, missing = tmp_path / "src.en", tmp_path / "nope.en"
+  src.write_text("seven\n", encoding="utf-8")
+  for argv, flag in ((["--source", str(missing), "--reference", str(src)], "source"),
+                     (["--source", str(src), "--reference", str(missing)], "reference")):
+    rc, out, err = run_main(evaluate_script, ["--workdir", workdir] + argv, capsys)
+    assert rc == 1 and out == "", err
+    assert err == f"error: --{flag} {missing}: No such file or directory\n", err
+  unwritable = tmp_path / "nonexistent" / "x.txt"
+  rc, out, err = run_main(translate_script, ["--workdir", workdir, "--output", str(unwritable),
+                                             "seven"], capsys)
+  assert rc == 1 and out == "", err
+  assert err == f"error: --output {unwritable}: No such file or directory\n", err
+
+
+def test_flags_the_command_would_ignore_are_refused(workdir, tmp_path, capsys):
+  src = tmp_path / "src.en"
+  src.write_text("seven\n", encoding="utf-8")
+  own = ["--workdir", workdir, "--source", str(src), "--reference", str(src)]
+  cases = [
+      (evaluate_script, own + ["--split", "test"], "--split is ignored with --source/--reference",
+       "drop --split, or drop --source and --reference to score the split"),
+      (evaluate_script, own + ["--data_dir", str(tmp_path)], "--data_dir is ignored with "
+       "--source/--reference", "drop --data_dir"),
+      (evaluate_script, ["--workdir", workdir, "--name", "nt14"], "--name is ignored without "
+       "--source/--reference", "drop --name"),
+      (evaluate_script, ["--workdir", workdir, "--baseline", "copy", "--beam_size", "4"],
+       "--beam_size is ignored with --baseline copy, which uses no model",
+       "drop --beam_size, or drop --baseline to evaluate the model"),
+      (evaluate_script, own + ["--baseline", "copy", "--step", "3", "--alpha", "0.6",
+                               "--averaged", "--checkpoint", workdir],
+       "--step --checkpoint --averaged --alpha are ignored with --baseline copy", "drop --step "
+       "--checkpoint --averaged --alpha"),
+      (translate_script, ["--workdir", workdir, "--input", str(src), "seven"],
+       "--input is ignored when sentences are given as arguments",
+       "pass either --input or the sentences"),
+  ]
+  for script, argv, ignored, what_to_do in cases:
+    rc, out, err = run_main(script, argv, capsys)
+    assert rc == 1 and out == "" and err.count("\n") == 1, (argv, err)
+    assert err.startswith(f"error: {ignored}") and what_to_do in err, (argv, err)
+  # The same flags at their defaults, or not contradicted, are no error.
+  rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--split", "test",
+                                            "--baseline", "copy"], capsys)
+  assert rc == 0, err
+  rc, out, err = run_main(evaluate_script, own + ["--baseline", "copy", "--name", "nt14",
+                                                  "--output_dir", str(tmp_path / "out")], capsys)
+  assert rc == 0, err
+
+
+def test_a_run_made_by_other_code_is_refused_naming_its_config_file(workdir, tmp_path, capsys):
+  """A model field this code does not know was dropped, decoding another model than the one
+  trained; a value it refuses was a ValueError traceback."""
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  path = os.path.join(run, "config.json")
+  with open(path) as f:
+    config = json.load(f)
+  config["resolved_model"]["rope_theta"] = 10000.0
+  with open(path, "w") as f:
+    json.dump(config, f)
+  for script, argv in ((translate_script, ["seven"]), (evaluate_script, ["--examples", "0"])):
+    rc, out, err = run_main(script, ["--workdir", run] + argv, capsys)
+    assert rc == 1 and out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"error: {path} has model fields this code does not know: "
+                          "['rope_theta'] (in resolved_model)"), err
+    assert "made by other code: check out the code that trained it" in err
+    assert "remove them from resolved_model if you know they are inert" in err
+  del config["resolved_model"]["rope_theta"]
+  config["resolved_model"]["activation"] = "silu"
+  with open(path, "w") as f:
+    json.dump(config, f)
+  rc, out, err = run_main(translate_script, ["--workdir", run, "seven"], capsys)
+  assert rc == 1 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+  assert err.startswith(f"error: {path} has a model value this code refuses (in "
+                        "resolved_model): TransformerConfig.activation='silu'"), err
+  assert "made by other code" in err
+
+
+def test_the_train_hint_of_a_run_with_a_config_resumes_it(workdir, tmp_path, capsys):
+  """With a config.json, `train.py --config configs/default.py` would be refused (another
+  model) or train the wrong one: the run trains with its own config."""
+  spaced = tmp_path / "my run"
+  spaced.mkdir()
+  shutil.copy(os.path.join(workdir, "config.json"), spaced)
+  shutil.copy(os.path.join(workdir, "spm.model"), spaced)
+  hint = f"train first with python scripts/train.py --workdir '{spaced}' (it trains with the " \
+      "run's own config.json)"
+  for script, argv in ((translate_script, ["seven"]), (evaluate_script, []),
+                       (average_script, [])):
+    rc, _, err = run_main(script, ["--workdir", str(spaced)] + argv, capsys)
+    assert rc == 1 and hint in err and "configs/default.py" not in err, err
+  # Without a config.json there is none to train with: the default config's command.
+  assert averaging.run_train_hint(str(tmp_path / "new")) == workdir_lib.train_hint(
+      str(tmp_path / "new"))
+  # A best_<metric>/ that is not there: kept only by a run trained to keep it.
+  best = os.path.join(workdir, "best_bleu")
+  rc, out, err = run_main(translate_script, ["--workdir", workdir, "--checkpoint", best,
+                                             "seven"], capsys)
+  assert rc == 1 and out == "" and err.count("\n") == 1, err
+  assert (f"error: --checkpoint {best} does not exist: a run keeps best_<metric>/ only when "
+          "trained with --config.keep_best=<metric>") in err, err
+  assert "--config.keep_best=bleu" in err
 
 
 def test_what_is_not_a_workdir_is_told_what_to_pass(workdir, tmp_path, capsys):
@@ -408,6 +515,40 @@ def test_evaluate_scores_a_test_set_of_ones_own(workdir, tmp_path, capsys):
     assert rc == 1 and f"the test set's name {name!r} {why}" in err, err
 
 
+def test_empty_lines_of_a_test_set_are_warned_about_and_counted(workdir, tmp_path, capsys):
+  """sacreBLEU's chrF leaves out pairs with an empty reference: a test set of blank references
+  scored chrF 100 without a word. Scored still (a blank line can be legitimate), but said."""
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  src, ref = tmp_path / "t.en", tmp_path / "t.de"
+  src.write_text("seven\n\neight\nnine\nten\n", encoding="utf-8")
+  ref.write_text("\nzwei\n \nneun\n\n", encoding="utf-8")
+  files = ["--workdir", run, "--source", str(src), "--reference", str(ref), "--examples", "0"]
+  for argv in ([], ["--baseline", "copy"]):
+    rc, out, err = run_main(evaluate_script, files + argv, capsys)
+    assert rc == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: empty lines: --reference {ref}: 3 (lines 1, 3, 5); --source "
+                        f"{src}: 1 (line 2); sacreBLEU's chrF leaves out pairs with an empty "
+                        "reference and an empty source is not translated (empty_references and "
+                        "empty_sources in the result)"], err
+    result = json.loads(out)
+    assert (result["empty_references"], result["empty_sources"]) == (3, 1)
+    # Where they came from, with the copy baseline too.
+    assert (result["source_file"], result["reference_file"]) == (str(src), str(ref))
+  # A split's pairs are counted as well; none are empty, and nothing is said.
+  rc, out, err = run_main(evaluate_script, ["--workdir", run, "--baseline", "copy"], capsys)
+  assert rc == 0 and "warning:" not in err, err
+  assert (json.loads(out)["empty_references"], json.loads(out)["empty_sources"]) == (0, 0)
+  many = [("", "")] * 7
+  assert evaluation.check_empty(many, "test", warn=lambda m: None) == {
+      "empty_sources": 7, "empty_references": 7}
+  said = []
+  evaluation.check_empty(many, "test", warn=said.append)
+  assert said[0].startswith("empty pairs: the test references: 7 (pairs 1, 2, 3, 4, 5, ...); "
+                            "the test sources: 7 (pairs 1, 2, 3, 4, 5, ...)"), said
+
+
 def test_evaluation_files_are_written_whole_under_their_own_temporary_names(tmp_path):
   """Two evaluations of one checkpoint, split and search ending together: each writes its own
   temporary file, and the last rename wins whole."""
@@ -449,8 +590,13 @@ def test_default_evaluation_directories(tmp_path):
   w = str(tmp_path / "w")
   assert evaluation.default_output_dir(w, os.path.join(w, "checkpoints"), 5) == os.path.join(
       w, "eval", "step_5")
-  assert evaluation.default_output_dir(w, os.path.join(w, "averaged"), 5) == os.path.join(
-      w, "eval", "averaged_5")
+  # Averages of different counts share their last step: their evaluations must not.
+  assert evaluation.default_output_dir(w, os.path.join(w, "averaged"), 5, 2) == os.path.join(
+      w, "eval", "averaged_last2_5")
+  assert evaluation.default_output_dir(w, os.path.join(w, "averaged"), 5, 1) == os.path.join(
+      w, "eval", "averaged_last1_5")
+  assert evaluation.default_output_dir(w, os.path.join(w, "best_bleu"), 5) == os.path.join(
+      w, "eval", "best_bleu_5")
   other = str(tmp_path / "other run" / "checkpoints")
   assert evaluation.default_output_dir(w, other, 7) == os.path.join(
       w, "eval", "other_run.checkpoints_7")
@@ -602,6 +748,41 @@ def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
     np.testing.assert_array_equal(a, b)
   rc, _, err = run_main(average_script, ["--workdir", workdir, "--last", "5"], capsys)
   assert rc == 1 and "holds only 2 checkpoint(s)" in err and "keep_checkpoints=5" in err
+
+
+def test_an_average_of_one_checkpoint_is_warned_about(workdir, capsys, tmp_path):
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  source = os.path.join(run, "checkpoints")
+  # The tiny config's average_last_checkpoints is 1, as most configs': a copy of the last step.
+  for argv, why in (([], "--last not given, and the run's config.average_last_checkpoints is 1"),
+                    (["--last", "1"], "--last 1")):
+    rc, out, err = run_main(average_script, ["--workdir", run] + argv, capsys)
+    assert rc == 0 and json.loads(out)["averaged_steps"] == [6], err
+    warnings = [line for line in err.splitlines() if "warning:" in line]
+    assert warnings == [f"average_checkpoints: warning: {why}: the \"average\" is a copy of "
+                        f"step 6; pass --last N to average the last N checkpoints ({source} "
+                        "holds 2)"], err
+  rc, _, err = run_main(average_script, ["--workdir", run, "--last", "2"], capsys)
+  assert rc == 0 and "warning:" not in err, err
+
+
+def test_evaluations_of_averages_of_different_counts_keep_apart(workdir, capsys, tmp_path):
+  """`--last 1` and `--last 2` both save as averaged/6: their evaluations went to one
+  eval/averaged_6/ and replaced each other's files."""
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  hypotheses = {}
+  for last in ("2", "1"):
+    rc, _, err = run_main(average_script, ["--workdir", run, "--last", last], capsys)
+    assert rc == 0, err
+    rc, out, err = run_main(evaluate_script, ["--workdir", run, "--averaged", "--examples", "0"],
+                            capsys)
+    assert rc == 0, err
+    hypotheses[last] = json.loads(out)["hypotheses"]
+  assert hypotheses == {n: os.path.join(run, "eval", f"averaged_last{n}_6",
+                                        "hypotheses.test.greedy.txt") for n in ("1", "2")}
+  assert all(os.path.exists(path) for path in hypotheses.values())
 
 
 def test_average_leaves_out_a_checkpoint_a_signal_saved(workdir, capsys, tmp_path):

@@ -326,6 +326,39 @@ def test_a_run_split_before_the_grouping_is_told_how_to_resume(run, data_dir):
   assert own.data.split == "source" and workdir_lib.check_config(run, own)[1] == []
 
 
+def test_fields_added_to_the_code_since_a_run_read_back_as_their_defaults(run, data_dir,
+                                                                          tmp_path):
+  """A researcher adds a model option (default: the old behaviour): every run made before it
+  must still resume, not be refused as `model.new_field: None -> False`."""
+  path = os.path.join(run, workdir_lib.CONFIG)
+  with open(path) as f:
+    stored = json.load(f)
+  del stored["model"]["fused_qkv"], stored["keep_best"], stored["data"]["vocab_max_chars"]
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  assert workdir_lib.check_config(run, config(data_dir))[1] == []
+  loop.train_and_evaluate(config(data_dir, num_train_steps=4), run)
+  assert workdir_lib.history(run) == [(3, os.path.join(run, "config.3.json"))]
+  assert [c[0] for c in workdir_lib.config_changes(stored, workdir_lib.load_run_config(run))] \
+      == ["num_train_steps"]                  # not fused_qkv, keep_best or vocab_max_chars
+  # A value other than the default is still a change, refused where the old one would be;
+  # the hints for runs from before data.split and weight_decay_mask are not given for it.
+  with pytest.raises(workdir_lib.ConfigChangeRefused,
+                     match=r"model.fused_qkv: False -> True") as refused:
+    workdir_lib.check_config(run, config(data_dir, **{"model.fused_qkv": True}))
+  assert "split=source" not in str(refused.value), refused.value
+  assert "weight_decay_mask=all" not in str(refused.value), refused.value
+  # The same for a tokenizer trained by a first command that failed before config.json.
+  half = str(tmp_path / "half")
+  get_data(config(data_dir).data, half)
+  with open(os.path.join(half, "spm.model.json")) as f:
+    trained = json.load(f)
+  del trained["vocab_max_chars"]
+  with open(os.path.join(half, "spm.model.json"), "w") as f:
+    json.dump(trained, f)
+  assert workdir_lib.check_config(half, config(data_dir)) == (None, [])
+
+
 def test_weight_decay_on_the_matrices_resumes_and_a_change_of_what_decays_is_refused(
     tmp_path, data_dir):
   run = str(tmp_path / "decay")
@@ -475,6 +508,11 @@ def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, t
   with pytest.raises(workdir_lib.ConfigChangeRefused,
                      match=f"(?s){corpus}: its content changed.*restore them to resume"):
     workdir_lib.check_config(run, text)
+  # A run that failed before its first checkpoint has only its tokenizer: also made from the
+  # old files.
+  shutil.rmtree(os.path.join(run, "checkpoints"))
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match=f"{corpus}: its content changed"):
+    workdir_lib.check_config(run, text)
   corpus.unlink()
   with pytest.raises(workdir_lib.ConfigChangeRefused, match=f"{corpus}: no longer exists"):
     workdir_lib.check_config(run, text)
@@ -586,6 +624,21 @@ def test_a_resume_from_an_older_checkpoint_supersedes_later_changes(run, data_di
   workdir_lib.record_config(run, config(data_dir), model, 1, {}, [("num_train_steps", 7, 3)])
   assert workdir_lib.history(run) == [] and workdir_lib.load_run_config(run, step=2) == \
       workdir_lib.load_run_config(run)
+
+
+def test_the_tools_find_the_latest_config_and_init_from_finds_its_tokenizer(tmp_path):
+  run = tmp_path / "run"
+  (run / "checkpoints" / "30").mkdir(parents=True)
+  for name in ("config.json", "config.3.json", "config.10.json", "config.5.superseded.json"):
+    (run / name).write_text("{}")
+  # By step, not by name: 10 after 3; superseded changes are not read.
+  assert workdir_lib.current_config_path(str(run)) == str(run / "config.10.json")
+  assert workdir_lib.history(str(run)) == [(3, str(run / "config.3.json")),
+                                           (10, str(run / "config.10.json"))]
+  assert workdir_lib.init_from_vocabulary(str(run)) is None
+  (run / "spm.model").write_bytes(b"")
+  for path in (run, run / "checkpoints", run / "checkpoints" / "30"):
+    assert workdir_lib.init_from_vocabulary(str(path)) == str(run / "spm.model"), path
 
 
 def test_only_failed_writes_count_as_storage_failures():

@@ -7,7 +7,7 @@ BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the ra
 the signatures are in the result. The copy baseline scores what needs no model at all: names,
 numbers, file names and other tokens that a translation keeps unchanged.
 
-Outputs go to `<workdir>/eval/<checkpoint>/` (`step_1000`, `averaged_1000`), never into a
+Outputs go to `<workdir>/eval/<checkpoint>/` (`step_1000`, `averaged_last5_1000`), never into a
 checkpoint's step directory: training deletes old steps (keep-N) and would take an evaluation
 with them, or an evaluation still running when its step went would write a stray step
 directory back. Their names carry the split and the search (`test.greedy`,
@@ -24,7 +24,7 @@ from typing import Sequence
 import uuid
 
 from transformer_jax import bleu as bleu_lib
-from transformer_jax.data.lines import read_lines
+from transformer_jax.inference.flags import read_flag_lines
 from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.run import averaging
 from transformer_jax.run.workdir import CHECKPOINTS, EVAL, EVAL_LOG, RunError
@@ -76,10 +76,13 @@ def search_tag(beam_size: int, alpha: float, max_len_margin: int) -> str:
   return tag if max_len_margin == 50 else f"{tag}.margin{max_len_margin}"
 
 
-def default_output_dir(workdir: str, checkpoint_dir: str, step: int) -> str:
-  """`<workdir>/eval/step_<N>` for the run's own checkpoints, `averaged_<N>` or
+def default_output_dir(workdir: str, checkpoint_dir: str, step: int,
+                       averaged: int | None = None) -> str:
+  """`<workdir>/eval/step_<N>` for the run's own checkpoints, `averaged_last<k>_<N>` or
   `best_bleu_<N>` for its `averaged/` or `best_bleu/`, and `<parent>.<name>_<N>` (path-safe)
-  for another directory's."""
+  for another directory's. `averaged`: how many checkpoints the parameters average (None: not
+  an average); it is in the name because averages of different counts share their last step,
+  and so `averaged/<N>`, but their evaluations must not replace each other's files."""
   workdir = os.path.abspath(workdir)
   checkpoint_dir = os.path.abspath(checkpoint_dir)
   if checkpoint_dir == os.path.join(workdir, CHECKPOINTS):
@@ -89,6 +92,8 @@ def default_output_dir(workdir: str, checkpoint_dir: str, step: int) -> str:
   else:
     parent, base = os.path.split(checkpoint_dir)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{os.path.basename(parent)}.{base}")
+  if averaged is not None:
+    name = f"{name}_last{averaged}"
   return os.path.join(workdir, EVAL, f"{name}_{step}")
 
 
@@ -128,23 +133,58 @@ def _write(output_dir: str, name: str, hypotheses: Sequence[str], result: dict,
 def file_pairs(source: str, reference: str) -> list[tuple[str, str]]:
   """(source, reference) pairs of two line-aligned UTF-8 files, every line kept (a test set
   is scored whole); files of different lengths are an error naming both."""
-  sources, references = read_lines(source), read_lines(reference)
+  sources, references = read_flag_lines("source", source), read_flag_lines("reference", reference)
   if len(sources) != len(references):
     raise RunError(f"--source {source} has {len(sources):,} lines but --reference {reference} "
                    f"has {len(references):,}: they must be line-aligned")
   return list(zip(sources, references))
 
 
+def empty_pairs(pairs: Sequence[tuple[str, str]]) -> tuple[list[int], list[int]]:
+  """The numbers (from 1) of the pairs whose source, and whose reference, is empty or blank."""
+  return ([i + 1 for i, (s, _) in enumerate(pairs) if not s.strip()],
+          [i + 1 for i, (_, t) in enumerate(pairs) if not t.strip()])
+
+
+def _numbers(numbers: list[int], unit: str, shown: int = 5) -> str:
+  """`2 (lines 3, 9)`, `0`, `7 (lines 1, 2, 3, 4, 5, ...)`."""
+  if not numbers:
+    return "0"
+  more = ", ..." if len(numbers) > shown else ""
+  plural = "s" if len(numbers) > 1 else ""
+  return f"{len(numbers)} ({unit}{plural} {', '.join(map(str, numbers[:shown]))}{more})"
+
+
+def check_empty(pairs: Sequence[tuple[str, str]], split: str,
+                origin: tuple[str, str] | None = None, warn=warn_stderr) -> dict:
+  """Warn (one line) of empty sources and references, which would score silently: sacreBLEU's
+  chrF leaves out a pair with an empty reference (so a test set of blank references scores
+  100), and an empty source gets an empty hypothesis. A blank line can be legitimate, so it is
+  not refused. `origin`: the flags and files of a test set of one's own, numbered by line (a
+  split's pairs are numbered as pairs). Returns the counts, for the result."""
+  sources, references = empty_pairs(pairs)
+  if sources or references:
+    names = origin or (f"the {split} sources", f"the {split} references")
+    unit = "line" if origin else "pair"
+    warn(f"empty {unit}s: {names[1]}: {_numbers(references, unit)}; {names[0]}: "
+         f"{_numbers(sources, unit)}; sacreBLEU's chrF leaves out pairs with an empty reference "
+         "and an empty source is not translated (empty_references and empty_sources in the "
+         "result)")
+  return {"empty_sources": len(sources), "empty_references": len(references)}
+
+
 def evaluate(translator: Translator, data, split: str, output_dir: str | None = None,
              num_examples: int = 10, pairs: list[tuple[str, str]] | None = None,
-             extra: dict | None = None) -> dict:
+             extra: dict | None = None, origin: tuple[str, str] | None = None) -> dict:
   """Translate every pair of `split` (nothing dropped or truncated for length), write the
   hypotheses, examples and the result into `output_dir` (default: `default_output_dir`) as
   `<kind>.<split>.<search tag>.*`, append the result to `<workdir>/eval/results.jsonl` and
   return the scores, the search settings and the search throughput. With `pairs` (a test set
   of one's own, `file_pairs`), those are scored instead, under the name `split`; `extra`
-  fields go into the result (where those came from)."""
+  fields go into the result (where those came from), and `origin` names them in the warning
+  about empty lines (`check_empty`)."""
   pairs = nonempty(data.raw_examples(split) if pairs is None else pairs, split)
+  empty = check_empty(pairs, split, origin)
   warnings: list[str] = []
   hypotheses = translator.translate([s for s, _ in pairs], warnings.append,
                                     names=[f"{split} pair {i + 1}" for i in range(len(pairs))])
@@ -153,24 +193,28 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   if len(warnings) > 10:
     warn_stderr(f"... and {len(warnings) - 10} more truncated sources")
   hypotheses = [" ".join(h.splitlines()) for h in hypotheses]  # one line per pair, always
+  averaged = averaging.averaged_steps(translator.checkpoint_dir, translator.step)
   result = {"split": split, "sentences": len(pairs),
             **scores(hypotheses, [t for _, t in pairs]), **translator.settings(),
-            "averaged_steps": averaging.averaged_steps(translator.checkpoint_dir, translator.step),
-            "truncated_sources": len(warnings), **translator.stats.as_dict(), **(extra or {})}
-  output_dir = output_dir or default_output_dir(translator.workdir, translator.checkpoint_dir,
-                                                 translator.step)
+            "averaged_steps": averaged, "truncated_sources": len(warnings), **empty,
+            **translator.stats.as_dict(), **(extra or {})}
+  output_dir = output_dir or default_output_dir(
+      translator.workdir, translator.checkpoint_dir, translator.step,
+      len(averaged) if averaged is not None else None)
   tag = search_tag(translator.beam_size, translator.alpha, translator.max_len_margin)
   return _write(output_dir, f"{split}.{tag}", hypotheses, result, pairs, num_examples,
                 translator.workdir)
 
 
 def copy_baseline(pairs: list[tuple[str, str]], split: str, output_dir: str,
-                  num_examples: int = 10, workdir: str | None = None) -> dict:
+                  num_examples: int = 10, workdir: str | None = None, extra: dict | None = None,
+                  origin: tuple[str, str] | None = None) -> dict:
   """The scores of copying each source of `pairs` (the split's) as its translation: no model
   and no tokenizer involved. With `workdir`, the result is also appended to its
-  `eval/results.jsonl`."""
+  `eval/results.jsonl`; `extra` and `origin` as for `evaluate`."""
   pairs = nonempty(pairs, split)
+  empty = check_empty(pairs, split, origin)
   hypotheses = [" ".join(s.split()) for s, _ in pairs]
   result = {"split": split, "sentences": len(pairs), "baseline": "copy",
-            **scores(hypotheses, [t for _, t in pairs])}
+            **scores(hypotheses, [t for _, t in pairs]), **empty, **(extra or {})}
   return _write(output_dir, f"{split}.copy", hypotheses, result, pairs, num_examples, workdir)

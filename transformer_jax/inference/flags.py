@@ -1,10 +1,52 @@
 """The flags that choose a run's checkpoint and search, shared by translate.py, evaluate.py and
-plot_attention.py."""
+plot_attention.py; the files their other flags name, read and written with errors naming the
+flag; and the refusal of flags that another flag makes them ignore."""
 from __future__ import annotations
+
+from typing import Sequence, TextIO
 
 from absl import flags
 
+from transformer_jax.data.lines import read_lines
 from transformer_jax.inference.translator import Translator
+from transformer_jax.run.workdir import RunError
+
+
+def _flag_os_error(flag: str, path: str, e: OSError) -> OSError:
+  # The errno's own text names the path but not which flag held it.
+  return OSError(f"--{flag} {path}: {e.strerror or e}")
+
+
+def read_flag_lines(flag: str, path: str) -> list[str]:
+  """`read_lines(path)`; a file that cannot be read is `--<flag> PATH: <why>`."""
+  try:
+    return read_lines(path)
+  except OSError as e:
+    raise _flag_os_error(flag, path, e) from None
+
+
+def open_flag_output(flag: str, path: str) -> TextIO:
+  """`path` opened for writing (UTF-8); one that cannot be is `--<flag> PATH: <why>`."""
+  try:
+    return open(path, "w", encoding="utf-8")
+  except OSError as e:
+    raise _flag_os_error(flag, path, e) from None
+
+
+def given(values: flags.FlagValues, names: Sequence[str]) -> list[str]:
+  """Those of the flags `names` given on the command line (a default is not given)."""
+  return [name for name in names if values[name].present]
+
+
+def refuse_ignored(values: flags.FlagValues, names: Sequence[str], because: str,
+                   what_to_do: str) -> None:
+  """A RunError when a flag of `names` was given although `because` makes it ignored: a flag
+  silently ignored looks applied. `{flags}` in `what_to_do` stands for the flags given."""
+  ignored = given(values, names)
+  if ignored:
+    listed = " ".join(f"--{name}" for name in ignored)
+    raise RunError(f"{listed} {'is' if len(ignored) == 1 else 'are'} ignored {because}: "
+                   + what_to_do.format(flags=listed))
 
 
 def define_checkpoint_flags(values: flags.FlagValues) -> None:

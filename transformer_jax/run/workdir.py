@@ -19,6 +19,7 @@ command did makes a workdir unusable.
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -57,7 +58,9 @@ TOKENIZER_FIELDS = tuple(f"data.{f}" for f in (
 LAUNCH_FIELDS = ("distributed", "coordinator_address", "coordinator_bind_address",
                  "num_processes", "process_id")
 # Fields added after runs were made whose default differs from what those runs did: a
-# config.json without them is read back with these values (`experiment_config`).
+# config.json without them is read back with these values (`experiment_config`). Any other
+# field a run did not record reads back as its default (`field_defaults`): a new field must
+# default to what the code did before it, or be listed here.
 LEGACY_VALUES = {"data.split": "source", "weight_decay_mask": "all"}
 
 
@@ -244,11 +247,27 @@ def flatten(tree: dict, prefix: str = "") -> dict:
   return out
 
 
+def field_defaults() -> dict:
+  """Every experiment field's default, flat and as JSON has it: what a run made before the
+  field existed did, unless LEGACY_VALUES says otherwise. Model fields take TransformerConfig's
+  own defaults: a named size sets only sizes, which every run has recorded."""
+  from transformer_jax import experiment  # see config_json
+  from transformer_jax.config import TransformerConfig
+  flat = flatten(json.loads(experiment.base_config().to_json_best_effort()))
+  out = {k: v for k, v in flat.items() if not k.startswith("model.")}
+  for field in dataclasses.fields(TransformerConfig):
+    # Not the fields a run sets itself (vocab_size, ...), which base_config leaves out.
+    if f"model.{field.name}" in flat and field.default is not dataclasses.MISSING:
+      out[f"model.{field.name}"] = json.loads(json.dumps(field.default))
+  return out
+
+
 def config_changes(stored: dict, new: dict) -> list[tuple[str, object, object]]:
   """(field, stored value, new value) of every field that differs; the resolved model and how
-  this process joined the run are not compared."""
+  this process joined the run are not compared. A field the run did not record yet (added to
+  the code since) counts as what the run did: its LEGACY_VALUES entry, else its default."""
   old = flatten({k: v for k, v in stored.items() if not k.startswith("resolved_")})
-  old = {**LEGACY_VALUES, **old}  # a field the run did not record yet: what it did
+  old = {**field_defaults(), **LEGACY_VALUES, **old}
   now = flatten({k: v for k, v in new.items() if not k.startswith("resolved_")})
   return [(k, old.get(k), now.get(k)) for k in sorted(set(old) | set(now))
           if k not in LAUNCH_FIELDS and old.get(k) != now.get(k)]
@@ -360,6 +379,10 @@ def _check_tokenizer(workdir: str, config) -> None:
     return
   with open(spm + ".json") as f:
     trained = json.load(f)
+  # A field the tokenizer's record lacks (added since) is what that command did, as in
+  # config_changes.
+  recorded = {**field_defaults(), **LEGACY_VALUES, **flatten({"data": trained})}
+  trained = {k[len("data."):]: v for k, v in recorded.items() if k.startswith("data.")}
   new = json.loads(config.data.to_json_best_effort())
   names = [f[len("data."):] for f in TOKENIZER_FIELDS]
   differ = [(n, trained.get(n), new.get(n)) for n in names if trained.get(n) != new.get(n)]
