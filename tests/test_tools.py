@@ -288,8 +288,8 @@ def test_the_train_hint_of_a_run_with_a_config_resumes_it(workdir, tmp_path, cap
     rc, _, err = run_main(script, ["--workdir", str(spaced)] + argv, capsys)
     assert rc == 1 and hint in err and "configs/default.py" not in err, err
   # Without a config.json there is none to train with: the default config's command.
-  assert averaging.run_train_hint(str(tmp_path / "new")) == workdir_lib.train_hint(
-      str(tmp_path / "new"))
+  assert workdir_lib.train_hint(str(tmp_path / "new")) == (
+      f"train first with scripts/train.py --config configs/default.py --workdir {tmp_path}/new")
   # A best_<metric>/ that is not there: kept only by a run trained to keep it.
   best = os.path.join(workdir, "best_bleu")
   rc, out, err = run_main(translate_script, ["--workdir", workdir, "--checkpoint", best,

@@ -35,14 +35,14 @@ from transformer_jax.config import TransformerConfig
 from transformer_jax.data.tokenizer import Tokenizer, normalize_spaces
 from transformer_jax.model import Transformer
 from transformer_jax.run import checkpointing
-from transformer_jax.run.averaging import run_train_hint
 from transformer_jax.run.workdir import (
   AVERAGED,
   CHECKPOINTS,
   CONFIG,
   RunError,
-  history,
   load_run_config,
+  run_config_path,
+  train_hint,
   vocabulary_path,
 )
 from transformer_jax.search import output_ids, search_batch
@@ -96,16 +96,6 @@ def model_config_from(run: dict, path: str = CONFIG) -> TransformerConfig:
                    "decode with it") from None
 
 
-def run_config_path(workdir: str, step: int | None = None) -> str:
-  """The file `load_run_config(workdir, step)` reads: `config.json`, or the last
-  `config.<s>.json` of a resume at s < step (for messages that name it)."""
-  path = os.path.join(workdir, CONFIG)
-  for resumed_at, changed in history(workdir):
-    if step is None or resumed_at < step:
-      path = changed
-  return path
-
-
 def warn_stderr(message: str) -> None:
   print(f"warning: {message}", file=sys.stderr, flush=True)
 
@@ -148,23 +138,6 @@ def _not_a_workdir(path: str) -> str | None:
     return (f"{path} holds the checkpoints of the run {parent} (steps {steps}), not its workdir: "
             f"pass --workdir {shlex.quote(parent)}{how}")
   return None
-
-
-def _check_checkpoint_exists(workdir: str, checkpoint: str | None, averaged: bool) -> None:
-  """Two cases `checkpointing.resolve_checkpoint` would answer with the wrong advice: a run with
-  a config.json but no checkpoint yet resumes with that config, not a new one; and
-  `best_<metric>/` is there only when the run was trained to keep it."""
-  if checkpoint is None and not averaged:
-    own = checkpointing.checkpoint_dir(workdir)
-    if not checkpointing.checkpoint_steps(own):
-      raise RunError(f"no checkpoint in {own}: " + run_train_hint(workdir))
-    return
-  name = os.path.basename(os.path.normpath(checkpoint or ""))
-  if name.startswith("best_") and not os.path.exists(checkpoint):
-    raise RunError(f"--checkpoint {checkpoint} does not exist: a run keeps best_<metric>/ only "
-                   "when trained with --config.keep_best=<metric> (and once it has evaluated); "
-                   f"pass --step N, --averaged or another --checkpoint, or train with "
-                   f"--config.keep_best={name[len('best_'):]}")
 
 
 def _check_tokenizer(workdir: str, checkpoint_dir: str, spm_path: str) -> None:
@@ -228,7 +201,6 @@ class Translator:
                truncate: bool | None = True):
     self.workdir = workdir
     workdir_config(workdir)  # a clear error first when this is not a run's workdir
-    _check_checkpoint_exists(workdir, checkpoint, averaged)
     self.checkpoint_dir, self.step = checkpointing.resolve_checkpoint(workdir, checkpoint, step,
                                                                       averaged)
     # The config this step was written with (a resume may have changed e.g. the search).
@@ -240,7 +212,7 @@ class Translator:
     spm_path = vocabulary_path(workdir, self.run)
     if not os.path.exists(spm_path):
       raise RunError(f"{spm_path} not found: the run's SentencePiece model is missing; "
-                     + run_train_hint(workdir))
+                     + train_hint(workdir))
     _check_tokenizer(workdir, self.checkpoint_dir, spm_path)
     self.tokenizer = Tokenizer(spm_path)
     if self.tokenizer.vocab_size != self.config.vocab_size:

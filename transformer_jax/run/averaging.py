@@ -8,24 +8,13 @@ any step; training never resumes from that directory.
 from __future__ import annotations
 
 import os
-import shlex
 from typing import Callable, Iterable
 
 import jax
 import numpy as np
 
 from transformer_jax.run import checkpointing
-from transformer_jax.run.workdir import AVERAGED, CONFIG, RunError, train_hint
-
-
-def run_train_hint(workdir: str) -> str:
-  """What to train for a workdir with no checkpoint: with a config.json, the run's own config
-  (`train_hint`'s --config configs/default.py would be refused, or train another model);
-  else `train_hint`."""
-  if not os.path.exists(os.path.join(workdir, CONFIG)):
-    return train_hint(workdir)
-  return (f"train first with python scripts/train.py --workdir {shlex.quote(workdir)} (it "
-          f"trains with the run's own {CONFIG})")
+from transformer_jax.run.workdir import AVERAGED, RunError, train_hint
 
 
 def average_params(trees: Iterable[tuple[str, object]]) -> object:
@@ -69,7 +58,7 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
   source = checkpointing.checkpoint_dir(workdir)
   steps = checkpointing.checkpoint_steps(source)
   if not steps:
-    raise RunError(f"no checkpoint in {source}: " + run_train_hint(workdir))
+    raise RunError(f"no checkpoint in {source}: " + train_hint(workdir))
   if last < 1:
     raise RunError(f"--last {last}: must be >= 1")
   # The paper averages checkpoints written at even intervals: a save forced by a signal (a

@@ -366,6 +366,12 @@ def resolve_checkpoint(workdir: str, checkpoint: str | None = None, step: int | 
     if not os.path.isdir(checkpoint):
       raise RunError(f"no averaged checkpoint in {checkpoint}: run scripts/average_checkpoints.py "
                      f"--workdir {shlex.quote(workdir)} --last N first")
+  name = os.path.basename(os.path.normpath(checkpoint or ""))
+  if name.startswith("best_") and not os.path.exists(checkpoint):
+    raise RunError(f"--checkpoint {checkpoint} does not exist: a run keeps best_<metric>/ only "
+                   "when trained with --config.keep_best=<metric> (and once it has evaluated); "
+                   f"pass --step N, --averaged or another --checkpoint, or train with "
+                   f"--config.keep_best={name[len('best_'):]}")
   path, step_dir = manager_directory(checkpoint or workdir)
   if step_dir is not None:
     if step is not None and step != step_dir:

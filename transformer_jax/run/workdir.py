@@ -65,7 +65,12 @@ LEGACY_VALUES = {"data.split": "source", "weight_decay_mask": "all"}
 
 
 def train_hint(workdir: str) -> str:
-  """TRAIN_HINT for `workdir`, quoted for a shell where it needs to be (spaces, say)."""
+  """What to train for a workdir with no checkpoint, quoted for a shell where it needs to be
+  (spaces, say): with a config.json, the run's own config (TRAIN_HINT's configs/default.py
+  would be refused, or train another model); else TRAIN_HINT."""
+  if os.path.exists(os.path.join(workdir, CONFIG)):
+    return (f"train first with python scripts/train.py --workdir {shlex.quote(workdir)} (it "
+            f"trains with the run's own {CONFIG})")
   return TRAIN_HINT.format(shlex.quote(workdir))
 
 
@@ -102,19 +107,25 @@ def load_run_config(workdir: str, step: int | None = None) -> dict:
   """The experiment config of a run, as a dict: the one in use now, or with `step` the one the
   checkpoint of that step was written with (`config.json`, or the last `config.<s>.json` of a
   resume at s < step)."""
-  path = os.path.join(workdir, CONFIG)
-  if not os.path.exists(path):
-    raise RunError(f"{path} not found: {workdir} is not the workdir of a training run; "
-                   + train_hint(workdir))
-  for resumed_at, changed in history(workdir):
-    if step is None or resumed_at < step:
-      path = changed
+  if not os.path.exists(os.path.join(workdir, CONFIG)):
+    raise RunError(f"{os.path.join(workdir, CONFIG)} not found: {workdir} is not the workdir "
+                   "of a training run; " + train_hint(workdir))
+  path = run_config_path(workdir, step)
   with open(path) as f:
     run = json.load(f)
   if "resolved_model" not in run:
     raise RunError(f"{path} has no 'resolved_model': it was not written by "
                    "transformer_jax's training; pass the workdir of a training run")
   return run
+
+
+def run_config_path(workdir: str, step: int | None = None) -> str:
+  """The file `load_run_config(workdir, step)` reads (for messages that name it)."""
+  path = os.path.join(workdir, CONFIG)
+  for resumed_at, changed in history(workdir):
+    if step is None or resumed_at < step:
+      path = changed
+  return path
 
 
 def experiment_config(workdir: str):
