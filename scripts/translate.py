@@ -12,6 +12,7 @@ directory, or one checkpoints/<step> directory). The search defaults to the run'
 than the model's max_len - 1 pieces is truncated with a warning on stderr naming the line;
 characters never seen in training become SentencePiece's unknown piece.
 """
+import json
 import logging
 import sys
 
@@ -52,7 +53,7 @@ def body(values, sentences):
   # Opened before translating: a bad path fails now, not after the whole search.
   out = sys.stdout if values.output == "-" else open_flag_output("output", values.output)
   if values.verbose:
-    print(f"translate: {translator.settings()}", file=sys.stderr)
+    print(f"translate: {json.dumps(translator.settings())}", file=sys.stderr)
   try:
     out.write("".join(line + "\n" for line in translator.translate(sentences, names=names)))
     out.flush()

@@ -98,7 +98,8 @@ def test_translate_arguments_to_file_with_overrides(workdir, tmp_path, capsys):
   assert out == ""
   assert out_path.read_text(encoding="utf-8").split("\n")[1] == ""
   assert len(out_path.read_text(encoding="utf-8").split("\n")) == 4
-  assert "'step': 3" in err and "'beam_size': 2" in err and "sentences/s" in err
+  settings = json.loads(err.split("\n")[0][len("translate: "):])   # JSON, for a log parser
+  assert settings["step"] == 3 and settings["beam_size"] == 2 and "sentences/s" in err
 
 
 def test_the_chosen_step_is_the_one_translated_with(workdir):
