@@ -337,10 +337,6 @@ def test_fields_added_to_the_code_since_a_run_read_back_as_their_defaults(run, d
   with open(path, "w") as f:
     json.dump(stored, f)
   assert workdir_lib.check_config(run, config(data_dir))[1] == []
-  loop.train_and_evaluate(config(data_dir, num_train_steps=4), run)
-  assert workdir_lib.history(run) == [(3, os.path.join(run, "config.3.json"))]
-  assert [c[0] for c in workdir_lib.config_changes(stored, workdir_lib.load_run_config(run))] \
-      == ["num_train_steps"]                  # not fused_qkv, keep_best or vocab_max_chars
   # A value other than the default is still a change, refused where the old one would be;
   # the hints for runs from before data.split and weight_decay_mask are not given for it.
   with pytest.raises(workdir_lib.ConfigChangeRefused,
@@ -348,6 +344,10 @@ def test_fields_added_to_the_code_since_a_run_read_back_as_their_defaults(run, d
     workdir_lib.check_config(run, config(data_dir, **{"model.fused_qkv": True}))
   assert "split=source" not in str(refused.value), refused.value
   assert "weight_decay_mask=all" not in str(refused.value), refused.value
+  loop.train_and_evaluate(config(data_dir, num_train_steps=4), run)
+  assert workdir_lib.history(run) == [(3, os.path.join(run, "config.3.json"))]
+  assert [c[0] for c in workdir_lib.config_changes(stored, workdir_lib.load_run_config(run))] \
+      == ["num_train_steps"]                  # not fused_qkv, keep_best or vocab_max_chars
   # The same for a tokenizer trained by a first command that failed before config.json.
   half = str(tmp_path / "half")
   get_data(config(data_dir).data, half)
