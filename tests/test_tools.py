@@ -209,6 +209,15 @@ def test_missing_and_unwritable_files_name_their_flag(workdir, tmp_path, capsys)
                                              "seven"], capsys)
   assert rc == 1 and out == "", err
   assert err == f"error: --output {unwritable}: No such file or directory\n", err
+  # evaluate's --output_dir fails before the search, not after it.
+  blocked = tmp_path / "a_file" / "eval"
+  (tmp_path / "a_file").write_text("")
+  rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--source", str(src),
+                                            "--reference", str(src), "--output_dir",
+                                            str(blocked)], capsys)
+  assert rc == 1 and out == "" and err.count("\n") == 1, err
+  assert err.startswith(f"error: cannot create the output directory {blocked}: Not a "
+                        "directory; pass --output_dir DIR"), err
 
 
 def test_flags_the_command_would_ignore_are_refused(workdir, tmp_path, capsys):

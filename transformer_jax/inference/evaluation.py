@@ -110,6 +110,18 @@ def _write_file(path: str, text: str) -> None:
       os.unlink(tmp)
 
 
+def writable_dir(path: str) -> None:
+  """Create `path` if needed; a RunError naming it when it cannot be written."""
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise RunError(f"cannot create the output directory {path}: {e.strerror or e}; pass "
+                   "--output_dir DIR with a directory you can write") from None
+  if not os.access(path, os.W_OK):
+    raise RunError(f"the output directory {path} is not writable; pass --output_dir DIR with a "
+                   "directory you can write")
+
+
 def _write(output_dir: str, name: str, hypotheses: Sequence[str], result: dict,
            pairs: Sequence[tuple[str, str]], num_examples: int, workdir: str | None) -> dict:
   """`hypotheses.<name>.txt` (one line per pair, in the split's order), `eval.<name>.json` and
@@ -185,6 +197,11 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   about empty lines (`check_empty`)."""
   pairs = nonempty(data.raw_examples(split) if pairs is None else pairs, split)
   empty = check_empty(pairs, split, origin)
+  averaged = averaging.averaged_steps(translator.checkpoint_dir, translator.step)
+  output_dir = output_dir or default_output_dir(
+      translator.workdir, translator.checkpoint_dir, translator.step,
+      len(averaged) if averaged is not None else None)
+  writable_dir(output_dir)  # now, not after the whole search
   warnings: list[str] = []
   hypotheses = translator.translate([s for s, _ in pairs], warnings.append,
                                     names=[f"{split} pair {i + 1}" for i in range(len(pairs))])
@@ -193,14 +210,10 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   if len(warnings) > 10:
     warn_stderr(f"... and {len(warnings) - 10} more truncated sources")
   hypotheses = [" ".join(h.splitlines()) for h in hypotheses]  # one line per pair, always
-  averaged = averaging.averaged_steps(translator.checkpoint_dir, translator.step)
   result = {"split": split, "sentences": len(pairs),
             **scores(hypotheses, [t for _, t in pairs]), **translator.settings(),
             "averaged_steps": averaged, "truncated_sources": len(warnings), **empty,
             **translator.stats.as_dict(), **(extra or {})}
-  output_dir = output_dir or default_output_dir(
-      translator.workdir, translator.checkpoint_dir, translator.step,
-      len(averaged) if averaged is not None else None)
   tag = search_tag(translator.beam_size, translator.alpha, translator.max_len_margin)
   return _write(output_dir, f"{split}.{tag}", hypotheses, result, pairs, num_examples,
                 translator.workdir)
