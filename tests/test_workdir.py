@@ -13,6 +13,7 @@ import sys
 import time
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -357,6 +358,41 @@ def test_fields_added_to_the_code_since_a_run_read_back_as_their_defaults(run, d
   with open(os.path.join(half, "spm.model.json"), "w") as f:
     json.dump(trained, f)
   assert workdir_lib.check_config(half, config(data_dir)) == (None, [])
+
+
+def test_a_run_from_before_attention_bias_resumes_and_decodes_with_its_biases(tmp_path,
+                                                                             data_dir):
+  """Before the field (2026-11-22) the attention projections had biases where the FFN had
+  (use_bias, default True): such a run reads back attention_bias=True, not the default False,
+  which would resume into a parameter tree its checkpoint does not have."""
+  run = str(tmp_path / "old")
+  loop.train_and_evaluate(config(data_dir, **{"model.attention_bias": True}), run)
+  path = os.path.join(run, workdir_lib.CONFIG)
+  with open(path) as f:
+    stored = json.load(f)
+  del stored["model"]["attention_bias"], stored["resolved_model"]["attention_bias"]
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  own = workdir_lib.experiment_config(run)
+  assert own.model.attention_bias is True and workdir_lib.check_config(run, own)[1] == []
+  assert workdir_lib.load_run_config(run)["resolved_model"]["attention_bias"] is True
+  assert Translator(run).translate(["one hundred and two"])[0] is not None
+  own.num_train_steps = 4
+  assert loop.train_and_evaluate(own, run)["step"] == 4
+  # The command of the time, without the field, asks for no biases: a change, refused.
+  with pytest.raises(workdir_lib.ConfigChangeRefused,
+                     match=r"model.attention_bias: True -> False"):
+    workdir_lib.check_config(run, config(data_dir, num_train_steps=4))
+  # A run without FFN biases had none in attention either.
+  stored["model"]["use_bias"] = False
+  assert workdir_lib.recorded_values(stored)["model.attention_bias"] is False
+
+
+def test_a_mesh_that_names_some_axes_is_no_change_on_resume(run, data_dir):
+  """`mesh = {"data": -1, "tensor": 1}` leaves fsdp at 1, as the run's recorded mesh has it."""
+  partial = config(data_dir)
+  partial.mesh = ml_collections.ConfigDict({"data": -1, "tensor": 1})
+  assert workdir_lib.check_config(run, partial)[1] == []
 
 
 def test_weight_decay_on_the_matrices_resumes_and_a_change_of_what_decays_is_refused(

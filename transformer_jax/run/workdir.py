@@ -58,10 +58,16 @@ TOKENIZER_FIELDS = tuple(f"data.{f}" for f in (
 LAUNCH_FIELDS = ("distributed", "coordinator_address", "coordinator_bind_address",
                  "num_processes", "process_id")
 # Fields added after runs were made whose default differs from what those runs did: a
-# config.json without them is read back with these values (`experiment_config`). Any other
+# config.json without them is read back with these values, or with what a function of the
+# run's flat record gives where that depended on another field (`recorded_values`). Any other
 # field a run did not record reads back as its default (`field_defaults`): a new field must
 # default to what the code did before it, or be listed here.
-LEGACY_VALUES = {"data.split": "source", "weight_decay_mask": "all"}
+LEGACY_VALUES = {
+    "data.split": "source",          # before 2026-11-23: split by the exact source
+    "weight_decay_mask": "all",      # before 2026-11-25: AdamW decayed every parameter
+    # Before 2026-11-22 (1b3d92f) the attention projections had biases where the FFN had.
+    "model.attention_bias": lambda run: run.get("model.use_bias", True),
+}
 
 
 def train_hint(workdir: str) -> str:
@@ -116,6 +122,12 @@ def load_run_config(workdir: str, step: int | None = None) -> dict:
   if "resolved_model" not in run:
     raise RunError(f"{path} has no 'resolved_model': it was not written by "
                    "transformer_jax's training; pass the workdir of a training run")
+  # The model the tools build: a field added since the run takes what the run did where that
+  # was not the default (LEGACY_VALUES); the others take their defaults in TransformerConfig.
+  values = recorded_values(run)
+  for key in LEGACY_VALUES:
+    if key.startswith("model.") and key[len("model."):] not in run["resolved_model"]:
+      run["resolved_model"][key[len("model."):]] = values[key]
   return run
 
 
@@ -145,7 +157,8 @@ def experiment_config(workdir: str):
   if unknown:
     raise RunError(f"{current_config_path(workdir)} has fields this code does not know: "
                    f"{unknown}; pass the run's config file with --config instead")
-  stored = {**LEGACY_VALUES, **{k: v for k, v in stored.items() if k not in LAUNCH_FIELDS}}
+  stored = {k: v for k, v in recorded_values(run).items()
+            if (k in stored or k in LEGACY_VALUES) and k not in LAUNCH_FIELDS}
   for key, value in stored.items():
     *parents, leaf = key.split(".")
     target = config
@@ -261,7 +274,8 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 def field_defaults() -> dict:
   """Every experiment field's default, flat and as JSON has it: what a run made before the
   field existed did, unless LEGACY_VALUES says otherwise. Model fields take TransformerConfig's
-  own defaults: a named size sets only sizes, which every run has recorded."""
+  own defaults, not a named size's: what a size sets (the sizes, dropout_rate, max_len) every
+  run has recorded from the start."""
   from transformer_jax import experiment  # see config_json
   from transformer_jax.config import TransformerConfig
   flat = flatten(json.loads(experiment.base_config().to_json_best_effort()))
@@ -273,13 +287,23 @@ def field_defaults() -> dict:
   return out
 
 
+def recorded_values(stored: dict) -> dict:
+  """A run's config (`config.json`'s dict) flat, with every field this code has: what the run
+  recorded, else what it did (its LEGACY_VALUES entry), else the field's default. The
+  resolved records (`resolved_model`, ...) are left out."""
+  old = flatten({k: v for k, v in stored.items() if not k.startswith("resolved_")})
+  legacy = {k: v(old) if callable(v) else v for k, v in LEGACY_VALUES.items()}
+  return {**field_defaults(), **legacy, **old}
+
+
 def config_changes(stored: dict, new: dict) -> list[tuple[str, object, object]]:
   """(field, stored value, new value) of every field that differs; the resolved model and how
   this process joined the run are not compared. A field the run did not record yet (added to
-  the code since) counts as what the run did: its LEGACY_VALUES entry, else its default."""
-  old = flatten({k: v for k, v in stored.items() if not k.startswith("resolved_")})
-  old = {**field_defaults(), **LEGACY_VALUES, **old}
-  now = flatten({k: v for k, v in new.items() if not k.startswith("resolved_")})
+  the code since) counts as what the run did (`recorded_values`); one the new config leaves
+  out (a mesh that names only some axes) as its default."""
+  old = recorded_values(stored)
+  now = {**field_defaults(),
+         **flatten({k: v for k, v in new.items() if not k.startswith("resolved_")})}
   return [(k, old.get(k), now.get(k)) for k in sorted(set(old) | set(now))
           if k not in LAUNCH_FIELDS and old.get(k) != now.get(k)]
 
@@ -392,7 +416,7 @@ def _check_tokenizer(workdir: str, config) -> None:
     trained = json.load(f)
   # A field the tokenizer's record lacks (added since) is what that command did, as in
   # config_changes.
-  recorded = {**field_defaults(), **LEGACY_VALUES, **flatten({"data": trained})}
+  recorded = recorded_values({"data": trained})
   trained = {k[len("data."):]: v for k, v in recorded.items() if k.startswith("data.")}
   new = json.loads(config.data.to_json_best_effort())
   names = [f[len("data."):] for f in TOKENIZER_FIELDS]
