@@ -33,15 +33,26 @@ def define(values):
                       flag_values=values)
 
 
-def _warn_one(values, step: int) -> None:
+def _warn_one(values, run: dict, step: int) -> None:
   """An "average" of one checkpoint is a copy of it: most configs' average_last_checkpoints
-  is 1, so without --last that is what a user gets, and should be told."""
+  is 1, so without --last that is what a user gets, and should be told. Where the run kept
+  only that one, --last N cannot help: the advice is for its training."""
   why = "--last 1" if values.last is not None else (
       "--last not given, and the run's config.average_last_checkpoints is 1")
   source = checkpoint_dir(values.workdir)
-  print(f"average_checkpoints: warning: {why}: the \"average\" is a copy of step {step}; pass "
-        f"--last N to average the last N checkpoints ({source} holds "
-        f"{len(checkpoint_steps(source))})", file=sys.stderr, flush=True)
+  kept = len(checkpoint_steps(source))
+  if kept > 1:
+    advice = f"pass --last N to average the last N checkpoints ({source} holds {kept})"
+  else:
+    advice = (f"{source} holds no other: training keeps the last config.keep_checkpoints "
+              f"({run.get('keep_checkpoints', '?')} in this run) of its checkpoints, saved "
+              f"every config.checkpoint_every_steps ({run.get('checkpoint_every_steps', '?')}) "
+              "steps, and those at multiples of config.keep_every_steps "
+              f"({run.get('keep_every_steps', '?')}; 0 is none): train with "
+              "--config.keep_checkpoints=N (or --config.keep_every_steps) to have checkpoints "
+              "to average")
+  print(f"average_checkpoints: warning: {why}: the \"average\" is a copy of step {step}; "
+        f"{advice}", file=sys.stderr, flush=True)
 
 
 def body(values, args):
@@ -53,7 +64,7 @@ def body(values, args):
       values.workdir, last, values.output,
       log=lambda m: print(f"average_checkpoints: {m}", file=sys.stderr, flush=True))
   if len(steps) == 1:
-    _warn_one(values, step)
+    _warn_one(values, run, step)
   print(json.dumps({"output": output, "step": step, "averaged_steps": steps}), flush=True)
   print(f"average_checkpoints: use it with --checkpoint {output}"
         + (" (or --averaged)" if values.output is None else ""), file=sys.stderr)

@@ -34,32 +34,24 @@ all-padding batch whose search loop ends at once, and that time is `compile_seco
 import json
 import logging
 import os
-import re
 import sys
 
 from absl import flags
-import ml_collections
 
 from transformer_jax import cli
 from transformer_jax.data import get_data, raw_split
 from transformer_jax.inference import evaluation
 from transformer_jax.inference import translator as translator_lib
 from transformer_jax.inference.flags import (
+  check_evaluate_flags,
   define_checkpoint_flags,
-  refuse_ignored,
   translator_from_flags,
 )
-from transformer_jax.run.workdir import RunError
-
-SPLITS = ("validation", "test")
-# The flags of define_checkpoint_flags that choose a model and its search: --baseline has none.
-MODEL_FLAGS = ("step", "checkpoint", "averaged", "beam_size", "alpha", "max_len_margin",
-               "batch_size")
 
 
 def define(values):
   define_checkpoint_flags(values)
-  flags.DEFINE_enum("split", "test", list(SPLITS), "the split to score",
+  flags.DEFINE_enum("split", "test", list(evaluation.SPLITS), "the split to score",
                     flag_values=values)
   flags.DEFINE_string("data_dir", None, "TFDS data dir (default: the run's config.data.data_dir)",
                       flag_values=values)
@@ -82,63 +74,14 @@ def define(values):
                        "examples.<split>.<search>.md; 0: none", lower_bound=0, flag_values=values)
 
 
-def _data_config(values, run: dict):
-  if "split" not in run["data"]:
-    # Recorded since 2026-11-23 13:31; the held-out pairs depend on it, so it is not guessed.
-    raise RunError(
-        f"{os.path.join(values.workdir, 'config.json')} has no data.split (the run predates "
-        "its recording): add \"split\": \"grouped\" to its \"data\" section for a run made "
-        "after 2026-11-23 11:55 (near-duplicates grouped), else \"split\": \"source\"")
-  data_config = ml_collections.ConfigDict(run["data"])
-  if values.data_dir:
-    data_config.data_dir = values.data_dir
-  return data_config
-
-
-def _check_flags(values) -> None:
-  """Refuse a flag that the others make this command ignore: ignored, it would look applied."""
-  if values.source or values.reference:
-    if not (values.source and values.reference):
-      raise RunError("--source and --reference go together: the test set's source file and its "
-                     "reference translations, line-aligned")
-    refuse_ignored(values, ["split", "data_dir"], "with --source/--reference (a test set of "
-                   "your own is scored instead of a split)", "drop {flags}, or drop --source "
-                   "and --reference to score the split")
-  else:
-    refuse_ignored(values, ["name"], "without --source/--reference (it names a test set of "
-                   "your own)", "drop {flags}")
-  if values.baseline:
-    refuse_ignored(values, MODEL_FLAGS, f"with --baseline {values.baseline}, which uses no "
-                   "model", "drop {flags}, or drop --baseline to evaluate the model")
-
-
-def _test_files(values) -> tuple[str, list[tuple[str, str]]] | None:
-  """(name, pairs) of --source/--reference, or None when scoring a split of the run's data."""
-  if not values.source:
-    return None
-  name = values.name or os.path.splitext(os.path.basename(values.source))[0]
-  # The name goes into file names beside the splits' own files.
-  if name in SPLITS:
-    raise RunError(f"the test set's name {name!r} is a split's: its files would replace the "
-                   "split's evaluation: pass another with --name")
-  if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-    raise RunError(f"the test set's name {name!r} must be letters, digits, '_', '.' or '-': "
-                   "pass another with --name")
-  return name, evaluation.file_pairs(values.source, values.reference)
-
-
 def body(values, args):
-  _check_flags(values)
-  files = _test_files(values)
-  # Where a test set of one's own came from: in the result, and naming its empty lines.
-  extra = origin = None
-  if files:
-    extra = {"source_file": os.path.abspath(values.source),
-             "reference_file": os.path.abspath(values.reference)}
-    origin = (f"--source {values.source}", f"--reference {values.reference}")
+  check_evaluate_flags(values)
+  own = evaluation.own_test_set(values.source, values.reference, values.name)
+  name, pairs, extra, origin = own or (values.split, None, None, None)
   if values.baseline:
     run = translator_lib.workdir_config(values.workdir)
-    name, pairs = files or (values.split, raw_split(_data_config(values, run), values.split))
+    if pairs is None:
+      pairs = raw_split(evaluation.data_config(run, values.workdir, values.data_dir), name)
     output_dir = values.output_dir or os.path.join(values.workdir, "baselines")
     result = evaluation.copy_baseline(pairs, name, output_dir, values.examples, values.workdir,
                                       extra=extra, origin=origin)
@@ -146,11 +89,8 @@ def body(values, args):
           f"chrF {result['chrf']:.2f} on {result['sentences']} sentences", file=sys.stderr)
   else:
     translator = translator_from_flags(values, truncate=None)
-    if files:
-      (name, pairs), data = files, None
-    else:
-      name, pairs = values.split, None
-      data = get_data(_data_config(values, translator.run), values.workdir)
+    data = None if pairs is not None else get_data(
+        evaluation.data_config(translator.run, values.workdir, values.data_dir), values.workdir)
     result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,
                                  pairs=pairs, extra=extra, origin=origin)
     print(f"evaluate: {name}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} on "

@@ -10,7 +10,8 @@ r"""Run, submit or report a sweep: the points of a config file's `sweep()` (docs
 `--config.FIELD=VALUE` overrides apply to every point. Done points are skipped on a re-run or
 re-submission; failed and stopped ones run again, resuming their checkpoints. `--slurm` only
 writes sweep.sbatch; `--point i` runs one point (what each array task runs); `--list` prints
-each point's status and writes nothing. The exit status is 1 if a point failed.
+each point's status (against the overrides sweep.json recorded, unless given others) and writes
+nothing. The exit status is 1 if a point failed.
 """
 import os
 import sys
@@ -63,6 +64,11 @@ def _body(values):
                          config_flags.get_override_values(values["config"]),
                          record=not values.list)
   if values.list:
+    if runner.differs_from_recorded():
+      print(f"warning: statuses are computed with this command's flags "
+            f"({' '.join(runner.extra_flags) or 'none'}), not the sweep's "
+            f"({' '.join(runner.recorded_flags or []) or 'none'}, recorded in "
+            f"{os.path.join(runner.sweep_dir, 'sweep.json')})", file=sys.stderr)
     for i, p in enumerate(runner.points):
       print(f"{i}\t{runner.status(i)}\t{sweeps.point_name(p)}")
     return 0

@@ -538,6 +538,31 @@ def test_list_writes_nothing(tmp_path):
   assert not sweep_dir.exists()
 
 
+def test_list_takes_the_overrides_the_sweep_recorded(tmp_path, capsys):
+  """A sweep run with `--config.num_train_steps=3` is listed done without the flag (not partial
+  against the config's default steps); other flags are used, with a warning naming the sweep's."""
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(FAKE_TRAIN)
+  sweep_dir = str(tmp_path / "sweep")
+  sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3}).run([0], log=lambda s: None)
+  with open(os.path.join(sweep_dir, "sweep.json")) as f:
+    assert json.load(f)["overrides"] == {"num_train_steps": 3}
+  script = load_sweep_script()
+
+  def listing(*flags):
+    assert script.main(["--config", TINY, "--workdir", sweep_dir, "--list", *flags]) == 0
+    out, err = capsys.readouterr()
+    return [line.split("\t")[1] for line in out.splitlines()], err
+
+  assert listing() == (["done", "new", "new", "new"], "")
+  assert listing("--config.num_train_steps=3") == (["done", "new", "new", "new"], "")
+  statuses, err = listing("--config.num_train_steps=5")
+  assert statuses[0] == "partial"
+  assert err == ("warning: statuses are computed with this command's flags "
+                 "(--config.num_train_steps=5), not the sweep's (--config.num_train_steps=3, "
+                 f"recorded in {sweep_dir}/sweep.json)\n")
+
+
 def test_slurm_script_quotes_its_paths_for_sbatch(tmp_path):
   """sbatch splits `#SBATCH` lines itself as shlex does with comments: at unquoted spaces, and an
   unquoted `#` starts a comment. `%` in the directory would be a SLURM filename pattern."""

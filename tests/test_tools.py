@@ -218,6 +218,12 @@ def test_missing_and_unwritable_files_name_their_flag(workdir, tmp_path, capsys)
   assert rc == 1 and out == "" and err.count("\n") == 1, err
   assert err.startswith(f"error: cannot create the output directory {blocked}: Not a "
                         "directory; pass --output_dir DIR"), err
+  # So does the copy baseline's, before it scores anything.
+  rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--baseline", "copy",
+                                            "--output_dir", str(blocked)], capsys)
+  assert rc == 1 and out == "" and err.count("\n") == 1, err
+  assert err.startswith(f"error: cannot create the output directory {blocked}: Not a "
+                        "directory; pass --output_dir DIR"), err
 
 
 def test_flags_the_command_would_ignore_are_refused(workdir, tmp_path, capsys):
@@ -250,6 +256,20 @@ def test_flags_the_command_would_ignore_are_refused(workdir, tmp_path, capsys):
   rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--split", "test",
                                             "--baseline", "copy"], capsys)
   assert rc == 0, err
+  # A boolean given as False asks for what the baseline does anyway; given as True it is refused
+  # (however written), and so is another flag typed at its default value.
+  for argv in (["--noaveraged"], ["--averaged=false"]):
+    rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--baseline", "copy"] + argv,
+                            capsys)
+    assert rc == 0 and "error" not in err, (argv, err)
+  for argv, ignored in ((["--averaged=true"], "--averaged"), (["--batch_size", "64"],
+                                                              "--batch_size"),
+                        (["--noaveraged", "--batch_size=64"], "--batch_size")):
+    rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--baseline", "copy"] + argv,
+                            capsys)
+    assert rc == 1 and err == (f"error: {ignored} is ignored with --baseline copy, which uses no "
+                               f"model: drop {ignored}, or drop --baseline to evaluate the "
+                               "model\n"), (argv, err)
   rc, out, err = run_main(evaluate_script, own + ["--baseline", "copy", "--name", "nt14",
                                                   "--output_dir", str(tmp_path / "out")], capsys)
   assert rc == 0, err
@@ -284,6 +304,41 @@ def test_a_run_made_by_other_code_is_refused_naming_its_config_file(workdir, tmp
   assert "made by other code" in err
 
 
+def test_a_model_value_of_the_wrong_type_is_refused_naming_the_field(workdir, tmp_path, capsys):
+  """`max_len: "64"` was a TypeError from TransformerConfig's checks ("'<=' not supported
+  between instances of 'str' and 'int'") naming no field; the decode benchmark's error named
+  no file either."""
+  from transformer_jax.bench import decode as bench_decode
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  path = os.path.join(run, "config.json")
+  with open(path) as f:
+    config = json.load(f)
+  model = config["resolved_model"]
+  config["resolved_model"] = {**model, "max_len": "64"}
+  with open(path, "w") as f:
+    json.dump(config, f)
+  rc, out, err = run_main(translate_script, ["--workdir", run, "seven"], capsys)
+  assert rc == 1 and out == "" and err.count("\n") == 1, err
+  assert err == (f"error: {path} has max_len='64' in resolved_model, where this code expects "
+                 "int: the run was made by other code: check out the code that trained it to "
+                 "decode with it\n"), err
+  with pytest.raises(workdir_lib.RunError) as e:
+    bench_decode.trained_run(run)
+  assert str(e.value).startswith(f"{path} has max_len='64' in resolved_model"), e.value
+  # A bool is no number, nor a number a bool; an int is a float, and None fits `int | None`.
+  for field, value, expected in (("max_len", True, "int"), ("share_embeddings", 1, "bool"),
+                                 ("dropout_rate", "0.1", "float"),
+                                 ("target_vocab_size", "7", "int or None"),
+                                 ("activation", None, "str")):
+    with pytest.raises(workdir_lib.RunError, match=f"has {field}={value!r} in resolved_model, "
+                       f"where this code expects {expected}: "):
+      translator_lib.model_config_from({"resolved_model": {**model, field: value}}, "c.json")
+  fine = translator_lib.model_config_from(
+      {"resolved_model": {**model, "dropout_rate": 0, "target_vocab_size": None}}, "c.json")
+  assert (fine.dropout_rate, fine.target_vocab_size) == (0, None)
+
+
 def test_the_train_hint_of_a_run_with_a_config_resumes_it(workdir, tmp_path, capsys):
   """With a config.json, `train.py --config configs/default.py` would be refused (another
   model) or train the wrong one: the run trains with its own config."""
@@ -308,6 +363,17 @@ def test_the_train_hint_of_a_run_with_a_config_resumes_it(workdir, tmp_path, cap
   assert (f"error: --checkpoint {best} does not exist: a run keeps best_<metric>/ only when "
           "trained with --config.keep_best=<metric>") in err, err
   assert "--config.keep_best=bleu" in err
+  # The same run's best_bleu written another way gets the advice too; a best_<name> of another
+  # directory, or for a name keep_best refuses, is just a missing checkpoint.
+  also = os.path.join(workdir, "checkpoints", "..", "best_bleu")
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--checkpoint", also, "seven"],
+                        capsys)
+  assert rc == 1 and "--config.keep_best=bleu" in err, err
+  for path in (os.path.join(workdir, "best_model"), str(tmp_path / "best_bleu")):
+    rc, _, err = run_main(translate_script, ["--workdir", workdir, "--checkpoint", path,
+                                             "seven"], capsys)
+    assert rc == 1 and err == (f"error: no checkpoint in {path}: pass a workdir, its checkpoints "
+                               "or averaged directory, or one checkpoints/<step> directory\n"), err
 
 
 def test_what_is_not_a_workdir_is_told_what_to_pass(workdir, tmp_path, capsys):
@@ -526,8 +592,8 @@ def test_evaluate_scores_a_test_set_of_ones_own(workdir, tmp_path, capsys):
 
 
 def test_empty_lines_of_a_test_set_are_warned_about_and_counted(workdir, tmp_path, capsys):
-  """sacreBLEU's chrF leaves out pairs with an empty reference: a test set of blank references
-  scored chrF 100 without a word. Scored still (a blank line can be legitimate), but said."""
+  """sacreBLEU's chrF leaves out pairs with an empty reference: their hypotheses counted for
+  nothing without a word. Scored still (a blank line can be legitimate), but said."""
   run = str(tmp_path / "run")
   shutil.copytree(workdir, run)
   src, ref = tmp_path / "t.en", tmp_path / "t.de"
@@ -775,6 +841,19 @@ def test_an_average_of_one_checkpoint_is_warned_about(workdir, capsys, tmp_path)
                         "holds 2)"], err
   rc, _, err = run_main(average_script, ["--workdir", run, "--last", "2"], capsys)
   assert rc == 0 and "warning:" not in err, err
+  # A run that kept one checkpoint has no N to pass: what to change is what training keeps.
+  shutil.rmtree(os.path.join(source, "3"))
+  rc, out, err = run_main(average_script, ["--workdir", run], capsys)
+  assert rc == 0 and json.loads(out)["averaged_steps"] == [6], err
+  warnings = [line for line in err.splitlines() if "warning:" in line]
+  assert warnings == ["average_checkpoints: warning: --last not given, and the run's "
+                      "config.average_last_checkpoints is 1: the \"average\" is a copy of step 6; "
+                      f"{source} holds no other: training keeps the last "
+                      "config.keep_checkpoints (3 in this run) of its checkpoints, saved every "
+                      "config.checkpoint_every_steps (3) steps, and those at multiples of "
+                      "config.keep_every_steps (0; 0 is none): train with "
+                      "--config.keep_checkpoints=N (or --config.keep_every_steps) to have "
+                      "checkpoints to average"], err
 
 
 def test_evaluations_of_averages_of_different_counts_keep_apart(workdir, capsys, tmp_path):

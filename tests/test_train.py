@@ -437,9 +437,13 @@ def test_a_second_ctrl_c_stops_at_once_a_second_sigterm_does_not(sig):
   # The first signal asks for a save at the end of the step. A run that cannot get there
   # (stuck reading data or in a collective) must still stop on a second Ctrl-C; a scheduler's
   # repeated SIGTERM must not cut short the save it asked for.
+  # The script installs Python's Ctrl-C handler itself, as a process started from a terminal
+  # has it: one started by a background job (`nohup ... &`, as the mutation runner's workers
+  # may be) inherits SIGINT ignored, and Python then installs none.
   script = f"""
 import os, signal, time
 from transformer_jax.run.distributed import StopFlag
+signal.signal(signal.SIGINT, signal.default_int_handler)
 with StopFlag() as flag:
   os.kill(os.getpid(), signal.{sig})
   print("first:", flag.signal, flush=True)

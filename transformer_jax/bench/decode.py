@@ -23,7 +23,7 @@ from transformer_jax.experiment import transformer_config
 from transformer_jax.inference.translator import model_config_from
 from transformer_jax.model import Transformer
 from transformer_jax.run import checkpointing
-from transformer_jax.run.workdir import load_run_config
+from transformer_jax.run.workdir import load_run_config, run_config_path
 from transformer_jax.search import search_batch
 
 
@@ -46,7 +46,7 @@ def trained_run(workdir: str):
   """(model config for search, parameters on the default device, step) of a training run's
   workdir. On the device once, as `Translator` has them: host arrays would be copied to an
   accelerator in every timed call, which the random-parameter figures do not pay."""
-  model_cfg = model_config_from(load_run_config(workdir))
+  model_cfg = model_config_from(load_run_config(workdir), run_config_path(workdir))
   step, params = checkpointing.load_params(workdir)
   return model_cfg.replace(deterministic=True, decode=False), jax.device_put(params), step
 

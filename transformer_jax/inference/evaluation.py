@@ -23,6 +23,8 @@ import re
 from typing import Sequence
 import uuid
 
+import ml_collections
+
 from transformer_jax import bleu as bleu_lib
 from transformer_jax.inference.flags import read_flag_lines
 from transformer_jax.inference.translator import Translator, warn_stderr
@@ -30,6 +32,7 @@ from transformer_jax.run import averaging
 from transformer_jax.run.workdir import CHECKPOINTS, EVAL, EVAL_LOG, RunError
 
 BASELINES = ("copy",)
+SPLITS = ("validation", "test")  # the held-out splits of a run's data that can be scored
 
 
 def nonempty(pairs: list[tuple[str, str]], split: str) -> list[tuple[str, str]]:
@@ -152,6 +155,43 @@ def file_pairs(source: str, reference: str) -> list[tuple[str, str]]:
   return list(zip(sources, references))
 
 
+def own_test_set(source: str | None, reference: str | None, name: str | None = None
+                 ) -> tuple[str, list[tuple[str, str]], dict, tuple[str, str]] | None:
+  """(name, pairs, extra, origin) of the test set of one's own in `source`/`reference` (None
+  without `source`: a split of the run's data is scored): its `name` (default: the source
+  file's name without its extension), its pairs (`file_pairs`), the result fields saying where
+  it came from, and the flags that name its empty lines (`check_empty`)."""
+  if not source:
+    return None
+  name = name or os.path.splitext(os.path.basename(source))[0]
+  # The name goes into file names beside the splits' own files.
+  if name in SPLITS:
+    raise RunError(f"the test set's name {name!r} is a split's: its files would replace the "
+                   "split's evaluation: pass another with --name")
+  if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+    raise RunError(f"the test set's name {name!r} must be letters, digits, '_', '.' or '-': "
+                   "pass another with --name")
+  pairs = file_pairs(source, reference)
+  return (name, pairs,
+          {"source_file": os.path.abspath(source), "reference_file": os.path.abspath(reference)},
+          (f"--source {source}", f"--reference {reference}"))
+
+
+def data_config(run: dict, workdir: str, data_dir: str | None = None) -> ml_collections.ConfigDict:
+  """The `data` config of the run `run` (its config.json, in `workdir`), to rebuild its splits;
+  `data_dir`: where TFDS finds them instead."""
+  if "split" not in run["data"]:
+    # Recorded since 2026-11-23 13:31; the held-out pairs depend on it, so it is not guessed.
+    raise RunError(
+        f"{os.path.join(workdir, 'config.json')} has no data.split (the run predates "
+        "its recording): add \"split\": \"grouped\" to its \"data\" section for a run made "
+        "after 2026-11-23 11:55 (near-duplicates grouped), else \"split\": \"source\"")
+  config = ml_collections.ConfigDict(run["data"])
+  if data_dir:
+    config.data_dir = data_dir
+  return config
+
+
 def empty_pairs(pairs: Sequence[tuple[str, str]]) -> tuple[list[int], list[int]]:
   """The numbers (from 1) of the pairs whose source, and whose reference, is empty or blank."""
   return ([i + 1 for i, (s, _) in enumerate(pairs) if not s.strip()],
@@ -170,9 +210,9 @@ def _numbers(numbers: list[int], unit: str, shown: int = 5) -> str:
 def check_empty(pairs: Sequence[tuple[str, str]], split: str,
                 origin: tuple[str, str] | None = None, warn=warn_stderr) -> dict:
   """Warn (one line) of empty sources and references, which would score silently: sacreBLEU's
-  chrF leaves out a pair with an empty reference (so a test set of blank references scores
-  100), and an empty source gets an empty hypothesis. A blank line can be legitimate, so it is
-  not refused. `origin`: the flags and files of a test set of one's own, numbered by line (a
+  chrF leaves out a pair with an empty reference (its hypothesis counts for nothing, right or
+  wrong), and an empty source gets an empty hypothesis. A blank line can be legitimate, so it
+  is not refused. `origin`: the flags and files of a test set of one's own, numbered by line (a
   split's pairs are numbered as pairs). Returns the counts, for the result."""
   sources, references = empty_pairs(pairs)
   if sources or references:
@@ -227,6 +267,7 @@ def copy_baseline(pairs: list[tuple[str, str]], split: str, output_dir: str,
   `eval/results.jsonl`; `extra` and `origin` as for `evaluate`."""
   pairs = nonempty(pairs, split)
   empty = check_empty(pairs, split, origin)
+  writable_dir(output_dir)  # one error line naming the flag, not a bare OSError from _write
   hypotheses = [" ".join(s.split()) for s, _ in pairs]
   result = {"split": split, "sentences": len(pairs), "baseline": "copy",
             **scores(hypotheses, [t for _, t in pairs]), **empty, **(extra or {})}

@@ -1,6 +1,7 @@
 """The flags that choose a run's checkpoint and search, shared by translate.py, evaluate.py and
 plot_attention.py; the files their other flags name, read and written with errors naming the
-flag; and the refusal of flags that another flag makes them ignore."""
+flag; and the refusal of flags that another flag makes them ignore (evaluate.py's in
+`check_evaluate_flags`)."""
 from __future__ import annotations
 
 from typing import Sequence, TextIO
@@ -10,6 +11,10 @@ from absl import flags
 from transformer_jax.data.lines import read_lines
 from transformer_jax.inference.translator import Translator
 from transformer_jax.run.workdir import RunError
+
+# The flags of define_checkpoint_flags that choose a model and its search: --baseline has none.
+MODEL_FLAGS = ("step", "checkpoint", "averaged", "beam_size", "alpha", "max_len_margin",
+               "batch_size")
 
 
 def _flag_os_error(flag: str, path: str, e: OSError) -> OSError:
@@ -41,8 +46,13 @@ def given(values: flags.FlagValues, names: Sequence[str]) -> list[str]:
 def refuse_ignored(values: flags.FlagValues, names: Sequence[str], because: str,
                    what_to_do: str) -> None:
   """A RunError when a flag of `names` was given although `because` makes it ignored: a flag
-  silently ignored looks applied. `{flags}` in `what_to_do` stands for the flags given."""
-  ignored = given(values, names)
+  silently ignored looks applied. `{flags}` in `what_to_do` stands for the flags given.
+
+  A boolean given as False (`--noaveraged`) passes: it asks for what the command does without
+  the flag anyway. Any other flag given is refused, also at its default value: a typed value
+  the command ignores still looks applied."""
+  ignored = [name for name in given(values, names)
+             if not (isinstance(values[name], flags.BooleanFlag) and not values[name].value)]
   if ignored:
     listed = " ".join(f"--{name}" for name in ignored)
     raise RunError(f"{listed} {'is' if len(ignored) == 1 else 'are'} ignored {because}: "
@@ -71,3 +81,21 @@ def translator_from_flags(values: flags.FlagValues, **kwargs) -> Translator:
   return Translator(values.workdir, step=values.step, checkpoint=values.checkpoint,
                     averaged=values.averaged, beam_size=values.beam_size, alpha=values.alpha,
                     max_len_margin=values.max_len_margin, batch_size=values.batch_size, **kwargs)
+
+
+def check_evaluate_flags(values: flags.FlagValues) -> None:
+  """Refuse a flag of scripts/evaluate.py that the others make it ignore: ignored, it would
+  look applied."""
+  if values.source or values.reference:
+    if not (values.source and values.reference):
+      raise RunError("--source and --reference go together: the test set's source file and its "
+                     "reference translations, line-aligned")
+    refuse_ignored(values, ["split", "data_dir"], "with --source/--reference (a test set of "
+                   "your own is scored instead of a split)", "drop {flags}, or drop --source "
+                   "and --reference to score the split")
+  else:
+    refuse_ignored(values, ["name"], "without --source/--reference (it names a test set of "
+                   "your own)", "drop {flags}")
+  if values.baseline:
+    refuse_ignored(values, MODEL_FLAGS, f"with --baseline {values.baseline}, which uses no "
+                   "model", "drop {flags}, or drop --baseline to evaluate the model")

@@ -24,6 +24,7 @@ import os
 import shlex
 import sys
 import time
+import typing
 from typing import Callable, Sequence
 
 import flax.linen as nn
@@ -74,6 +75,25 @@ class SearchStats:
             "batches": self.batches, "compiled_shapes": self.shapes}
 
 
+def _field_types(name: str) -> tuple[type, ...]:
+  """The JSON types TransformerConfig's field `name` takes, from its annotation (`int | None`
+  takes None too); () for a type JSON has no plain value of, which goes unchecked."""
+  hint = typing.get_type_hints(TransformerConfig)[name]
+  types = typing.get_args(hint) or (hint,)
+  if not all(t in (str, bool, int, float, type(None)) for t in types):
+    return ()
+  return types
+
+
+def _has_type(value, types: tuple[type, ...]) -> bool:
+  """Whether `value` is of one of `types`; an int counts as a float, a bool as no number."""
+  if isinstance(value, bool):
+    return bool in types
+  if isinstance(value, int) and float in types:
+    return True
+  return isinstance(value, tuple(t for t in types if t is not bool))
+
+
 def model_config_from(run: dict, path: str = CONFIG) -> TransformerConfig:
   """The run's `TransformerConfig`, from `resolved_model` of `run`, read from `path`.
 
@@ -88,6 +108,15 @@ def model_config_from(run: dict, path: str = CONFIG) -> TransformerConfig:
   if unknown:
     raise RunError(f"{path} has model fields this code does not know: {unknown} (in "
                    f"resolved_model); {how}")
+  for name, value in run["resolved_model"].items():
+    expected = _field_types(name)
+    if expected and not _has_type(value, expected):
+      # TransformerConfig's own checks would fail on it without naming the field
+      # ("'<=' not supported between instances of 'str' and 'int'").
+      wanted = " or ".join("None" if t is type(None) else t.__name__ for t in expected)
+      raise RunError(f"{path} has {name}={value!r} in resolved_model, where this code expects "
+                     f"{wanted}: the run was made by other code: check out the code that "
+                     "trained it to decode with it")
   try:
     return TransformerConfig(**run["resolved_model"])
   except (TypeError, ValueError) as e:  # TransformerConfig's validation names the field

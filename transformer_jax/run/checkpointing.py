@@ -22,6 +22,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
+from transformer_jax.experiment import BEST_METRICS
 from transformer_jax.run.workdir import AVERAGED, CHECKPOINTS, CheckpointError, RunError, train_hint
 
 log = logging.getLogger(__name__)
@@ -367,7 +368,11 @@ def resolve_checkpoint(workdir: str, checkpoint: str | None = None, step: int | 
       raise RunError(f"no averaged checkpoint in {checkpoint}: run scripts/average_checkpoints.py "
                      f"--workdir {shlex.quote(workdir)} --last N first")
   name = os.path.basename(os.path.normpath(checkpoint or ""))
-  if name.startswith("best_") and not os.path.exists(checkpoint):
+  # Only the run's own best_<metric> for a metric keep_best takes: advice to train with
+  # --config.keep_best=model for /tmp/x/best_model would send the user to a refused flag.
+  if (checkpoint and not os.path.exists(checkpoint) and name.startswith("best_")
+      and name[len("best_"):] in BEST_METRICS
+      and os.path.dirname(os.path.abspath(checkpoint)) == os.path.abspath(workdir)):
     raise RunError(f"--checkpoint {checkpoint} does not exist: a run keeps best_<metric>/ only "
                    "when trained with --config.keep_best=<metric> (and once it has evaluated); "
                    f"pass --step N, --averaged or another --checkpoint, or train with "

@@ -129,6 +129,23 @@ def _read_list(path: str) -> list:
   return value if isinstance(value, list) else []
 
 
+def _read_dict(path: str) -> dict:
+  """The JSON object in `path`; {} where there is none (missing, cut short, not an object)."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return value if isinstance(value, dict) else {}
+
+
+def _as_json(overrides: Mapping[str, Any]) -> dict:
+  """`overrides` as sweep.json holds them: tuples as lists, a ConfigDict as a dict."""
+  return json.loads(json.dumps(
+      {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in overrides.items()},
+      default=str))
+
+
 def _tail(path: str, lines: int = 60) -> str:
   if not os.path.exists(path):
     return ""
@@ -144,9 +161,12 @@ class Runner:
 
   Each point's workdir holds `overrides.json`, `train.log` (its output, appended on re-runs),
   then `DONE` (with the number of steps it finished) or `FAILED` (exit status and the log's
-  tail). `sweep.json` lists every point; `status.json` the latest outcome of each point run so
-  far, in point order (a run of some points, `--point`, updates their entries).
+  tail). `sweep.json` lists every point and the overrides; `status.json` the latest outcome of
+  each point run so far, in point order (a run of some points, `--point`, updates their entries).
   `record=False` only looks (`--list`): it writes nothing, creates no directory and cannot run.
+  Given no overrides, it takes those sweep.json recorded, so that a point counts as done at the
+  steps the sweep trained it for, not at the config's default; `recorded_flags` are the flags
+  sweep.json names (None where there is none), for the caller to warn when they differ.
   """
 
   def __init__(self, config_spec: str, sweep_dir: str, train_script: str,
@@ -155,6 +175,15 @@ class Runner:
     self.config_spec, self.sweep_dir = config_spec, os.path.abspath(sweep_dir)
     self.train_script, self.overrides = train_script, dict(overrides or {})
     self.python = python or sys.executable
+    self.recorded_flags, self._recorded = None, None
+    if not record:
+      recorded = _read_dict(os.path.join(self.sweep_dir, "sweep.json"))
+      if isinstance(recorded.get("extra_flags"), list):
+        self.recorded_flags = [str(f) for f in recorded["extra_flags"]]
+      if isinstance(recorded.get("overrides"), dict):  # sweeps recorded before it have none
+        self._recorded = recorded["overrides"]
+        if not self.overrides:
+          self.overrides = dict(self._recorded)
     self.sweep = load_sweep(config_spec)
     self.points = self.sweep.points
     swept = sorted({k for p in self.points for k in p} & set(self.overrides))
@@ -177,8 +206,16 @@ class Runner:
     if self._main:
       _write(os.path.join(self.sweep_dir, "sweep.json"), json.dumps(
           {"config": config_spec, "extra_flags": self.extra_flags,
+           "overrides": _as_json(self.overrides),
            "points": [{"index": i, "name": point_name(p), "overrides": p}
                       for i, p in enumerate(self.points)]}, indent=1, default=str) + "\n")
+
+  def differs_from_recorded(self) -> bool:
+    """Whether a look's overrides are not those sweep.json recorded (False where it recorded
+    none): its statuses then answer for other steps, say, than the sweep's."""
+    if self._recorded is not None:
+      return _as_json(self.overrides) != self._recorded
+    return self.recorded_flags is not None and self.recorded_flags != self.extra_flags
 
   @property
   def extra_flags(self) -> list[str]:
