@@ -377,12 +377,14 @@ def test_a_run_from_before_attention_bias_resumes_and_decodes_with_its_biases(tm
   assert own.model.attention_bias is True and workdir_lib.check_config(run, own)[1] == []
   assert workdir_lib.load_run_config(run)["resolved_model"]["attention_bias"] is True
   assert Translator(run).translate(["one hundred and two"])[0] is not None
+  # The command of the time, without the field, asks for no biases: a change, refused, with
+  # the flag that resumes it.
+  with pytest.raises(workdir_lib.ConfigChangeRefused,
+                     match=r"(?s)model.attention_bias: True -> False.*add "
+                           r"--config.model.attention_bias=True to resume it"):
+    workdir_lib.check_config(run, config(data_dir, num_train_steps=4))
   own.num_train_steps = 4
   assert loop.train_and_evaluate(own, run)["step"] == 4
-  # The command of the time, without the field, asks for no biases: a change, refused.
-  with pytest.raises(workdir_lib.ConfigChangeRefused,
-                     match=r"model.attention_bias: True -> False"):
-    workdir_lib.check_config(run, config(data_dir, num_train_steps=4))
   # A run without FFN biases had none in attention either.
   stored["model"]["use_bias"] = False
   assert workdir_lib.recorded_values(stored)["model.attention_bias"] is False
@@ -537,8 +539,9 @@ def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, t
   assert workdir_lib.check_config(run, text)[1] == []
   (tmp_path / "b" / "corpus.tsv").write_text("two\tzwei\n")
   with pytest.raises(workdir_lib.ConfigChangeRefused,
-                     match=f"{corpus}: recorded, not read now"):
+                     match=f"{corpus}: recorded, not read now") as refused:
     workdir_lib.check_config(run, text)
+  assert f"relative corpus paths were read from {tmp_path / 'b'}" in str(refused.value)
   monkeypatch.chdir(tmp_path / "a")
   corpus.write_text("one\tzwei\n")                       # the same size, another content
   with pytest.raises(workdir_lib.ConfigChangeRefused,
@@ -579,6 +582,15 @@ def test_a_text_run_records_its_corpus_and_refuses_an_edited_one(tmp_path, data_
   src.write_bytes(original[0])
   tgt.write_bytes(original[1])
   assert loop.train_and_evaluate(config(data_dir, **overrides), run)["step"] == 2
+  # The corpus moved, the same bytes: the same corpus (the new paths are a recorded change).
+  (tmp_path / "moved").mkdir()
+  moved = {"data.source_path": str(shutil.copy(src, tmp_path / "moved")),
+           "data.target_path": str(shutil.copy(tgt, tmp_path / "moved"))}
+  changes = workdir_lib.check_config(run, config(data_dir, **{**overrides, **moved}))[1]
+  assert [c[0] for c in changes] == ["data.source_path", "data.target_path"]
+  (tmp_path / "moved" / "train.en").write_text("other\n" * 600)
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.source_path: "):
+    workdir_lib.check_config(run, config(data_dir, **{**overrides, **moved}))
   # The corpus's own fields set for another dataset would train on that one: refused when a
   # run starts, and only then (a run made so is resumed and evaluated as it was).
   stray = config(data_dir, **{**overrides, "data.dataset": "numbers"})
@@ -587,6 +599,54 @@ def test_a_text_run_records_its_corpus_and_refuses_an_edited_one(tmp_path, data_
                                       "add --config.data.dataset=text"):
     loop.train_and_evaluate(stray, str(tmp_path / "new"))
   assert not os.path.exists(tmp_path / "new" / workdir_lib.CONFIG)
+
+
+def test_mistakes_with_a_new_run_are_refused_before_anything_is_written(run, data_dir, tmp_path):
+  # A new run inside another run's checkpoints would go when that run rotates them.
+  for inside in (os.path.join(run, "checkpoints", "3"), os.path.join(run, "checkpoints"),
+                 os.path.join(run, "best_bleu", "new")):
+    before = snapshot(run)
+    with pytest.raises(workdir_lib.RunError, match=f"is inside the run {run} "):
+      loop.train_and_evaluate(config(data_dir), inside)
+    assert snapshot(run) == before
+  # init_from misspelt: said before a dataset or tokenizer is made in the workdir.
+  fork = str(tmp_path / "fork")
+  with pytest.raises(workdir_lib.RunError, match="init_from=.*/nope does not exist"):
+    loop.train_and_evaluate(config(data_dir, init_from=str(tmp_path / "nope")), fork)
+  assert not os.path.exists(os.path.join(fork, "spm.model"))
+  # A tokenizer an earlier command left in the fork's workdir is not the init_from run's.
+  other = str(tmp_path / "other")
+  get_data(config(data_dir, **{"data.vocab_size": 150}).data, other)
+  shutil.copy(os.path.join(other, "spm.model"), fork)
+  with pytest.raises(workdir_lib.RunError, match="is not the tokenizer of the init_from run"):
+    loop.train_and_evaluate(config(data_dir, init_from=run), fork)
+  os.remove(os.path.join(fork, "spm.model"))
+  assert loop.train_and_evaluate(config(data_dir, init_from=run, num_train_steps=4),
+                                 fork)["step"] == 4
+  with open(os.path.join(fork, "spm.model"), "rb") as a, open(os.path.join(run, "spm.model"),
+                                                             "rb") as b:
+    assert a.read() == b.read()
+
+
+def test_changes_that_would_do_nothing_on_resume_are_refused(run, data_dir):
+  for field, value in (("seed", 5), ("init_from", "/elsewhere")):
+    with pytest.raises(workdir_lib.ConfigChangeRefused,
+                       match=f"{field}: .* \\(changes nothing: "):
+      workdir_lib.check_config(run, config(data_dir, **{field: value}))
+
+
+def test_a_run_made_by_another_version_is_named_so(run, data_dir):
+  path = os.path.join(run, workdir_lib.CONFIG)
+  with open(path) as f:
+    stored = json.load(f)
+  stored["model"]["rope_theta"] = 10000.0
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  for check in (lambda: workdir_lib.check_config(run, config(data_dir)),
+                lambda: workdir_lib.experiment_config(run)):
+    with pytest.raises(workdir_lib.RunError,
+                       match=r"\['model.rope_theta'\]: the run was made by another version"):
+      check()
 
 
 def test_a_finished_run_run_again_says_so_and_names_its_data(run, data_dir, capsys):

@@ -10,6 +10,7 @@ starts no processes and writes no config: `loop.train_and_evaluate` does those i
 """
 from __future__ import annotations
 
+import filecmp
 import os
 import shutil
 
@@ -51,6 +52,15 @@ class Trainer:
       # gets a copy of it, so its workdir stands on its own (tools, resumes, a moved source).
       vocab = init_from_vocabulary(config.init_from)
       own = os.path.join(workdir, SPM_MODEL)
+      fresh = not checkpointing.checkpoint_steps(checkpointing.checkpoint_dir(workdir))
+      if vocab and fresh and os.path.exists(own) and not filecmp.cmp(vocab, own, shallow=False):
+        # Left by an earlier command in this workdir that failed before its first checkpoint:
+        # init_from's parameters with this tokenizer would read every piece as another one.
+        raise RunError(
+            f"{own} is not the tokenizer of the init_from run ({vocab}): an earlier command "
+            "in this workdir trained it and stopped before its first checkpoint. Delete "
+            f"{own} and {own}.json to start from the init_from run with its tokenizer, or "
+            "pass another --workdir")
       if vocab and not os.path.exists(own) and distributed.is_main():
         os.makedirs(workdir, exist_ok=True)
         for suffix in ("", ".json"):

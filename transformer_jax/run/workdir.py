@@ -156,7 +156,8 @@ def experiment_config(workdir: str):
   unknown = sorted(set(stored) - set(known))
   if unknown:
     raise RunError(f"{current_config_path(workdir)} has fields this code does not know: "
-                   f"{unknown}; pass the run's config file with --config instead")
+                   f"{unknown}: the run was made by another version of transformer-jax; resume "
+                   "it from that version's checkout")
   stored = {k: v for k, v in recorded_values(run).items()
             if (k in stored or k in LEGACY_VALUES) and k not in LAUNCH_FIELDS}
   for key, value in stored.items():
@@ -320,6 +321,10 @@ def refusal(field: str, old, new, stored: dict, *, has_checkpoint: bool,
     learned = stored.get("model", {}).get("position_encoding") == "learned"
     if name not in SAFE_MODEL_FIELDS and (name != "max_len" or learned):
       return "the model's parameters or what they compute"
+  if field == "seed":
+    return "nothing: a resumed run's random state comes from its checkpoint"
+  if field == "init_from":
+    return "nothing: a run with checkpoints resumes from them, not from init_from"
   if field in ("weight_decay", "grad_clip_norm") and bool(old) != bool(new):
     return "the optimizer state's structure (Adam <-> AdamW, clipping on <-> off)"
   if field == "weight_decay_mask" and stored.get("weight_decay", 0) > 0:
@@ -328,11 +333,34 @@ def refusal(field: str, old, new, stored: dict, *, has_checkpoint: bool,
   return None
 
 
+def inside_another_run(workdir: str) -> str | None:
+  """Why `workdir` is no place for a new run: it is (inside) another run's checkpoints,
+  averaged, best_<metric> or eval directory, which that run rotates and rewrites."""
+  path = os.path.abspath(workdir)
+  while os.path.dirname(path) != path:
+    parent, name = os.path.split(path)
+    if ((name in (CHECKPOINTS, AVERAGED, EVAL) or name.startswith("best_"))
+        and os.path.exists(os.path.join(parent, CONFIG))):
+      return (f"--workdir {workdir} is inside the run {parent} (its {name}/), not a workdir of "
+              f"its own: a run trained there would go when {parent} rotates its {name}/. To "
+              f"resume that run pass --workdir {shlex.quote(parent)}; to start from its "
+              f"parameters, a new --workdir outside it with --config.init_from="
+              f"{shlex.quote(os.path.join(parent, CHECKPOINTS))}")
+    path = parent
+  return None
+
+
 def check_config(workdir: str, config) -> tuple[dict | None, list]:
   """(stored config or None for a new run, the allowed changes); raises ConfigChangeRefused,
   naming every refused field and the way out, before anything is written."""
   path = os.path.join(workdir, CONFIG)
   if not os.path.exists(path):
+    inside = inside_another_run(workdir)
+    if inside:
+      raise RunError(inside)
+    if config.init_from and not os.path.exists(config.init_from):
+      raise RunError(f"--config.init_from={config.init_from} does not exist: pass a run's "
+                     "workdir, its checkpoints directory or one checkpoints/<step> directory")
     from transformer_jax.data import config as data_config  # see config_json
     stray = data_config.stray_corpus_field(config.data)
     if stray:
@@ -340,23 +368,30 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
     _check_tokenizer(workdir, config)
     return None, []
   stored = load_run_config(workdir)
+  unknown = sorted(set(recorded_values(stored)) - set(field_defaults()) - set(LAUNCH_FIELDS))
+  if unknown:
+    raise ConfigChangeRefused(
+        f"{current_config_path(workdir)} has fields this code does not know: {unknown}: the "
+        "run was made by another version of transformer-jax; resume it from that version's "
+        "checkout, or start a new --workdir. Nothing was changed in " + workdir + ".")
   changes = config_changes(stored, json.loads(config.to_json_best_effort()))
   has_checkpoint = any(n.isdigit() for n in _listdir(os.path.join(workdir, CHECKPOINTS)))
   has_tokenizer = os.path.exists(os.path.join(workdir, SPM_MODEL))
   refused = [(f, old, new, why) for f, old, new in changes
              if (why := refusal(f, old, new, stored, has_checkpoint=has_checkpoint,
                                 has_tokenizer=has_tokenizer))]
+  if refused and {f for f, *_ in refused} <= set(CORPUS_PATH_FIELDS) and _same_bytes(stored,
+                                                                                   config):
+    refused = []  # the corpus moved (or is named relative to another directory): the same files
   if not refused and (has_checkpoint or has_tokenizer):
     _check_corpus(workdir, stored, config)
   if refused:
     lines = "\n".join(f"  {f}: {old!r} -> {new!r} (changes {why})" for f, old, new, why in refused)
-    recorded = flatten(stored)
-    if any(f == "data.split" and f not in recorded for f, _, _, _ in refused):
-      lines += ("\n  (runs made before 2026-11-23 split their corpus by the exact source: add "
-                "--config.data.split=source to resume one of them)")
-    if any(f == "weight_decay_mask" and f not in recorded for f, _, _, _ in refused):
-      lines += ("\n  (runs made before 2026-11-25 decayed every parameter: add "
-                "--config.weight_decay_mask=all to resume one of them)")
+    recorded, values = flatten(stored), recorded_values(stored)
+    for f, _, _, _ in refused:
+      if f in LEGACY_VALUES and f not in recorded:
+        lines += (f"\n  (the run was made before {f} existed, and did what {f}={values[f]} "
+                  f"does: add --config.{f}={values[f]} to resume it)")
     learned = stored.get("model", {}).get("position_encoding") == "learned"
     shapes = [f for f, _, _, _ in refused if f.startswith("model.")
               and f[len("model."):] not in SAFE_MODEL_FIELDS + SAME_SHAPE_MODEL_FIELDS
@@ -429,6 +464,21 @@ def _check_tokenizer(workdir: str, config) -> None:
         "or pass the data config it was trained with.")
 
 
+# Where the corpus files are: a change is no change of corpus when the files hold the same bytes.
+CORPUS_PATH_FIELDS = ("data.tsv_path", "data.source_path", "data.target_path")
+
+
+def _same_bytes(stored: dict, config) -> bool:
+  """Whether the files `config` reads hold the bytes the run recorded (`resolved_data`)."""
+  recorded = stored.get(RESOLVED_DATA, {}).get("inputs")
+  if not recorded:
+    return False
+  from transformer_jax.data import fingerprint  # see config_json
+  now = fingerprint.fingerprint(config.data)
+  return (len(now) == len(fingerprint.input_files(config.data)) and sorted(
+      e["sha256"] for e in now.values()) == sorted(e["sha256"] for e in recorded.values()))
+
+
 def _check_corpus(workdir: str, stored: dict, config) -> None:
   """Refuse a resume whose corpus files changed since the run recorded them: the dataset would
   be rebuilt with other splits under the old tokenizer and data position. The files this
@@ -448,15 +498,19 @@ def _check_corpus(workdir: str, stored: dict, config) -> None:
     lines = [] if same and len(current) == len(now) else (
         [f"{p}: recorded, not read now" for p in sorted(recorded) if p not in now]
         + [f"{p}: read now, not recorded" for p in now if p not in recorded])
+  relative = ""
+  if any(p and not os.path.isabs(p) for p in (config.data.tsv_path, config.data.source_path,
+                                              config.data.target_path)):
+    relative = (f" This command's relative corpus paths were read from {os.getcwd()}: run it "
+                "from the directory the run was started in, or give absolute paths.")
   if lines:
     raise ConfigChangeRefused(
         f"{workdir} holds a run trained on corpus files that have changed since:\n  "
         + "\n  ".join(lines) + f"\nNothing was changed in {workdir}. Its tokenizer, its "
         "validation and test splits and its place in the data were made from the old files: "
         "restore them to resume this run, or start a new --workdir on the new files (with "
-        f"--config.init_from={os.path.join(workdir, CHECKPOINTS)} and "
-        f"--config.data.vocab_path={os.path.join(workdir, SPM_MODEL)} to continue from this "
-        "run's parameters and tokenizer).")
+        f"--config.init_from={os.path.join(workdir, CHECKPOINTS)} to continue from this "
+        "run's parameters and tokenizer, which it copies)." + relative)
 
 
 def current_config_path(workdir: str) -> str:
