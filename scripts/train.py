@@ -47,6 +47,17 @@ def body(values, args):
 
 
 def main(argv=None):
+  argv = list(sys.argv[1:] if argv is None else argv)
+  overrides = cli.overrides_without_config(argv)
+  if overrides and not {"-h", "--help", "--helpfull"} & set(argv):
+    w = cli.flag_value(argv, "workdir") or "<workdir>"
+    fix = (f"to change fields of the run in {w}, add --config "
+           f"{shlex.quote('configs/resume.py:' + w)} (the run's own config)"
+           if os.path.exists(os.path.join(w, workdir_lib.CONFIG)) else
+           "add the config file, e.g. --config configs/default.py")
+    print(f"error: {overrides[0].split('=')[0]} overrides a field of --config, and there is "
+          f"none: {fix}", file=sys.stderr)
+    return 2
   return cli.run(body, argv, doc=__doc__, define=define, config=None)
 
 

@@ -17,6 +17,7 @@ import pytest
 import transformer_jax as tj
 from transformer_jax import experiment, losses, optim, sharding, steps
 from transformer_jax.run import checkpointing, distributed, loop, metrics, throughput
+from transformer_jax.run import workdir as workdir_lib
 from transformer_jax.run.trainer import Trainer
 
 import tiny_config as tiny_config_module
@@ -509,3 +510,128 @@ def test_a_data_record_this_code_did_not_write_is_refused():
   # The one-record format of checkpoints written on 2026-11-22 still resumes one process.
   old = {"parent": {"next_index": 3}, "window": 2, "next": 1}
   assert distributed.own_data_state(old, None) == old
+
+
+# ---------------------------------------------------------------- resuming a run again
+
+
+def test_config_overrides_without_config_point_to_the_runs_own_config(tmp_path, capsys):
+  # absl's answer was "Unknown command line flag 'config.num_train_steps'": overrides exist only
+  # with a --config file, and `train.py --workdir W` alone resumes with none.
+  from scripts_under_test import load_script
+  train = load_script("train")
+  run = tmp_path / "my run"
+  run.mkdir()
+  (run / "config.json").write_text("{}")
+  assert train.main(["--workdir", str(run), "--config.num_train_steps=12"]) == 2
+  err = capsys.readouterr().err
+  assert err.splitlines() == [
+      "error: --config.num_train_steps overrides a field of --config, and there is none: to "
+      f"change fields of the run in {run}, add --config 'configs/resume.py:{run}' (the run's "
+      "own config)"], err
+  # No run there yet: a config file is what is missing.
+  assert train.main([f"--workdir={tmp_path / 'new'}", "--config.learning_rate", "2"]) == 2
+  assert "none: add the config file, e.g. --config configs/default.py" in \
+      capsys.readouterr().err
+
+
+def test_the_original_command_after_a_resume_that_changed_fields_says_what_it_undoes(
+    tmp_path, data_dir, capsys):
+  run = str(tmp_path / "run")
+  loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=3), run)
+  # Extended with a change (configs/resume.py:run --config.learning_rate=2.0 ...).
+  loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=4, learning_rate=2.0), run)
+  assert [s for s, _ in workdir_lib.history(run)] == [3]
+  capsys.readouterr()
+  # The original command (a scheduler re-queuing it) finds the run finished: nothing runs, so
+  # nothing is recorded (recorded, learning_rate=1.0 and 3 steps would become the run's own).
+  loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=3), run)
+  out = capsys.readouterr()
+  text = (out.out + out.err).replace("\r", "\n")
+  assert [s for s, _ in workdir_lib.history(run)] == [3]
+  assert workdir_lib.experiment_config(run).learning_rate == 2.0
+  assert "config changes on resume at step 4, not recorded: the run is finished" in text, text
+  assert (f"step 4: the run is finished (num_train_steps=3); nothing to do. To train on: python "
+          f"scripts/train.py --config configs/resume.py:{run} --workdir {run} "
+          "--config.num_train_steps=N (N > 4)") in text, text
+  # Going on with the original learning rate: allowed and recorded, with a warning.
+  loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=5), run)
+  text = "".join(capsys.readouterr()).replace("\r", "\n")
+  assert [s for s, _ in workdir_lib.history(run)] == [3, 4]
+  warnings = [line for line in text.splitlines() if line.startswith("warning: this command")]
+  assert warnings == [
+      "warning: this command sets learning_rate back to 1.0 (from 2.0): it undoes the change "
+      f"made at the resume at step 3 ({run}/config.3.json). To keep the run's current config, "
+      f"resume with python scripts/train.py --workdir {run} alone (and --config "
+      f"configs/resume.py:{run} --config.<field>=... to change fields)"], text
+  # (num_train_steps 4 -> 5 is to a value the run never had: no undoing, not named.)
+
+
+def test_a_lower_keep_checkpoints_deletes_the_oldest_before_the_first_save(tmp_path):
+  # Orbax deletes the steps beyond max_to_keep only after a save completes: on a full disk the
+  # save never completes, so lowering keep_checkpoints changed nothing.
+  ckpt = checkpointing.Checkpointer(str(tmp_path), max_to_keep=20, async_save=False)
+  for step in range(1, 7):
+    ckpt.save(step, {"w": np.full(3, step, np.float32)}, force=True)
+  ckpt.close()
+  ckpt = checkpointing.Checkpointer(str(tmp_path), max_to_keep=2, keep_period=2,
+                                    async_save=False)
+  # Step 6 damaged: the run resumes from 5, and 6 is set aside.
+  for root, _, files in os.walk(os.path.join(ckpt.directory, "6", "state")):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  target = {"w": jax.ShapeDtypeStruct((3,), np.float32)}
+  assert ckpt.restore_latest(target)[0] == 5 and ckpt.restored_step == 5
+  # Kept: the newest two (4, 5) and every second step (2, 4); never the step resumed from.
+  assert ckpt.prune() == [1, 3]
+  assert checkpointing.checkpoint_steps(ckpt.directory) == [2, 4, 5]
+  ckpt.restored_step = 2          # (a resume from an older step than the newest keeps it)
+  ckpt.keep_period = None
+  assert ckpt.prune() == [] and ckpt.all_steps() == [2, 4, 5]
+  ckpt.close()
+
+
+def _mount_tmpfs(path, size: int) -> bool:
+  os.makedirs(path, exist_ok=True)
+  return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                        capture_output=True).returncode == 0
+
+
+def test_a_full_disk_run_resumes_with_a_lower_keep_checkpoints(tmp_path, data_dir):
+  """The storage error's advice: lower --config.keep_checkpoints and run the command again.
+  On a real full filesystem (a small tmpfs, which needs root: skipped elsewhere)."""
+  def command(workdir, *flags):
+    return [sys.executable, os.path.join(REPO, "scripts", "train.py"), "--config",
+            os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", workdir,
+            f"--config.data.data_dir={data_dir}", "--config.checkpoint_every_steps=1",
+            "--config.async_checkpointing=true", *flags]
+
+  # The sizes of this command's files (one process: not the 8 devices of this one's tests).
+  sized = str(tmp_path / "sized")
+  subprocess.run(command(sized, "--config.num_train_steps=1"), capture_output=True, check=True,
+                 timeout=300)
+  one = checkpointing.directory_bytes(os.path.join(sized, "checkpoints", "1"))
+  others = checkpointing.directory_bytes(sized) - one
+  disk = tmp_path / "disk"
+  # Room for the run's files and a few checkpoints (an asynchronous save takes several times
+  # its final size while it writes): a later save cannot be written.
+  if not _mount_tmpfs(disk, others + 7 * one + 64 * 1024):
+    pytest.skip("cannot mount a tmpfs here (needs root): the full-disk test needs one")
+  try:
+    cmd = command(str(disk / "run"), "--config.num_train_steps=8")
+    failed = subprocess.run(cmd + ["--config.keep_checkpoints=20"], capture_output=True,
+                            text=True, timeout=300)
+    assert failed.returncode == 1 and "No space left on device" in failed.stderr, \
+        failed.stderr[-3000:]
+    good = checkpointing.checkpoint_steps(str(disk / "run" / "checkpoints"))
+    assert len(good) >= 2, failed.stderr[-3000:]
+    resumed = subprocess.run(cmd + ["--config.keep_checkpoints=1"], capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    said = resumed.stdout + resumed.stderr
+    assert f"resumed from step {good[-1]}" in said, said[-3000:]
+    assert f"deleted checkpoint(s) {good[:-1]} from " in said, said[-3000:]
+    assert checkpointing.checkpoint_steps(str(disk / "run" / "checkpoints")) == [8]
+  finally:
+    subprocess.run(["umount", str(disk)], capture_output=True)

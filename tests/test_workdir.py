@@ -5,12 +5,14 @@ tokenizer config, launching the same command twice, a full disk. None of them ma
 workdir unusable, and each must say what happened and what to do.
 """
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import ml_collections
@@ -744,3 +746,45 @@ def test_only_failed_writes_count_as_storage_failures():
   assert not checkpointing.is_storage_failure(
       "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.2GiB")
   assert not checkpointing.is_storage_failure(KeyError("step"))
+  # Any OSError of a write is one, whatever its text.
+  assert checkpointing.is_storage_failure(OSError(5, "an unlisted I/O error"))
+
+
+def test_the_quieted_noise_is_only_the_closed_event_loop(monkeypatch):
+  """After a failed async save, "Event loop is closed" from TensorStore's threads is dropped;
+  every other uncaught or unraisable exception still reaches the hooks it would have."""
+  seen = []
+  monkeypatch.setattr(checkpointing, "_closed_loop_quieted", False)
+  monkeypatch.setattr(sys, "excepthook", lambda t, e, tb: seen.append(("except", str(e))))
+  monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(("unraisable",
+                                                                  str(u.exc_value))))
+  checkpointing._quiet_closed_loop()
+  noise, real = RuntimeError("Event loop is closed"), RuntimeError("a real one")
+  for exc in (noise, real):
+    sys.excepthook(type(exc), exc, None)
+    sys.unraisablehook(types.SimpleNamespace(exc_type=type(exc), exc_value=exc))
+  assert seen == [("except", "a real one"), ("unraisable", "a real one")]
+
+
+def test_the_sizes_in_disk_messages(tmp_path):
+  (tmp_path / "d").mkdir()
+  (tmp_path / "d" / "a").write_bytes(b"x" * 10)
+  (tmp_path / "d" / "b").write_bytes(b"x" * 5)
+  assert checkpointing.directory_bytes(str(tmp_path / "d")) == 15
+  assert checkpointing._mib(3 * 2**19) == "1.5 MiB"
+
+
+def test_a_closed_checkpointer_leaves_the_loggers_as_it_found_them(tmp_path):
+  """The filter that hides a failed save's repeated Orbax errors is for that failure only."""
+  before = {name: list(logging.getLogger(name).filters) for name in checkpointing._QUIETED_LOGGERS}
+  checkpointer = checkpointing.Checkpointer(str(tmp_path / "run"), async_save=False)
+  assert all(len(logging.getLogger(n).filters) == len(before[n]) + 1 for n in before)
+  checkpointer.close()
+  assert {name: list(logging.getLogger(name).filters) for name in before} == before
+
+
+def test_a_step_directory_and_another_step_contradict(run):
+  with pytest.raises(workdir_lib.RunError, match="--step 5 contradicts the step directory"):
+    checkpointing.resolve_checkpoint(run, os.path.join(run, "checkpoints", "3"), step=5)
+  assert checkpointing.resolve_checkpoint(run, os.path.join(run, "checkpoints", "3"),
+                                          step=3)[1] == 3

@@ -115,12 +115,26 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
 
 def _config_arg(argv: Sequence[str]) -> str:
   """The value given to --config (for messages)."""
+  return flag_value(argv, "config") or "?"
+
+
+def flag_value(argv: Sequence[str], name: str) -> str | None:
+  """The value given to --<name> in `argv` before parsing (for messages), or None."""
   for i, a in enumerate(argv):
-    if a.startswith("--config="):
-      return a[len("--config="):]
-    if a == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  return "?"
+    for dashes in ("--", "-"):
+      if a.startswith(f"{dashes}{name}="):
+        return a[len(f"{dashes}{name}="):]
+      if a == f"{dashes}{name}" and i + 1 < len(argv):
+        return argv[i + 1]
+  return None
+
+
+def overrides_without_config(argv: Sequence[str]) -> list[str]:
+  """The `--config.<field>` overrides in `argv` when no --config is given: absl would answer
+  "Unknown command line flag 'config.<field>'", since overrides exist only for a config file."""
+  if flag_value(argv, "config") is not None:
+    return []
+  return [a for a in argv if a.startswith(("--config.", "-config."))]
 
 
 def _config_file_error(e: BaseException, arg: str) -> str:

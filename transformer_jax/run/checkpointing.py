@@ -144,6 +144,8 @@ class Checkpointer:
         max_to_keep=max_to_keep, keep_period=keep_period or None,
         enable_async_checkpointing=async_save, create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self.max_to_keep, self.keep_period = max_to_keep, keep_period or None
+    self.restored_step: int | None = None   # the step restore_latest resumed from
     self.failed = False
     self._last_requested: int | None = None
     self._state_bytes = 0
@@ -187,6 +189,21 @@ class Checkpointer:
             "being written): a save will fail when the disk is full; free space or lower "
             "--config.keep_checkpoints")
 
+  def prune(self) -> list[int]:
+    """Delete the oldest steps beyond `max_to_keep` now; returns them. Orbax deletes them only
+    after the next save is complete, so a run resumed with a lower keep_checkpoints on a full
+    disk needed room for all the old steps plus the new one. Called before a session's first
+    save: the step resumed from, the newest `max_to_keep` and every `keep_period`-th step stay.
+    (Orbax deletes on its primary process and syncs the others.)"""
+    steps = self.all_steps()
+    kept = set(steps[-self.max_to_keep:]) if self.max_to_keep else set(steps)
+    kept |= {s for s in steps if self.keep_period and s % self.keep_period == 0}
+    kept |= {self.restored_step} - {None}
+    doomed = [s for s in steps if s not in kept]
+    for step in doomed:
+      self.manager.delete(step)
+    return doomed
+
   def _storage_failure(self, error: Exception, step: int):
     """Raise StorageError for a failed write (after removing the half-written step), or re-raise
     anything else."""
@@ -203,8 +220,9 @@ class Checkpointer:
     cause = next((m for m in OS_FAILURES if m in text), None)
     first_line = text.splitlines()[0] if text else repr(error)
     reason = f"{cause} ({first_line[:200]}...)" if cause else first_line[:400]
-    resume = (f"The last good checkpoint is step {good[-1]}, untouched: free space (or lower "
-              "--config.keep_checkpoints) and run the same command to resume from it."
+    resume = (f"The last good checkpoint is step {good[-1]}, untouched: free space, or lower "
+              "--config.keep_checkpoints (a resume deletes the oldest steps beyond it before "
+              "its first save), and run the same command to resume from it."
               if good else "There is no earlier checkpoint: run the same command again once "
               "there is space, and training starts from step 0.")
     raise StorageError(
@@ -235,6 +253,7 @@ class Checkpointer:
           log.warning("restored step %d after skipping damaged checkpoint(s): %s", step,
                       "; ".join(errors))
           self._set_aside([t for t in steps if t > step])
+        self.restored_step = step
         return step, state, data, meta
       except Exception as e:  # noqa: BLE001 - any failure to read means "damaged"
         msg = f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"

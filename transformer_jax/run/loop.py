@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import shlex
 
 import jax
 import ml_collections
@@ -73,16 +74,53 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     trainer = Trainer.create(config, workdir)
     run = _Run(trainer, workdir)
     if distributed.is_main():
-      path = workdir_lib.record_config(workdir, config, trainer.model_cfg, run.step, stored,
-                                       changes)
-      if changes:
-        run.progress.write(f"config changes on resume at step {run.step}, recorded in {path} "
-                           f"(the run's earlier configs are kept): " + "; ".join(
-                               f"{f}: {old!r} -> {new!r}" for f, old, new in changes))
+      listed = "; ".join(f"{f}: {old!r} -> {new!r}" for f, old, new in changes)
+      if run.finished:
+        # Nothing runs with this config: recorded, it would become the run's own (a later
+        # `train.py --workdir W` would train with it).
+        if changes:
+          run.progress.write(f"config changes on resume at step {run.step}, not recorded: "
+                             f"the run is finished and nothing runs with them: {listed}")
+      else:
+        reverted = _reverted(workdir, changes)
+        path = workdir_lib.record_config(workdir, config, trainer.model_cfg, run.step, stored,
+                                         changes)
+        if changes:
+          run.progress.write(f"config changes on resume at step {run.step}, recorded in "
+                             f"{path} (the run's earlier configs are kept): {listed}")
+        for line in reverted:
+          run.progress.write(f"warning: {line}")
     return run.train()
   finally:
     if lock:
       lock.release()
+
+
+def _reverted(workdir: str, changes: list) -> list[str]:
+  """A warning per earlier resume whose changes this command's config sets back to an older
+  value (a scheduler re-running the original command after a `configs/resume.py` resume):
+  allowed, but rarely meant."""
+  history = workdir_lib.history(workdir)
+  if not changes or not history:
+    return []
+  # The field values before the first resume and after each: config.json, config.<s>.json...
+  configs = [(0, workdir_lib.recorded_values(workdir_lib.load_run_config(workdir, 0)))] + [
+      (s, workdir_lib.recorded_values(workdir_lib.load_run_config(workdir, s + 1)))
+      for s, _ in history]
+  undone: dict[int, list[str]] = {}
+  for field, now, new in changes:
+    values = [(s, c.get(field)) for s, c in configs]
+    changed_at = [s for (s, v), (_, before) in zip(values[1:], values) if v != before]
+    if changed_at:
+      last = changed_at[-1]
+      if new in [v for s, v in values if s < last]:
+        undone.setdefault(last, []).append(f"{field} back to {new!r} (from {now!r})")
+  w = shlex.quote(workdir)
+  return [f"this command sets {', '.join(fields)}: it undoes the change made at the resume at "
+          f"step {s} ({os.path.join(workdir, f'config.{s}.json')}). To keep the run's current "
+          f"config, resume with python scripts/train.py --workdir {w} alone (and --config "
+          f"{shlex.quote('configs/resume.py:' + workdir)} --config.<field>=... to change fields)"
+          for s, fields in sorted(undone.items())]
 
 
 class _Run:
@@ -97,6 +135,10 @@ class _Run:
     self.step = int(jax.device_get(self.state.step))
     self.batches = trainer.train_batches(saved_data)
     main = distributed.is_main()
+    # Past num_train_steps with the final evaluation done: nothing trains or evaluates.
+    self.finished = (self.step >= self.config.num_train_steps
+                     and self._final_evaluation_done())
+    self.pruned = False  # the oldest checkpoints beyond keep_checkpoints, before the 1st save
     # Records past the resumed step (logged before a crash, from steps that are now run again)
     # are dropped, so every step appears once in metrics.jsonl and TensorBoard.
     self.writer = metrics_lib.MetricsWriter(workdir, enabled=main, resume_step=self.step)
@@ -131,14 +173,13 @@ class _Run:
     last: dict = {}
     try:
       if self.step >= self.config.num_train_steps:
-        if not self._final_evaluation_done():
+        if not self.finished:
           self.progress.write(f"step {self.step}: the final checkpoint has no final "
                               "evaluation yet; running it")
           last.update(self._evaluate(evaluate=True, bleu=True))
         else:
           self.progress.write(f"step {self.step}: the run is finished (num_train_steps="
-                              f"{self.config.num_train_steps}); nothing to do. To train on, "
-                              "raise --config.num_train_steps")
+                              f"{self.config.num_train_steps}); nothing to do. {self._train_on()}")
       with distributed.StopFlag() as stop:
         upcoming = self.batches.next() if self.step < self.config.num_train_steps else None
         while self.step < self.config.num_train_steps:
@@ -194,6 +235,14 @@ class _Run:
     # Saved before evaluating: an evaluation that fails loses no training, and the
     # asynchronous save writes while the evaluation runs.
     if save:
+      if not self.pruned:
+        self.pruned = True
+        gone = trainer.checkpointer.prune()
+        if gone and distributed.is_main():
+          self.progress.write(
+              f"deleted checkpoint(s) {gone} from {trainer.checkpointer.directory} before "
+              f"saving step {step}: keep_checkpoints={self.config.keep_checkpoints} (Orbax would "
+              "delete them after the save, which a full disk cannot hold)")
       # on_cadence: a save forced by a signal falls between the run's evenly spaced ones, and
       # the paper's averaging of the last N checkpoints leaves it out (run/averaging.py).
       meta = {"step": step, "origin": self.origin, "on_cadence": cadence.save(step)}
@@ -232,6 +281,18 @@ class _Run:
       self.progress.write(f"step {self.step}: best {self.best.metric} so far; its parameters "
                           f"are in {self.best.directory}")
     return record
+
+  def _train_on(self) -> str:
+    """How to train this finished run further: with the run's own config, which a plain
+    `--workdir W` resume (no --config) has and --config.<field> overrides need."""
+    w = shlex.quote(self.workdir)
+    own = workdir_lib.load_run_config(self.workdir).get("num_train_steps", 0)
+    if own > self.step:  # this command's num_train_steps is below the run's own
+      return (f"The run's own config ({workdir_lib.current_config_path(self.workdir)}) trains "
+              f"to step {own}: python scripts/train.py --workdir {w} resumes with it")
+    return (f"To train on: python scripts/train.py --config "
+            f"{shlex.quote('configs/resume.py:' + self.workdir)} --workdir {w} "
+            f"--config.num_train_steps=N (N > {self.step})")
 
   def _final_evaluation_done(self) -> bool:
     """Whether metrics.jsonl holds the evaluation (with BLEU) of this step; decided by the

@@ -3,13 +3,17 @@
     <workdir>/config.json      the experiment config the run was started with, plus
                                `resolved_model` (every TransformerConfig field, vocabulary included)
     <workdir>/spm.model        the SentencePiece model (trained on first use, reused on resume)
+    <workdir>/spm.model.json   the data config it was trained from (`_check_tokenizer`)
+    <workdir>/spm.model.lock   held while it is trained (several processes, one trains it)
     <workdir>/metrics.jsonl    one JSON object per log or evaluation event
     <workdir>/tensorboard/     the same scalars for TensorBoard
     <workdir>/checkpoints/     Orbax steps: train state, data iterator positions, metadata
     <workdir>/averaged/        averaged parameters (scripts/average_checkpoints.py)
     <workdir>/best_<metric>/   the best evaluation's parameters (config.keep_best, run/best.py)
     <workdir>/eval/            scripts/evaluate.py's outputs and results.jsonl
-    <workdir>/config.<step>.json  the config a resume at <step> changed to (see `check_config`)
+    <workdir>/config.<step>.json  the config a resume at <step> changed to (see `check_config`);
+                               `.superseded.json` once a resume at an earlier step replaced it
+    <workdir>/checkpoints/<step>.damaged  a step that could not be read, set aside
     <workdir>/.lock            held by the run that trains in the workdir (see `Lock`)
 
 Training writes it; translate, evaluate, plot and report only read it. The contract
