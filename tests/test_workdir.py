@@ -783,6 +783,15 @@ def test_a_closed_checkpointer_leaves_the_loggers_as_it_found_them(tmp_path):
   assert {name: list(logging.getLogger(name).filters) for name in before} == before
 
 
+def test_a_step_damaged_again_is_set_aside_under_a_name_of_its_own(tmp_path):
+  checkpointer = checkpointing.Checkpointer(str(tmp_path / "run"), async_save=False)
+  for name in ("3", "3.damaged", "3.damaged1"):
+    os.makedirs(os.path.join(checkpointer.directory, name))
+  checkpointer._set_aside([3])
+  checkpointer.close()
+  assert sorted(os.listdir(checkpointer.directory)) == ["3.damaged", "3.damaged1", "3.damaged2"]
+
+
 def test_a_step_directory_and_another_step_contradict(run):
   with pytest.raises(workdir_lib.RunError, match="--step 5 contradicts the step directory"):
     checkpointing.resolve_checkpoint(run, os.path.join(run, "checkpoints", "3"), step=5)
