@@ -619,7 +619,8 @@ def test_a_full_disk_run_resumes_with_a_lower_keep_checkpoints(tmp_path, data_di
   if not _mount_tmpfs(disk, others + 7 * one + 64 * 1024):
     pytest.skip("cannot mount a tmpfs here (needs root): the full-disk test needs one")
   try:
-    cmd = command(str(disk / "run"), "--config.num_train_steps=8")
+    # More steps than the room holds checkpoints, whatever a save takes while it writes.
+    cmd = command(str(disk / "run"), "--config.num_train_steps=30")
     failed = subprocess.run(cmd + ["--config.keep_checkpoints=20"], capture_output=True,
                             text=True, timeout=300)
     assert failed.returncode == 1 and "No space left on device" in failed.stderr, \
@@ -632,6 +633,6 @@ def test_a_full_disk_run_resumes_with_a_lower_keep_checkpoints(tmp_path, data_di
     said = resumed.stdout + resumed.stderr
     assert f"resumed from step {good[-1]}" in said, said[-3000:]
     assert f"deleted checkpoint(s) {good[:-1]} from " in said, said[-3000:]
-    assert checkpointing.checkpoint_steps(str(disk / "run" / "checkpoints")) == [8]
+    assert checkpointing.checkpoint_steps(str(disk / "run" / "checkpoints")) == [30]
   finally:
     subprocess.run(["umount", str(disk)], capture_output=True)
