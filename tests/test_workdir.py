@@ -795,5 +795,6 @@ def test_a_step_damaged_again_is_set_aside_under_a_name_of_its_own(tmp_path):
 def test_a_step_directory_and_another_step_contradict(run):
   with pytest.raises(workdir_lib.RunError, match="--step 5 contradicts the step directory"):
     checkpointing.resolve_checkpoint(run, os.path.join(run, "checkpoints", "3"), step=5)
-  assert checkpointing.resolve_checkpoint(run, os.path.join(run, "checkpoints", "3"),
-                                          step=3)[1] == 3
+  for step in (3, None):
+    assert checkpointing.resolve_checkpoint(run, os.path.join(run, "checkpoints", "3"),
+                                            step=step)[1] == 3
