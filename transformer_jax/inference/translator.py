@@ -75,10 +75,9 @@ class SearchStats:
             "batches": self.batches, "compiled_shapes": self.shapes}
 
 
-def _field_types(name: str) -> tuple[type, ...]:
-  """The JSON types TransformerConfig's field `name` takes, from its annotation (`int | None`
-  takes None too); () for a type JSON has no plain value of, which goes unchecked."""
-  hint = typing.get_type_hints(TransformerConfig)[name]
+def _field_types(hint) -> tuple[type, ...]:
+  """The JSON types a TransformerConfig field with annotation `hint` takes (`int | None` takes
+  None too); () for a type JSON has no plain value of, which goes unchecked."""
   types = typing.get_args(hint) or (hint,)
   if not all(t in (str, bool, int, float, type(None)) for t in types):
     return ()
@@ -108,8 +107,9 @@ def model_config_from(run: dict, path: str = CONFIG) -> TransformerConfig:
   if unknown:
     raise RunError(f"{path} has model fields this code does not know: {unknown} (in "
                    f"resolved_model); {how}")
+  hints = typing.get_type_hints(TransformerConfig)  # resolved once, not per field
   for name, value in run["resolved_model"].items():
-    expected = _field_types(name)
+    expected = _field_types(hints[name])
     if expected and not _has_type(value, expected):
       # TransformerConfig's own checks would fail on it without naming the field
       # ("'<=' not supported between instances of 'str' and 'int'").

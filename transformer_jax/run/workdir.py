@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import json
 import os
 import re
@@ -155,13 +156,10 @@ def experiment_config(workdir: str):
   from transformer_jax import experiment
   run = load_run_config(workdir)
   config = experiment.base_config()
-  stored = flatten({k: v for k, v in run.items() if not k.startswith("resolved_")})
-  known = flatten(json.loads(config.to_json_best_effort()))
-  unknown = sorted(set(stored) - set(known))
+  unknown = _unknown_fields(workdir, run)
   if unknown:
-    raise RunError(f"{current_config_path(workdir)} has fields this code does not know: "
-                   f"{unknown}: the run was made by another version of transformer-jax; resume "
-                   "it from that version's checkout")
+    raise RunError(unknown)
+  stored = flatten({k: v for k, v in run.items() if not k.startswith("resolved_")})
   stored = {k: v for k, v in recorded_values(run).items()
             if (k in stored or k in LEGACY_VALUES) and k not in LAUNCH_FIELDS}
   for key, value in stored.items():
@@ -280,7 +278,13 @@ def field_defaults() -> dict:
   """Every experiment field's default, flat and as JSON has it: what a run made before the
   field existed did, unless LEGACY_VALUES says otherwise. Model fields take TransformerConfig's
   own defaults, not a named size's: what a size sets (the sizes, dropout_rate, max_len) every
-  run has recorded from the start."""
+  run has recorded from the start. A copy: the caller may change it."""
+  return dict(_field_defaults())
+
+
+@functools.cache
+def _field_defaults() -> dict:
+  # Built once per process: every config comparison and every run config read uses it.
   from transformer_jax import experiment  # see config_json
   from transformer_jax.config import TransformerConfig
   flat = flatten(json.loads(experiment.base_config().to_json_best_effort()))
@@ -290,6 +294,18 @@ def field_defaults() -> dict:
     if f"model.{field.name}" in flat and field.default is not dataclasses.MISSING:
       out[f"model.{field.name}"] = json.loads(json.dumps(field.default))
   return out
+
+
+def _unknown_fields(workdir: str, run: dict) -> str | None:
+  """What to say of a run whose config has fields this code does not have (None: it has none):
+  another version of transformer-jax wrote it."""
+  recorded = flatten({k: v for k, v in run.items() if not k.startswith("resolved_")})
+  unknown = sorted(set(recorded) - set(field_defaults()))
+  if not unknown:
+    return None
+  return (f"{current_config_path(workdir)} has fields this code does not know: {unknown}: the "
+          "run was made by another version of transformer-jax; resume it from that version's "
+          "checkout")
 
 
 def recorded_values(stored: dict) -> dict:
@@ -372,12 +388,10 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
     _check_tokenizer(workdir, config)
     return None, []
   stored = load_run_config(workdir)
-  unknown = sorted(set(recorded_values(stored)) - set(field_defaults()) - set(LAUNCH_FIELDS))
+  unknown = _unknown_fields(workdir, stored)
   if unknown:
-    raise ConfigChangeRefused(
-        f"{current_config_path(workdir)} has fields this code does not know: {unknown}: the "
-        "run was made by another version of transformer-jax; resume it from that version's "
-        "checkout, or start a new --workdir. Nothing was changed in " + workdir + ".")
+    raise ConfigChangeRefused(f"{unknown}, or start a new --workdir. Nothing was changed in "
+                              f"{workdir}.")
   changes = config_changes(stored, json.loads(config.to_json_best_effort()))
   has_checkpoint = any(n.isdigit() for n in _listdir(os.path.join(workdir, CHECKPOINTS)))
   has_tokenizer = os.path.exists(os.path.join(workdir, SPM_MODEL))
@@ -518,8 +532,8 @@ def _check_corpus(workdir: str, stored: dict, config) -> None:
 
 
 def current_config_path(workdir: str) -> str:
-  entries = history(workdir)
-  return entries[-1][1] if entries else os.path.join(workdir, CONFIG)
+  """The config the run trains with now: `config.json` or its latest `config.<step>.json`."""
+  return run_config_path(workdir)
 
 
 def _listdir(path: str) -> list[str]:
