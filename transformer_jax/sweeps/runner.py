@@ -119,24 +119,15 @@ def _write(path: str, text: str):
     f.write(text)
 
 
-def _read_list(path: str) -> list:
-  """The JSON list in `path`; [] where there is none (missing, cut short, not a list)."""
+def _read_json(path: str, kind: type):
+  """The JSON value of type `kind` (list, dict) in `path`; an empty one where there is none
+  (missing, cut short, another type)."""
   try:
     with open(path) as f:
       value = json.load(f)
   except (OSError, ValueError):
-    return []
-  return value if isinstance(value, list) else []
-
-
-def _read_dict(path: str) -> dict:
-  """The JSON object in `path`; {} where there is none (missing, cut short, not an object)."""
-  try:
-    with open(path) as f:
-      value = json.load(f)
-  except (OSError, ValueError):
-    return {}
-  return value if isinstance(value, dict) else {}
+    return kind()
+  return value if isinstance(value, kind) else kind()
 
 
 def _as_json(overrides: Mapping[str, Any]) -> dict:
@@ -177,7 +168,7 @@ class Runner:
     self.python = python or sys.executable
     self.recorded_flags, self._recorded = None, None
     if not record:
-      recorded = _read_dict(os.path.join(self.sweep_dir, "sweep.json"))
+      recorded = _read_json(os.path.join(self.sweep_dir, "sweep.json"), dict)
       if isinstance(recorded.get("extra_flags"), list):
         self.recorded_flags = [str(f) for f in recorded["extra_flags"]]
       if isinstance(recorded.get("overrides"), dict):  # sweeps recorded before it have none
@@ -340,7 +331,7 @@ class Runner:
     with file_lock(os.path.join(self.sweep_dir, ".status.lock")):
       names = [point_name(p) for p in self.points]
       entries = {}
-      for r in _read_list(path):
+      for r in _read_json(path, list):
         i = r.get("index") if isinstance(r, dict) else None
         if isinstance(i, int) and 0 <= i < len(names) and r.get("name") == names[i]:
           entries[i] = r
