@@ -21,6 +21,7 @@ from absl import flags
 
 from transformer_jax import cli
 from transformer_jax.data import default_data_config, get_data, leakage
+from transformer_jax.run import workdir
 
 LOCAL_CORPORA = ("numbers", "locale", "text")
 
@@ -57,6 +58,10 @@ def body(values, args):
   if values.set and not values["config"].present:
     c = default_data_config()  # what `--set` changed before --config existed
   _apply_deprecated_set(c, list(values.set) + extra)
+  if not values.set:
+    # What train.py checks before it builds anything: a path for another dataset, a tokenizer
+    # from another corpus, a config an existing run in the workdir cannot take.
+    workdir.check_config(values.workdir, values.config)
   data = get_data(c, values.workdir)
   splits = ("train", "validation", "test")
   result = {"dataset": c.dataset, "direction": f"{c.source_lang}->{c.target_lang}",

@@ -1,5 +1,6 @@
 """WMT builders offline through tfds.testing.mock_data; user text corpora; config validation."""
 import io
+import os
 import sys
 
 import numpy as np
@@ -92,9 +93,40 @@ def test_text_corpus_errors_name_the_file(tmp_path):
   with pytest.raises(DataError, match=r"small.tsv: split\(s\) \[.*\] would be empty.*"
                                        r"held_out_per_mille"):
     get_data(c, str(tmp_path / "work"))
+  # An empty file is said to be empty (not that held_out_per_mille is too small).
+  (tmp_path / "empty.tsv").write_text("\n\n")
+  c.tsv_path = str(tmp_path / "empty.tsv")
+  with pytest.raises(DataError, match=r"empty.tsv holds no pairs"):
+    get_data(c, str(tmp_path / "work"))
+  # A wrong path names its field, and the directory a relative one was read from.
+  c.tsv_path = "nope/corpus.tsv"
+  with pytest.raises(DataError, match=r"data.tsv_path=nope/corpus.tsv \(read from "
+                                       rf"{os.getcwd()}\): no such file"):
+    get_data(c, str(tmp_path / "work"))
+  c.tsv_path, c.source_path, c.target_path = None, str(tmp_path / "latin1.tsv"), str(tmp_path)
+  with pytest.raises(DataError, match=rf"data.target_path={tmp_path}: is a directory"):
+    get_data(c, str(tmp_path / "work"))
+  c.source_path = c.target_path = None
   (tmp_path / "fields.tsv").write_text("one\teins\ntwo\tzwei\textra\n")
   c.tsv_path = str(tmp_path / "fields.tsv")
-  with pytest.raises(DataError, match=r"fields.tsv: lines \[2\] do not have exactly 2"):
+  with pytest.raises(DataError, match=r"fields.tsv: 1 of 2 lines do not have exactly 2 "
+                                       r".*lines \[2\]; line 2 has 3$"):
+    get_data(c, str(tmp_path / "work"))
+  (tmp_path / "many.tsv").write_text("".join(f"s{i} t{i}\n" for i in range(40)) + "a\tb\n")
+  c.tsv_path = str(tmp_path / "many.tsv")
+  with pytest.raises(DataError, match=r"40 of 41 lines .*lines \[1, 2, 3, 4, 5, \.\.\.\]; "
+                                       r"line 1 has 1$"):
+    get_data(c, str(tmp_path / "work"))
+  # Old Mac line ends: the whole file is one line.
+  (tmp_path / "mac.tsv").write_bytes(b"one\teins\rtwo\tzwei\r")
+  c.tsv_path = str(tmp_path / "mac.tsv")
+  with pytest.raises(DataError, match=r"lines \[1\]; line 1 has 3\. .*bare carriage return"):
+    get_data(c, str(tmp_path / "work"))
+  # Excel's "Unicode Text" is UTF-16.
+  (tmp_path / "utf16.tsv").write_bytes("one\teins\n".encode("utf-16"))
+  c.tsv_path = str(tmp_path / "utf16.tsv")
+  with pytest.raises(ValueError, match=r"utf16.tsv line 1 is not UTF-8.*is UTF-16.*"
+                                        r"iconv -f UTF-16"):
     get_data(c, str(tmp_path / "work"))
 
 
@@ -147,3 +179,17 @@ def test_batch_tokens_sets_rows(tmp_path):
   with pytest.raises(ValueError, match="do not split over 3 processes"):
     get_data(c, str(tmp_path / "work"), process_index=0, process_count=3)
   assert np.all(np.asarray(data.tokenizer.encode("2")) > 3)
+
+
+def test_pairs_left_out_are_counted_when_the_corpus_is_built(tmp_path, capsys):
+  from transformer_jax.data import datasets
+  lines = [f"s{i}\tt{i}" for i in range(400)] + ["s1\tother", "\tleer", "x\t ", "s2\tagain"]
+  (tmp_path / "c.tsv").write_text("\n".join(lines) + "\n")
+  c = default_data_config()
+  c.dataset, c.data_dir, c.tsv_path = "text", str(tmp_path / "tfds"), str(tmp_path / "c.tsv")
+  sources = datasets.load_sources(c)
+  assert sum(len(s) for s in sources.values()) == 400
+  assert ("c.tsv: 400 of 404 lines kept as pairs; left out: 2 with a blank source or target, "
+          "2 repeating an earlier line's source") in capsys.readouterr().err
+  datasets.load_sources(c)                               # built already: nothing to say
+  assert "kept as pairs" not in capsys.readouterr().err

@@ -159,3 +159,29 @@ def test_two_processes_refuse_a_mesh_that_gives_both_the_same_rows(tmp_path):
     assert ("config.mesh ({'data': 1, 'fsdp': 1, 'tensor': 4}) do not give each of the 2 "
             "processes rows of its own") in out, out[-3000:]
   assert not os.path.exists(workdir / "checkpoints")
+
+
+def test_two_processes_prune_old_checkpoints_before_their_first_save(tmp_path):
+  # A resume with a lower keep_checkpoints deletes the oldest steps before its first save
+  # (Checkpointer.prune: Orbax deletes on its primary process). Both processes must come
+  # through it together and leave only the steps kept.
+  data_dir, workdir = tmp_path / "tfds", tmp_path / "run"
+  from transformer_jax.data import get_data
+  get_data(_config(data_dir).data, str(workdir))
+  codes, outputs = _run_two_processes(data_dir, workdir, [
+      "--config.checkpoint_every_steps=1", "--config.keep_checkpoints=3"])
+  assert codes == [0, 0]
+  assert checkpointing.checkpoint_steps(checkpointing.checkpoint_dir(str(workdir))) == [1, 2, 3]
+  codes, outputs = _run_two_processes(data_dir, workdir, [
+      f"--config.num_train_steps={STEPS + 1}", "--config.checkpoint_every_steps=1",
+      "--config.keep_checkpoints=1"])
+  assert codes == [0, 0]
+  first, second = (_summary(o) for o in outputs)
+  assert first["step"] == second["step"] == STEPS + 1
+  # Steps 1 and 2 before the save of step 4 (3, the step resumed from, stays until Orbax
+  # deletes it after that save); said once, by process 0.
+  said = "deleted checkpoint(s) [1, 2] from"
+  assert said in outputs[0] and said not in outputs[1], outputs[0][-3000:]
+  assert checkpointing.checkpoint_steps(checkpointing.checkpoint_dir(str(workdir))) == [STEPS + 1]
+  step, _ = checkpointing.load_params(str(workdir))
+  assert step == STEPS + 1

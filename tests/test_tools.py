@@ -204,6 +204,14 @@ def test_missing_and_unwritable_files_name_their_flag(workdir, tmp_path, capsys)
     rc, out, err = run_main(evaluate_script, ["--workdir", workdir] + argv, capsys)
     assert rc == 1 and out == "", err
     assert err == f"error: --{flag} {missing}: No such file or directory\n", err
+  # A corpus's TSV given as the test set: every "sentence" would hold both sides.
+  tsv = tmp_path / "pairs.tsv"
+  tsv.write_text("seven\tsieben\n\neight\tacht\n", encoding="utf-8")
+  rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--source", str(tsv),
+                                            "--reference", str(tsv)], capsys)
+  assert rc == 1 and out == "", err
+  assert err.startswith(f"error: every line of --source {tsv} holds a tab: a TSV of pairs?"), err
+  assert f"`cut -f1 {tsv} > source.txt`" in err
   unwritable = tmp_path / "nonexistent" / "x.txt"
   rc, out, err = run_main(translate_script, ["--workdir", workdir, "--output", str(unwritable),
                                              "seven"], capsys)

@@ -314,6 +314,109 @@ def test_a_tokenizer_left_by_a_failed_first_command_refuses_another_data_config(
   assert workdir_lib.check_config(run, config(data_dir)) == (None, [])
 
 
+def _text_corpus(path, n=600):
+  lines = [f"the {w} number {i} is here\t{i} {w}" for i, w in
+           zip(range(n), ["red", "green", "blue", "big", "small", "old"] * 100)]
+  path.write_text("\n".join(lines) + "\n")
+  return lines
+
+
+def test_a_tokenizer_left_by_a_failed_first_command_refuses_other_bytes(tmp_path, data_dir):
+  """The corpus shortened after a first command failed ("no training pair fits"), or edited
+  after prepare_data.py: the same fields, other files; the old tokenizer would read them."""
+  corpus = tmp_path / "corpus.tsv"
+  lines = _text_corpus(corpus)
+  c = config(data_dir, **{"data.dataset": "text", "data.tsv_path": str(corpus),
+                          "data.vocab_size": 100})
+  run = str(tmp_path / "half")
+  get_data(c.data, run)
+  spm = os.path.join(run, "spm.model")
+  with open(spm + ".json") as f:
+    record = json.load(f)
+  assert record[workdir_lib.RESOLVED_DATA]["roles"] == {"tsv_path": str(corpus)}
+  assert workdir_lib.check_config(run, c) == (None, [])
+  corpus.write_text("\n".join(lines[:300]) + "\n")
+  with pytest.raises(workdir_lib.ConfigChangeRefused,
+                     match=f"(?s){corpus}: its content changed.*delete {spm} and"):
+    workdir_lib.check_config(run, c)
+  # A tokenizer recorded before its files were (2026-11-25): its fields alone are compared.
+  del record[workdir_lib.RESOLVED_DATA]
+  with open(spm + ".json", "w") as f:
+    json.dump(record, f)
+  assert workdir_lib.check_config(run, c) == (None, [])
+
+
+def test_an_init_from_tokenizer_left_by_a_failed_first_command_is_the_fork_s(run, data_dir,
+                                                                             tmp_path):
+  # The fork copied init_from's tokenizer (its spm.model.json records that run's corpus) and
+  # failed before its config.json: the same command again is no change of tokenizer.
+  corpus = tmp_path / "corpus.tsv"
+  _text_corpus(corpus)
+  fork = tmp_path / "fork"
+  fork.mkdir()
+  shutil.copy(os.path.join(run, "spm.model"), fork)
+  c = config(data_dir, **{"data.dataset": "text", "data.tsv_path": str(corpus),
+                          "init_from": run})
+  record = {**c.data.to_dict(), workdir_lib.RESOLVED_DATA: fingerprint.record(c.data)}
+  sha = record[workdir_lib.RESOLVED_DATA]["inputs"][str(corpus)]
+  sha.update(sha256="0" * 64, mtime_ns=0)              # recorded of another corpus's bytes
+  with open(fork / "spm.model.json", "w") as f:
+    json.dump(record, f)
+  assert workdir_lib.check_config(str(fork), c) == (None, [])
+  c.init_from = None
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="its content changed"):
+    workdir_lib.check_config(str(fork), c)
+
+
+def test_prepare_data_checks_what_train_checks(tmp_path, data_dir, capsys):
+  prepare = load_script("prepare_data")
+  work = tmp_path / "w"
+  argv = ["--config", tiny_config.__file__, f"--config.data.data_dir={data_dir}",
+          "--workdir", str(work)]
+  # A corpus path without dataset=text would build the numbers task and its tokenizer.
+  assert prepare.main(argv + [f"--config.data.tsv_path={tmp_path / 'c.tsv'}"]) == 1
+  assert "data.tsv_path is set but data.dataset='numbers'" in capsys.readouterr().err
+  assert not os.path.exists(work / "spm.model")
+  corpus = tmp_path / "corpus.tsv"
+  _text_corpus(corpus)
+  text = ["--config.data.dataset=text", f"--config.data.tsv_path={corpus}",
+          "--config.data.vocab_size=100"]
+  assert prepare.main(argv + text) == 0
+  assert os.path.exists(work / "spm.model")
+  capsys.readouterr()
+  assert prepare.main(argv + text[:2] + ["--config.data.vocab_size=120"]) == 1
+  assert "data.vocab_size: 100 -> 120" in capsys.readouterr().err
+
+
+def test_evaluation_reads_the_run_s_own_corpus_and_refuses_a_changed_one(tmp_path,
+                                                                         monkeypatch):
+  (tmp_path / "a").mkdir()
+  (tmp_path / "b").mkdir()
+  corpus = tmp_path / "a" / "corpus.tsv"
+  corpus.write_text("one\teins\n")
+  monkeypatch.chdir(tmp_path / "a")
+  data = config(tmp_path, **{"data.dataset": "text", "data.tsv_path": "corpus.tsv"}).data
+  run = {"data": json.loads(data.to_json_best_effort()),
+         workdir_lib.RESOLVED_DATA: fingerprint.record(data)}
+  assert evaluation.data_config(run, "w").tsv_path == "corpus.tsv"
+  # From a directory without corpus.tsv: the file the run was trained on (also for a run
+  # recorded before the roles were).
+  monkeypatch.chdir(tmp_path / "b")
+  assert evaluation.data_config(run, "w").tsv_path == str(corpus)
+  legacy = {**run, workdir_lib.RESOLVED_DATA: {"inputs": run[workdir_lib.RESOLVED_DATA]["inputs"]}}
+  assert evaluation.data_config(legacy, "w").tsv_path == str(corpus)
+  # Another file of that name here: other splits.
+  (tmp_path / "b" / "corpus.tsv").write_text("two\tzwei\n")
+  with pytest.raises(workdir_lib.RunError,
+                     match=f"(?s)corpus files differ.*{tmp_path / 'b' / 'corpus.tsv'}: read now, "
+                           f"not recorded.*were read from {tmp_path / 'b'}"):
+    evaluation.data_config(run, "w")
+  monkeypatch.chdir(tmp_path / "a")
+  corpus.write_text("one\tzwei\n")
+  with pytest.raises(workdir_lib.RunError, match=f"{corpus}: its content changed"):
+    evaluation.data_config(run, "w")
+
+
 def test_a_run_split_before_the_grouping_is_told_how_to_resume(run, data_dir):
   path = os.path.join(run, workdir_lib.CONFIG)
   with open(path) as f:
@@ -525,7 +628,7 @@ def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, t
   path = os.path.join(run, workdir_lib.CONFIG)
   with open(path) as f:
     stored = json.load(f)
-  assert stored[workdir_lib.RESOLVED_DATA] == {"inputs": {}}        # numbers: no files
+  assert stored[workdir_lib.RESOLVED_DATA] == {"inputs": {}, "roles": {}}  # numbers: no files
   stored["data"].update(dataset="text", tsv_path="corpus.tsv")
   stored[workdir_lib.RESOLVED_DATA] = {"inputs": fingerprint.fingerprint(text.data)}
   assert list(stored[workdir_lib.RESOLVED_DATA]["inputs"]) == [str(corpus)]
@@ -593,6 +696,30 @@ def test_a_text_run_records_its_corpus_and_refuses_an_edited_one(tmp_path, data_
   (tmp_path / "moved" / "train.en").write_text("other\n" * 600)
   with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.source_path: "):
     workdir_lib.check_config(run, config(data_dir, **{**overrides, **moved}))
+  # The same two files with source and target swapped: the same bytes, the other direction.
+  path = os.path.join(run, workdir_lib.CONFIG)
+  with open(path) as f:
+    stored = json.load(f)
+  assert stored[workdir_lib.RESOLVED_DATA]["roles"] == {"source_path": str(src),
+                                                        "target_path": str(tgt)}
+  swapped = {**overrides, "data.source_path": str(tgt), "data.target_path": str(src)}
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.source_path: "):
+    workdir_lib.check_config(run, config(data_dir, **swapped))
+  # A run recorded before the roles were: told apart by the paths its config gave.
+  del stored[workdir_lib.RESOLVED_DATA]["roles"]
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.source_path: "):
+    workdir_lib.check_config(run, config(data_dir, **swapped))
+  assert workdir_lib.check_config(run, config(data_dir, **overrides))[1] == []
+  # Evaluating the run's splits reads its files: edited ones would rebuild other splits.
+  assert evaluation.data_config(stored, run).source_path == str(src)
+  with open(src, "a") as f:
+    f.write("a zebra\n")
+  with pytest.raises(workdir_lib.RunError, match=f"(?s){src}: its content changed.*"
+                                                 "--source and --reference"):
+    evaluation.data_config(stored, run)
+  src.write_bytes(original[0])
   # The corpus's own fields set for another dataset would train on that one: refused when a
   # run starts, and only then (a run made so is resumed and evaluated as it was).
   stray = config(data_dir, **{**overrides, "data.dataset": "numbers"})

@@ -52,11 +52,17 @@ class Data:
     self._raw: dict[str, list[tuple[str, str]]] = {}
     path = data_config.vocab_path or os.path.join(workdir, "spm.model")
     self.tokenizer = tokenizer_lib.load_or_train(
-        path, self._vocab_texts, trained_from=data_config.to_dict(),
+        path, self._vocab_texts, trained_from=self._trained_from,
         vocab_size=data_config.vocab_size,
         model_type=data_config.vocab_model_type, max_chars=data_config.vocab_max_chars,
         split_digits=data_config.vocab_split_digits,
         byte_fallback=data_config.vocab_byte_fallback, seed=data_config.shuffle_seed)
+
+  def _trained_from(self) -> dict:
+    """spm.model.json: the data config and what its corpus files held (`fingerprint.record`),
+    so a later command on other bytes under the same paths is told (`run.workdir`)."""
+    from transformer_jax.data import fingerprint
+    return {**self.config.to_dict(), "resolved_data": fingerprint.record(self.config)}
 
   def _vocab_texts(self) -> list[str]:
     """A seeded sample of training sources and targets within the character budget."""

@@ -85,6 +85,9 @@ class _PairsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     del dl_manager  # Everything is on the machine already.
     pairs = self._pairs()
     empty = [split for split in SPLITS if not pairs[split]]
+    if not any(pairs.values()):
+      raise DataError(f"{self._inputs()} holds no pairs (no line with a source and a target "
+                      "that are both non-blank): check that it is the file you meant")
     if empty:
       counts = ", ".join(f"{split} {len(pairs[split])}" for split in SPLITS)
       raise DataError(
@@ -145,19 +148,39 @@ class TextTranslate(_PairsBuilder):
 
   def _pairs(self):
     p = self.builder_config.params
-    return split_pairs(read_parallel_text(p["tsv_path"], p["source_path"], p["target_path"]),
-                       p["held_out_per_mille"], p["split"])
+    raw = _raw_pairs(p["tsv_path"], p["source_path"], p["target_path"])
+    pairs, blank, repeated = clean_pairs(raw)
+    if blank or repeated:
+      # Said once, when the corpus is built: a blank side in two aligned files is often a sign
+      # that they are not aligned.
+      print(f"{self._inputs()}: {len(pairs):,} of {len(raw):,} lines kept as pairs; left out: "
+            f"{blank:,} with a blank source or target, {repeated:,} repeating an earlier "
+            "line's source (the first pair of each source is kept)", file=sys.stderr, flush=True)
+    return split_pairs(pairs, p["held_out_per_mille"], p["split"])
 
 
 def read_parallel_text(tsv_path: str | None, source_path: str | None,
                        target_path: str | None) -> list[tuple[str, str]]:
-  """Pairs from a TSV or two aligned files; blank pairs dropped, the first pair per source kept."""
+  """Pairs from a TSV or two aligned files; pairs with a blank side dropped, the first pair per
+  source kept."""
+  return clean_pairs(_raw_pairs(tsv_path, source_path, target_path))[0]
+
+
+def _raw_pairs(tsv_path: str | None, source_path: str | None,
+               target_path: str | None) -> list[tuple[str, str]]:
+  """Every line's (source, target), as read."""
   if tsv_path:
     rows = [line.split("\t") for line in read_lines(tsv_path)]
     bad = [i + 1 for i, row in enumerate(rows) if len(row) != 2 and any(c.strip() for c in row)]
     if bad:
-      raise DataError(f"{tsv_path}: lines {bad[:5]} do not have exactly 2 tab-separated "
-                       f"fields (source<TAB>target)")
+      shown = f"{bad[:5]}"[:-1] + (", ...]" if len(bad) > 5 else "]")
+      cr = any("\r" in "".join(rows[i - 1]) for i in bad[:5])
+      raise DataError(
+          f"{tsv_path}: {len(bad)} of {len(rows)} lines do not have exactly 2 tab-separated "
+          f"fields (source<TAB>target): lines {shown}; line {bad[0]} has "
+          f"{len(rows[bad[0] - 1])}"
+          + (". The file has lines that end in a bare carriage return (old Mac line ends): "
+             "convert them to line feeds, e.g. with `tr '\\r' '\\n'`" if cr else ""))
     raw = [(row[0], row[1]) for row in rows if len(row) == 2]
   else:
     sources, targets = read_lines(source_path), read_lines(target_path)
@@ -165,13 +188,23 @@ def read_parallel_text(tsv_path: str | None, source_path: str | None,
       raise DataError(f"{source_path} has {len(sources)} lines but {target_path} has "
                        f"{len(targets)}: the files must be line-aligned")
     raw = list(zip(sources, targets))
-  seen, pairs = set(), []
+  return raw
+
+
+def clean_pairs(raw) -> tuple[list[tuple[str, str]], int, int]:
+  """(pairs with whitespace collapsed, how many had a blank source or target, how many
+  repeated an earlier pair's source): the pairs kept are the first for each source."""
+  seen, pairs, blank, repeated = set(), [], 0, 0
   for source, target in raw:
     source, target = normalize_spaces(source), normalize_spaces(target)
-    if source and target and source not in seen:
+    if not (source and target):
+      blank += 1
+    elif source in seen:
+      repeated += 1
+    else:
       seen.add(source)
       pairs.append((source, target))
-  return pairs
+  return pairs, blank, repeated
 
 
 def make_builder(data_config, data_dir: str) -> _PairsBuilder:
@@ -208,7 +241,14 @@ def make_builder(data_config, data_dir: str) -> _PairsBuilder:
               "inputs": _digest(inputs)}
   elif c.dataset == "text":
     cls = TextTranslate
-    paths = [c.tsv_path] if c.tsv_path else [c.source_path, c.target_path]
+    fields = ["tsv_path"] if c.tsv_path else ["source_path", "target_path"]
+    for field in fields:
+      if not os.path.isfile(c[field]):
+        where = "" if os.path.isabs(c[field]) else f" (read from {os.getcwd()})"
+        raise DataError(f"data.{field}={c[field]}{where}: "
+                        + ("is a directory" if os.path.isdir(c[field]) else "no such file")
+                        + ": pass the path of your corpus file")
+    paths = [c[f] for f in fields]
     params = {"tsv_path": c.tsv_path, "source_path": c.source_path,
               "target_path": c.target_path, "held_out_per_mille": c.held_out_per_mille,
               "split": c.split, "inputs": _digest([_file_signature(p) for p in paths])}

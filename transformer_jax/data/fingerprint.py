@@ -9,6 +9,12 @@ splits, under the tokenizer and the data position of the old one. The workdir re
 fingerprint (`config.json`'s `resolved_data`) and a resume compares it (`run.workdir`). The
 content's SHA-256 decides: a file only touched or copied (a new time, the same bytes) is the
 same corpus, and is hashed again only when its size or time moved.
+
+    record(config.data)                      # {"inputs": fingerprint, "roles": {field: path}}
+    matches(recorded_record, config.data)    # the same bytes, each file in the same role
+
+A text corpus's two files are told apart by the field naming each (`roles`): the same two files
+with `source_path` and `target_path` swapped hold the same bytes but train the other direction.
 """
 from __future__ import annotations
 
@@ -65,3 +71,56 @@ def changed(recorded: dict) -> list[str]:
     if _sha256(path) != was["sha256"]:
       out.append(f"{path}: its content changed ({was['bytes']:,} -> {stat.st_size:,} bytes)")
   return out
+
+
+def roles(c) -> dict:
+  """{data field: absolute path} of a "text" corpus's files ({} for other corpora: the locale
+  catalogs are read by their names)."""
+  if c.dataset != "text":
+    return {}
+  fields = ["tsv_path"] if c.tsv_path else ["source_path", "target_path"]
+  return {f: os.path.abspath(c[f]) for f in fields if c[f]}
+
+
+def record(c) -> dict:
+  """What a run records of its corpus (config.json's `resolved_data`, and beside the tokenizer
+  in spm.model.json): each file's `fingerprint` and which field named it."""
+  return {"inputs": fingerprint(c), "roles": roles(c)}
+
+
+def recorded_roles(recorded: dict, data: dict | None = None) -> dict:
+  """{field: recorded path} of a `record`; for one made before roles were recorded
+  (2026-11-25), found from the run's data config `data` (its paths as given, relative to the
+  directory it ran in): the recorded path that ends with each. Fields it cannot place are
+  left out."""
+  if "roles" in recorded:
+    return dict(recorded["roles"])
+  out = {}
+  for field in ("tsv_path", "source_path", "target_path"):
+    given = (data or {}).get(field)
+    if not given:
+      continue
+    given = os.path.normpath(given)
+    found = [p for p in recorded.get("inputs", {})
+             if p == given or p.endswith(os.sep + given.lstrip(os.sep))]
+    if len(found) == 1:
+      out[field] = found[0]
+  return out
+
+
+def matches(recorded: dict, c, data: dict | None = None) -> bool:
+  """Whether the files data config `c` names hold the bytes `recorded` (a `record`) has, each
+  text file in the role it had (`recorded_roles`; `data`: the recorded data config, for records
+  without roles). Paths may differ: a corpus moved, or named from another directory."""
+  inputs = recorded.get("inputs") or {}
+  now = fingerprint(c)
+  if len(now) != len(input_files(c)) or sorted(e["sha256"] for e in now.values()) != sorted(
+      e["sha256"] for e in inputs.values()):
+    return False
+  current = roles(c)
+  for field, path in recorded_roles(recorded, data).items():
+    if path not in inputs or current.get(field) not in now:
+      return False
+    if now[current[field]]["sha256"] != inputs[path]["sha256"]:
+      return False
+  return True

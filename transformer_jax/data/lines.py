@@ -34,7 +34,12 @@ def read_lines(path: str) -> list[str]:
     try:
       text = line.decode("utf-8")
     except UnicodeDecodeError as e:
-      raise NotUTF8Error(f"{name} line {number} is not UTF-8 ({e.reason} at byte {e.start} of "
-                       "the line): convert it, e.g. with `iconv -f LATIN1 -t UTF-8`") from None
+      # Excel's "Unicode Text" and Notepad's "Unicode" are UTF-16, with its byte-order mark.
+      utf16 = data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+      raise NotUTF8Error(
+          f"{name} line {number} is not UTF-8 ({e.reason} at byte {e.start} of the line): "
+          + ("the file is UTF-16 (it starts with UTF-16's byte-order mark): convert it with "
+             "`iconv -f UTF-16 -t UTF-8`" if utf16 else
+             "convert it, e.g. with `iconv -f LATIN1 -t UTF-8`")) from None
     lines.append(text[:-1] if text.endswith("\r") else text)
   return lines

@@ -177,9 +177,10 @@ def load_or_train(path: str, texts_fn, trained_from: dict | None = None,
   """The tokenizer at `path`, trained first (under a lock) if the file does not exist yet.
 
   `texts_fn()` returns the training texts; it is only called when training is needed, so a
-  resumed run never touches the corpus for its vocabulary. `trained_from` (the data config) is
+  resumed run never touches the corpus for its vocabulary. `trained_from` (the data config and
+  the corpus files' record, or a function returning them, called only when training) is
   written beside a newly trained model as `<path>.json`, so a later command can tell whether
-  its own data config matches the tokenizer it finds (`run.workdir.check_config`).
+  its own data config and files match the tokenizer it finds (`run.workdir.check_config`).
   """
   if os.path.exists(path):
     return Tokenizer(path)
@@ -189,6 +190,6 @@ def load_or_train(path: str, texts_fn, trained_from: dict | None = None,
     tokenizer = train_tokenizer(texts_fn(), path, **train_kwargs)
     if trained_from is not None:
       with open(path + ".json.tmp", "w") as f:
-        json.dump(trained_from, f, indent=1)
+        json.dump(trained_from() if callable(trained_from) else trained_from, f, indent=1)
       os.replace(path + ".json.tmp", path + ".json")
     return tokenizer

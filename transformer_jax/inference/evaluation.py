@@ -29,7 +29,14 @@ from transformer_jax import bleu as bleu_lib
 from transformer_jax.inference.flags import read_flag_lines
 from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.run import averaging
-from transformer_jax.run.workdir import CHECKPOINTS, EVAL, EVAL_LOG, RunError
+from transformer_jax.run.workdir import (
+  CHECKPOINTS,
+  EVAL,
+  EVAL_LOG,
+  RESOLVED_DATA,
+  RunError,
+  corpus_changes,
+)
 
 BASELINES = ("copy",)
 SPLITS = ("validation", "test")  # the held-out splits of a run's data that can be scored
@@ -152,6 +159,14 @@ def file_pairs(source: str, reference: str) -> list[tuple[str, str]]:
   if len(sources) != len(references):
     raise RunError(f"--source {source} has {len(sources):,} lines but --reference {reference} "
                    f"has {len(references):,}: they must be line-aligned")
+  for flag, path, lines in (("source", source, sources), ("reference", reference, references)):
+    filled = [line for line in lines if line.strip()]
+    if filled and all("\t" in line for line in filled):
+      # A corpus's TSV (source<TAB>target) given as a test set: every "sentence" would hold
+      # both sides.
+      raise RunError(f"every line of --{flag} {path} holds a tab: a TSV of pairs? --source and "
+                     "--reference take one sentence per line, in two files: split it, e.g. "
+                     f"`cut -f1 {path} > source.txt` and `cut -f2 {path} > reference.txt`")
   return list(zip(sources, references))
 
 
@@ -189,6 +204,25 @@ def data_config(run: dict, workdir: str, data_dir: str | None = None) -> ml_coll
   config = ml_collections.ConfigDict(run["data"])
   if data_dir:
     config.data_dir = data_dir
+  from transformer_jax.data import fingerprint  # hashes a text corpus; loads no TFDS
+  recorded = run.get(RESOLVED_DATA, {})
+  # A relative corpus path names the file of the directory training ran in: where this one has
+  # none, the run's own file (recorded with its absolute path) is read.
+  for field, path in fingerprint.recorded_roles(recorded, run["data"]).items():
+    given = config[field]
+    if given and not os.path.isabs(given) and not os.path.exists(given) and os.path.exists(path):
+      config[field] = path
+  changes = corpus_changes(run, config)
+  if changes:
+    relative = any(config[f] and not os.path.isabs(config[f]) for f in fingerprint.roles(config))
+    raise RunError(
+        f"{workdir}'s corpus files differ from those it was trained on:\n  "
+        + "\n  ".join(changes) + "\nIts validation and test splits would be built again from "
+        "these files, with other sentences than the run held out (and scores that do not "
+        "compare with its own). Restore the files to evaluate on the run's splits, or evaluate "
+        "on a test set of your own with --source and --reference."
+        + (f" Relative corpus paths were read from {os.getcwd()}: run from the directory the "
+           "run was trained in." if relative else ""))
   return config
 
 

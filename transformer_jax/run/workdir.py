@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import filecmp
 import functools
 import json
 import os
@@ -101,7 +102,7 @@ def config_json(config, model_cfg) -> dict:
   from transformer_jax.data import fingerprint
   out = json.loads(config.to_json_best_effort())
   out["resolved_model"] = model_cfg.to_dict()
-  out[RESOLVED_DATA] = {"inputs": fingerprint.fingerprint(config.data)}
+  out[RESOLVED_DATA] = fingerprint.record(config.data)
   return out
 
 
@@ -465,21 +466,30 @@ def _check_tokenizer(workdir: str, config) -> None:
   spm = os.path.join(workdir, SPM_MODEL)
   if config.data.vocab_path or not os.path.exists(spm + ".json"):
     return
+  vocab = config.init_from and init_from_vocabulary(config.init_from)
+  if vocab and filecmp.cmp(vocab, spm, shallow=False):
+    return  # init_from's own tokenizer, copied by an earlier command: the fork's, on any corpus
   with open(spm + ".json") as f:
-    trained = json.load(f)
+    record = json.load(f)
   # A field the tokenizer's record lacks (added since) is what that command did, as in
   # config_changes.
-  recorded = recorded_values({"data": trained})
+  recorded = recorded_values({"data": {k: v for k, v in record.items() if k != RESOLVED_DATA}})
   trained = {k[len("data."):]: v for k, v in recorded.items() if k.startswith("data.")}
   new = json.loads(config.data.to_json_best_effort())
   names = [f[len("data."):] for f in TOKENIZER_FIELDS]
-  differ = [(n, trained.get(n), new.get(n)) for n in names if trained.get(n) != new.get(n)]
+  differ = [f"data.{n}: {trained.get(n)!r} -> {new.get(n)!r}" for n in names
+            if trained.get(n) != new.get(n)]
+  # The same fields on other bytes: a corpus fixed after the command that trained the
+  # tokenizer failed (or after prepare_data.py) would be read with the old vocabulary.
+  # (spm.model.json records the files since 2026-11-25.)
+  differ = differ or corpus_changes({RESOLVED_DATA: record.get(RESOLVED_DATA, {}),
+                                     "data": record}, config.data)
   if differ:
-    lines = "\n".join(f"  data.{n}: {old!r} -> {now!r}" for n, old, now in differ)
+    lines = "\n".join(f"  {line}" for line in differ)
     raise ConfigChangeRefused(
         f"{spm} was trained from another corpus or tokenizer config than this command's:\n"
         f"{lines}\nNo checkpoint uses it yet: delete {spm} and {spm}.json to train a new one, "
-        "or pass the data config it was trained with.")
+        "or pass the data config and files it was trained with.")
 
 
 # Where the corpus files are: a change is no change of corpus when the files hold the same bytes.
@@ -487,35 +497,45 @@ CORPUS_PATH_FIELDS = ("data.tsv_path", "data.source_path", "data.target_path")
 
 
 def _same_bytes(stored: dict, config) -> bool:
-  """Whether the files `config` reads hold the bytes the run recorded (`resolved_data`)."""
-  recorded = stored.get(RESOLVED_DATA, {}).get("inputs")
-  if not recorded:
+  """Whether the files `config` reads hold the bytes the run recorded (`resolved_data`), each
+  in the role it had: the source file is still the source."""
+  recorded = stored.get(RESOLVED_DATA, {})
+  if not recorded.get("inputs"):
     return False
   from transformer_jax.data import fingerprint  # see config_json
-  now = fingerprint.fingerprint(config.data)
-  return (len(now) == len(fingerprint.input_files(config.data)) and sorted(
-      e["sha256"] for e in now.values()) == sorted(e["sha256"] for e in recorded.values()))
+  return fingerprint.matches(recorded, config.data, stored.get("data"))
+
+
+def corpus_changes(stored: dict, data_config) -> list[str]:
+  """How the corpus files `data_config` reads differ from those the run `stored` recorded (a
+  line each; [] for the same bytes, or a run that recorded no files). The files this config
+  reads now are compared: another set of files (a relative path from another working
+  directory, a catalog added, the source and target swapped) is the same corpus only with the
+  same contents in the same roles."""
+  recorded = stored.get(RESOLVED_DATA, {})
+  if not recorded.get("inputs"):  # a corpus of no files, or a run from before the record
+    return []
+  from transformer_jax.data import fingerprint  # see config_json
+  inputs, data = recorded["inputs"], stored.get("data")
+  now = fingerprint.input_files(data_config)
+  if sorted(now) == sorted(inputs):
+    lines = fingerprint.changed(inputs)  # hashes only the files whose size or time moved
+    current = fingerprint.roles(data_config)
+    swapped = [(f, p, g) for f, p in sorted(fingerprint.recorded_roles(recorded, data).items())
+               for g, q in current.items() if q == p and g != f]
+    if lines or not swapped or fingerprint.matches(recorded, data_config, data):
+      return lines
+    return [f"{p}: was data.{f}, is data.{g} now" for f, p, g in swapped]
+  if fingerprint.matches(recorded, data_config, data):
+    return []
+  return ([f"{p}: recorded, not read now" for p in sorted(inputs) if p not in now]
+          + [f"{p}: read now, not recorded" for p in now if p not in inputs])
 
 
 def _check_corpus(workdir: str, stored: dict, config) -> None:
   """Refuse a resume whose corpus files changed since the run recorded them: the dataset would
-  be rebuilt with other splits under the old tokenizer and data position. The files this
-  config reads now are compared: another set of files (a relative path from another working
-  directory, a catalog added) is the same corpus only with the same contents."""
-  recorded = stored.get(RESOLVED_DATA, {}).get("inputs")
-  if not recorded:  # a corpus of no files, or a run from before the record (2026-11-25)
-    return
-  from transformer_jax.data import fingerprint  # see config_json
-  now = fingerprint.input_files(config.data)
-  if sorted(now) == sorted(recorded):
-    lines = fingerprint.changed(recorded)
-  else:
-    current = fingerprint.fingerprint(config.data)
-    same = sorted(e["sha256"] for e in current.values()) == sorted(
-        e["sha256"] for e in recorded.values())
-    lines = [] if same and len(current) == len(now) else (
-        [f"{p}: recorded, not read now" for p in sorted(recorded) if p not in now]
-        + [f"{p}: read now, not recorded" for p in now if p not in recorded])
+  be rebuilt with other splits under the old tokenizer and data position (`corpus_changes`)."""
+  lines = corpus_changes(stored, config.data)
   relative = ""
   if any(p and not os.path.isabs(p) for p in (config.data.tsv_path, config.data.source_path,
                                               config.data.target_path)):
