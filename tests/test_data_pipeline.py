@@ -577,3 +577,9 @@ def test_a_local_corpus_builds_and_loads_without_tfds_download_notices(tmp_path,
     assert notice not in shown, notice
   assert err.count("built dataset numbers_translate/en-de-") == 1
   assert "a real warning" in caplog.text and len(sources["train"]) == 200
+  # No progress bars where stderr is not a terminal (a log file): they are cursor escapes and
+  # "Shuffling .../incomplete..." lines. TFDS's own switch is left as it was.
+  for bar in ("Generating", "Shuffling", "\x1b[A", "examples/s"):
+    assert bar not in err, bar
+  from tensorflow_datasets.core.utils import tqdm_utils
+  assert tqdm_utils._active

@@ -277,5 +277,13 @@ class _CustomConfigNotice(logging.Filter):
 def prepare(builder) -> None:
   """Builds the dataset once; concurrent callers wait for the first one and reuse its files."""
   lock = os.path.join(builder.data_dir_root, f".{builder.name}-{builder.builder_config.name}.lock")
-  with file_lock(lock):
-    builder.download_and_prepare(file_format="array_record")
+  from tensorflow_datasets.core.utils import tqdm_utils
+  shown = tqdm_utils._active  # TFDS's switch (tfds.display_progress_bar sets it, none reads it)
+  # Progress bars redraw with cursor escapes: in a log file (a background run's, a scheduler's)
+  # they are lines of "[A" and "Shuffling ...incomplete..." around the one useful line.
+  tfds.display_progress_bar(shown and sys.stderr.isatty())
+  try:
+    with file_lock(lock):
+      builder.download_and_prepare(file_format="array_record")
+  finally:
+    tfds.display_progress_bar(shown)
