@@ -113,6 +113,24 @@ def test_a_change_that_breaks_the_checkpoint_or_tokenizer_is_refused_before_any_
     assert Translator(run).translate(["one hundred and two"])[0] is not None
 
 
+def test_max_len_is_refused_only_with_learned_positions_whose_table_it_reshapes(run, data_dir):
+  # Sinusoidal positions (the run's): any max_len, the same parameters.
+  assert [c[0] for c in workdir_lib.check_config(
+      run, config(data_dir, **{"model.max_len": 64}))[1]] == ["model.max_len"]
+  path = os.path.join(run, workdir_lib.CONFIG)
+  with open(path) as f:
+    stored = json.load(f)
+  stored["model"]["position_encoding"] = "learned"      # as if the run had learned positions
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  learned = {"model.position_encoding": "learned"}
+  with pytest.raises(workdir_lib.ConfigChangeRefused) as refused:
+    workdir_lib.check_config(run, config(data_dir, **learned, **{"model.max_len": 64}))
+  message = str(refused.value)
+  assert "model.max_len: 32 -> 64" in message and "--config.init_from=" not in message
+  assert "its parameters cannot seed it: their shapes change with model.max_len" in message
+
+
 def test_a_tokenizer_change_is_refused_even_before_the_first_checkpoint(run, data_dir):
   shutil.rmtree(os.path.join(run, "checkpoints"))   # crashed before its first save
   with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.vocab_size: 200 -> 300"):
