@@ -172,6 +172,10 @@ def test_two_processes_prune_old_checkpoints_before_their_first_save(tmp_path):
       "--config.checkpoint_every_steps=1", "--config.keep_checkpoints=3"])
   assert codes == [0, 0]
   assert checkpointing.checkpoint_steps(checkpointing.checkpoint_dir(str(workdir))) == [1, 2, 3]
+  # Each says what it waits for before JAX's silent wait for the others.
+  for i, out in enumerate(outputs):
+    assert f"process {i} of 2: joining the run at 127.0.0.1:" in out, out[-3000:]
+    assert "check that every process was started" in out
   codes, outputs = _run_two_processes(data_dir, workdir, [
       f"--config.num_train_steps={STEPS + 1}", "--config.checkpoint_every_steps=1",
       "--config.keep_checkpoints=1"])
@@ -185,3 +189,14 @@ def test_two_processes_prune_old_checkpoints_before_their_first_save(tmp_path):
   assert checkpointing.checkpoint_steps(checkpointing.checkpoint_dir(str(workdir))) == [STEPS + 1]
   step, _ = checkpointing.load_params(str(workdir))
   assert step == STEPS + 1
+
+
+def test_a_detected_cluster_is_said_before_jax_waits(monkeypatch, capsys):
+  calls = []
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+  monkeypatch.setenv("SLURM_NTASKS", "2")
+  c = tiny_config_module.get_config()
+  distributed.initialize(c)
+  assert calls == [((), {})]
+  assert capsys.readouterr().err.startswith("joining a multi-process run that JAX detects ")

@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import time
 
 from absl import flags
 import matplotlib
@@ -236,6 +237,7 @@ def test_points_run_one_by_one_update_their_entries_of_status_json(tmp_path):
   sweep_dir = str(tmp_path / "sweep")
   path = os.path.join(sweep_dir, "status.json")
   runner = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3})
+  os.makedirs(sweep_dir)
   with open(path, "w") as f:   # an older sweep()'s point 1, and a line that is no entry
     json.dump([{"index": 1, "name": "learning_rate=9,warmup_steps=9", "status": "done"}, 7], f)
 
@@ -664,3 +666,94 @@ def test_slurm_submission_covers_unfinished_points_and_counts_killed_ones(tmp_pa
   monkeypatch.setattr(sweeps_slurm, "queued", lambda job: job == "41")
   with pytest.raises(sweeps.SubmitError, match="job 41 of this sweep is still queued"):
     sweeps.submit(runner)
+
+
+def test_a_refused_command_leaves_sweep_json_as_it_was(tmp_path, capsys):
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(FAKE_TRAIN)
+  sweep_dir = str(tmp_path / "sweep")
+  sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3}).run([0], log=lambda s: None)
+  spec = os.path.join(sweep_dir, "sweep.json")
+  with open(spec) as f:
+    before = f.read()
+  script = load_sweep_script()
+  # An index out of range, with other steps: refused before sweep.json is written.
+  assert script.main(["--config", TINY, "--workdir", sweep_dir, "--point", "7",
+                      "--config.num_train_steps=5"]) == 1
+  assert "--point 7: this sweep has points 0..3" in capsys.readouterr().err
+  with open(spec) as f:
+    assert f.read() == before
+  # Another value of a field the sweep does not vary, once a point has started: its done
+  # points would be skipped and reported under this value.
+  assert script.main(["--config", TINY, "--workdir", sweep_dir, "--config.model.d_model=64",
+                      "--config.num_train_steps=3"]) == 1
+  assert capsys.readouterr().err == (
+      f"error: {sweep_dir} is a sweep run with --config.num_train_steps=3 (sweep.json), and "
+      "this command differs in model.d_model: its points would be skipped or resumed, and "
+      "reported, as if run with this command's values. Give the sweep's own flags to go on "
+      "with it (a new --config.num_train_steps extends it), or another --workdir for other "
+      "values\n")
+  with open(spec) as f:
+    assert f.read() == before
+  # No flags at all: the sweep's own (as --list takes them), not the config's defaults.
+  assert sweeps.Runner(TINY, sweep_dir, str(fake)).overrides == {"num_train_steps": 3}
+  # More steps extend it; the same flags go on with it.
+  more = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 4})
+  more.write_spec()
+  with open(spec) as f:
+    assert json.load(f)["overrides"] == {"num_train_steps": 4}
+  # A sweep directory whose points never started takes any flags.
+  fresh = str(tmp_path / "fresh")
+  sweeps.Runner(TINY, fresh, str(fake), {"num_train_steps": 3}).write_spec()
+  sweeps.Runner(TINY, fresh, str(fake), {"num_train_steps": 3, "model.d_model": 64})
+
+
+def test_killing_the_driver_stops_its_points(tmp_path):
+  """kill -9 of sweep.py: its running point gets SIGTERM (it saves and stops, as for a
+  scheduler's), not trains on, orphaned, holding its workdir's lock against the next run."""
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(textwrap.dedent("""
+      import os, signal, sys, time
+      workdir = sys.argv[sys.argv.index("--workdir") + 1]
+      os.makedirs(workdir, exist_ok=True)
+      def stop(signum, frame):
+        with open(os.path.join(workdir, "stopped"), "w") as f:
+          f.write(signal.Signals(signum).name)
+        sys.exit(0)
+      signal.signal(signal.SIGTERM, stop)
+      with open(os.path.join(workdir, "pid"), "w") as f:
+        f.write(str(os.getpid()))
+      time.sleep(120)
+  """))
+  sweep_dir = tmp_path / "sweep"
+  driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+      import sys; sys.path.insert(0, {REPO!r})
+      from transformer_jax import sweeps
+      sweeps.Runner({TINY!r}, {str(sweep_dir)!r}, {str(fake)!r}).run([0], log=print)
+  """)])
+  point = sweeps.point_dir(str(sweep_dir), sweeps.load_sweep(TINY).points[0])
+  pid_file = os.path.join(point, "pid")
+  try:
+    deadline = time.time() + 60
+    while not os.path.exists(pid_file) or not open(pid_file).read():
+      assert time.time() < deadline and driver.poll() is None, "the point never started"
+      time.sleep(0.1)
+    driver.kill()
+    driver.wait()
+    deadline = time.time() + 20
+    while not os.path.exists(os.path.join(point, "stopped")):
+      assert time.time() < deadline, "the point ran on after its driver was killed"
+      time.sleep(0.1)
+    with open(os.path.join(point, "stopped")) as f:
+      assert f.read() == "SIGTERM"
+  finally:
+    if driver.poll() is None:
+      driver.kill()
+    if os.path.exists(pid_file) and not os.path.exists(os.path.join(point, "stopped")):
+      os.kill(int(open(pid_file).read()), 9)  # this test's own orphan, on a failure
+
+
+def test_exit_text_names_the_signal():
+  assert sweeps.runner.exit_text(1) == "exit status 1"
+  assert sweeps.runner.exit_text(-9) == "killed by SIGKILL"
+  assert sweeps.runner.exit_text(-200) == "killed by signal 200"

@@ -129,6 +129,11 @@ def test_max_len_is_refused_only_with_learned_positions_whose_table_it_reshapes(
   message = str(refused.value)
   assert "model.max_len: 32 -> 64" in message and "--config.init_from=" not in message
   assert "its parameters cannot seed it: their shapes change with model.max_len" in message
+  # Other refusals of such a run keep the parameters' shapes: init_from can seed a new run.
+  with pytest.raises(workdir_lib.ConfigChangeRefused) as refused:
+    workdir_lib.check_config(run, config(data_dir, **learned, grad_clip_norm=1.0))
+  assert "grad_clip_norm: 0.0 -> 1.0" in str(refused.value)
+  assert "--config.init_from=" in str(refused.value)
 
 
 def test_a_tokenizer_change_is_refused_even_before_the_first_checkpoint(run, data_dir):
@@ -511,6 +516,9 @@ def test_a_run_from_before_attention_bias_resumes_and_decodes_with_its_biases(tm
   # A run without FFN biases had none in attention either.
   stored["model"]["use_bias"] = False
   assert workdir_lib.recorded_values(stored)["model.attention_bias"] is False
+  # One that recorded neither had use_bias's default, True: biases in attention too.
+  del stored["model"]["use_bias"]
+  assert workdir_lib.recorded_values(stored)["model.attention_bias"] is True
 
 
 def test_a_mesh_that_names_some_axes_is_no_change_on_resume(run, data_dir):
@@ -775,6 +783,27 @@ def test_mistakes_with_a_new_run_are_refused_before_anything_is_written(run, dat
     assert a.read() == b.read()
 
 
+def test_a_field_only_one_side_has_is_a_change():
+  stored = {"model": {"d_model": 32}}
+  assert ("my_field", None, 1) in workdir_lib.config_changes(stored, {"my_field": 1})
+  assert ("model.my_field", 2, None) in workdir_lib.config_changes(
+      {"model": {"my_field": 2}}, {})
+
+
+def test_model_fields_a_run_sets_itself_are_not_this_code_s_config_fields(run):
+  # TransformerConfig's pad_id and the like come from the tokenizer, not the experiment
+  # config: a run config that records one was written by another version.
+  path = os.path.join(run, workdir_lib.CONFIG)
+  with open(path) as f:
+    stored = json.load(f)
+  stored["model"]["pad_id"] = 0
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  with pytest.raises(workdir_lib.RunError, match=r"fields this code does not know: "
+                                                 r"\['model.pad_id'\]"):
+    workdir_lib.experiment_config(run)
+
+
 def test_changes_that_would_do_nothing_on_resume_are_refused(run, data_dir):
   for field, value in (("seed", 5), ("init_from", "/elsewhere")):
     with pytest.raises(workdir_lib.ConfigChangeRefused,
@@ -863,6 +892,13 @@ def test_a_resume_from_an_older_checkpoint_supersedes_later_changes(run, data_di
   workdir_lib.record_config(run, config(data_dir, num_train_steps=7), model, 2, {}, [])
   assert [s for s, _ in workdir_lib.history(run)] == [2]
   assert workdir_lib.load_run_config(run, step=3)["num_train_steps"] == 7
+  # Resumed at 2 again, with another change: the one made at 2 before is kept, superseded.
+  workdir_lib.record_config(run, config(data_dir, num_train_steps=8), model, 2, {},
+                            [("num_train_steps", 7, 8)])
+  assert [s for s, _ in workdir_lib.history(run)] == [2]
+  assert workdir_lib.load_run_config(run)["num_train_steps"] == 8
+  with open(os.path.join(run, "config.2.superseded.json")) as f:
+    assert json.load(f)["num_train_steps"] == 7
   # The same again from 1 with the original command: nothing to record, the rest superseded.
   workdir_lib.record_config(run, config(data_dir), model, 1, {}, [("num_train_steps", 7, 3)])
   assert workdir_lib.history(run) == [] and workdir_lib.load_run_config(run, step=2) == \

@@ -25,10 +25,16 @@ def initialize(config) -> None:
   """Join a multi-process run when asked (explicit coordinator) or when a cluster is detected."""
   if config.distributed == "off" or jax.distributed.is_initialized():
     return
+  # jax.distributed.initialize waits silently for every process (5 minutes by default): a
+  # process that never started (a mistyped process_id, a node that failed) looks like a hang.
+  waiting = ("waits until all have joined; JAX gives up after 5 minutes: check that every "
+             "process was started")
   if config.coordinator_address:
     kwargs = {}
     if config.coordinator_bind_address:
       kwargs["coordinator_bind_address"] = config.coordinator_bind_address
+    print(f"process {config.process_id} of {config.num_processes}: joining the run at "
+          f"{config.coordinator_address} ({waiting})", file=sys.stderr, flush=True)
     jax.distributed.initialize(coordinator_address=config.coordinator_address,
                                num_processes=config.num_processes,
                                process_id=config.process_id, **kwargs)
@@ -36,6 +42,8 @@ def initialize(config) -> None:
         or "TPU_WORKER_HOSTNAMES" in os.environ or "JAX_COORDINATOR_ADDRESS" in os.environ):
     # JAX finds SLURM, TPU pod (through the metadata server) and Kubernetes settings itself;
     # "on" is for clusters it detects but whose environment we cannot see (gcloud TPU VMs).
+    print(f"joining a multi-process run that JAX detects ({waiting})", file=sys.stderr,
+          flush=True)
     jax.distributed.initialize()
 
 

@@ -168,9 +168,7 @@ def experiment_config(workdir: str):
     target = config
     for name in parents:
       target = target[name]
-    if isinstance(target[leaf], tuple) and isinstance(value, list):
-      value = tuple(value)  # JSON has no tuples
-    target[leaf] = value
+    target[leaf] = value  # a JSON list into a tuple field: ConfigDict makes it a tuple
   return config
 
 

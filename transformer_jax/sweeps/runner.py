@@ -5,9 +5,12 @@ Each point is its own process, so a crash or a leak in one cannot touch the othe
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -137,6 +140,36 @@ def _as_json(overrides: Mapping[str, Any]) -> dict:
       default=str))
 
 
+# prctl's PR_SET_PDEATHSIG (Linux): a signal for a process when the thread that started it ends.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with(driver_pid: int) -> None:
+  """A point's process, before it runs train.py: SIGTERM when the sweep driver dies, however
+  it dies (kill -9 included), so the point saves and stops as it does for a scheduler's
+  SIGTERM, instead of training on, orphaned, holding its workdir's lock against the sweep's
+  next run. (The driver starts its points from its main thread, which lives as long as it.)"""
+  if _LIBC is not None:
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != driver_pid:  # the driver died before the line above
+      os.kill(os.getpid(), signal.SIGTERM)
+
+
+def exit_text(returncode: int) -> str:
+  """`exit status 1`, or `killed by SIGKILL` for a negative return code."""
+  if returncode >= 0:
+    return f"exit status {returncode}"
+  try:
+    return f"killed by {signal.Signals(-returncode).name}"
+  except ValueError:
+    return f"killed by signal {-returncode}"
+
+
+def _but_steps(flags: Sequence[str]) -> list[str]:
+  return sorted(f for f in flags if not f.startswith("--config.num_train_steps="))
+
+
 def _tail(path: str, lines: int = 60) -> str:
   if not os.path.exists(path):
     return ""
@@ -157,7 +190,11 @@ class Runner:
   `record=False` only looks (`--list`): it writes nothing, creates no directory and cannot run.
   Given no overrides, it takes those sweep.json recorded, so that a point counts as done at the
   steps the sweep trained it for, not at the config's default; `recorded_flags` are the flags
-  sweep.json names (None where there is none), for the caller to warn when they differ.
+  sweep.json names (None where there is none), for the caller to warn when they differ. One
+  that records refuses, once a point has started, overrides other than the recorded ones but
+  for num_train_steps (`_check_same_flags`), and writes sweep.json only when it runs or is
+  submitted (`write_spec`): a refused command changes nothing.
+  Each point's process gets SIGTERM when the driver dies (`_stop_with`).
   """
 
   def __init__(self, config_spec: str, sweep_dir: str, train_script: str,
@@ -167,14 +204,13 @@ class Runner:
     self.train_script, self.overrides = train_script, dict(overrides or {})
     self.python = python or sys.executable
     self.recorded_flags, self._recorded = None, None
-    if not record:
-      recorded = _read_json(os.path.join(self.sweep_dir, "sweep.json"), dict)
-      if isinstance(recorded.get("extra_flags"), list):
-        self.recorded_flags = [str(f) for f in recorded["extra_flags"]]
-      if isinstance(recorded.get("overrides"), dict):  # sweeps recorded before it have none
-        self._recorded = recorded["overrides"]
-        if not self.overrides:
-          self.overrides = dict(self._recorded)
+    recorded = _read_json(os.path.join(self.sweep_dir, "sweep.json"), dict)
+    if isinstance(recorded.get("extra_flags"), list):
+      self.recorded_flags = [str(f) for f in recorded["extra_flags"]]
+    if isinstance(recorded.get("overrides"), dict):  # sweeps recorded before it have none
+      self._recorded = recorded["overrides"]
+      if not self.overrides:
+        self.overrides = dict(self._recorded)
     self.sweep = load_sweep(config_spec)
     self.points = self.sweep.points
     swept = sorted({k for p in self.points for k in p} & set(self.overrides))
@@ -192,11 +228,43 @@ class Runner:
       # sweep.json that the sweep's own runs wrote.
       self._main = False
       return
-    os.makedirs(self.sweep_dir, exist_ok=True)
+    self._check_same_flags()
     self._main = os.environ.get("SLURM_PROCID", "0") == "0"  # multi-task points: one writes
+
+  def _check_same_flags(self) -> None:
+    """Refuse flags other than those a started sweep recorded (but num_train_steps, which
+    extends its points): its done points would be skipped, and its report would show their
+    results under this command's values."""
+    started = [i for i, p in enumerate(self.points)
+               if os.path.isdir(point_dir(self.sweep_dir, p))]
+    if not started:
+      return
+    if self._recorded is not None:
+      old, new = self._recorded, _as_json(self.overrides)
+      differ = sorted(k for k in set(old) | set(new)
+                      if k != "num_train_steps" and old.get(k) != new.get(k))
+      sweep_flags = override_flags(old)
+    elif self.recorded_flags is not None:  # recorded before "overrides" (2026-11-25)
+      old_flags = self.recorded_flags
+      differ = ["flags"] if _but_steps(old_flags) != _but_steps(self.extra_flags) else []
+      sweep_flags = old_flags
+    else:
+      return
+    if differ:
+      raise SweepError(
+          f"{self.sweep_dir} is a sweep run with {' '.join(sweep_flags) or 'no --config flags'} "
+          f"(sweep.json), and this command differs in {', '.join(differ)}: its points would "
+          "be skipped or resumed, and reported, as if run with this command's values. Give the "
+          "sweep's own flags to go on with it (a new --config.num_train_steps extends it), "
+          "or another --workdir for other values")
+
+  def write_spec(self) -> None:
+    """sweep.json: the config, the flags and the points. Written when the sweep runs or is
+    submitted, after every check: a refused command changes nothing."""
+    os.makedirs(self.sweep_dir, exist_ok=True)
     if self._main:
       _write(os.path.join(self.sweep_dir, "sweep.json"), json.dumps(
-          {"config": config_spec, "extra_flags": self.extra_flags,
+          {"config": self.config_spec, "extra_flags": self.extra_flags,
            "overrides": _as_json(self.overrides),
            "points": [{"index": i, "name": point_name(p), "overrides": p}
                       for i, p in enumerate(self.points)]}, indent=1, default=str) + "\n")
@@ -252,7 +320,8 @@ class Runner:
     log = open(os.path.join(d, "train.log"), "a")
     log.write(f"$ {' '.join(self.command(index))}\n")
     log.flush()
-    proc = subprocess.Popen(self.command(index), stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(self.command(index), stdout=log, stderr=subprocess.STDOUT, env=env,
+                            preexec_fn=functools.partial(_stop_with, os.getpid()))
     return proc, log
 
   def _finish(self, index: int, returncode: int, seconds: float) -> dict:
@@ -272,7 +341,7 @@ class Runner:
                f"num_train_steps {self.num_steps[index]}\n")
       elif outcome == "failed":
         _write(os.path.join(d, FAILED),
-               f"exit status {returncode} after {seconds:.1f} s\n$ {' '.join(self.command(index))}"
+               f"{exit_text(returncode)} after {seconds:.1f} s\n$ {' '.join(self.command(index))}"
                f"\n--- last lines of {os.path.join(d, 'train.log')}:\n"
                + _tail(os.path.join(d, "train.log")))
     return {"index": index, "name": name, "status": outcome, "returncode": returncode,
@@ -288,6 +357,7 @@ class Runner:
       if not 0 <= i < len(self.points):
         raise SweepError(f"--point {i}: this sweep has points 0..{len(self.points) - 1} "
                          "(--list shows them)")
+    self.write_spec()
     results: dict[int, dict] = {}
     todo = []
     for i in indices:
@@ -315,7 +385,7 @@ class Runner:
         f.close()
         results[i] = self._finish(i, proc.returncode, time.time() - start)
         log(f"[{i}] {results[i]['name']}: {results[i]['status']} "
-            f"(exit {proc.returncode}, {results[i]['seconds']} s)")
+            f"({exit_text(proc.returncode)}, {results[i]['seconds']} s)")
         del running[slot]
         free.append(slot)
     ordered = [results[i] for i in indices]

@@ -95,6 +95,7 @@ def write_sbatch(runner: Runner, options: Sequence[str] = (), max_concurrent: in
                  indices: Sequence[int] | None = None) -> str:
   """Writes `<sweep>/sweep.sbatch` (and the `slurm/` directory its logs go to); returns its
   path."""
+  runner.write_spec()
   os.makedirs(os.path.join(runner.sweep_dir, "slurm"), exist_ok=True)
   path = os.path.join(runner.sweep_dir, "sweep.sbatch")
   with open(path, "w") as f:
