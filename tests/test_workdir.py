@@ -764,6 +764,9 @@ def test_mistakes_with_a_new_run_are_refused_before_anything_is_written(run, dat
     with pytest.raises(workdir_lib.RunError, match=f"is inside the run {run} "):
       loop.train_and_evaluate(config(data_dir), inside)
     assert snapshot(run) == before
+  # A directory of its own inside a run's is no part of it; nor is a checkpoints/ of no run.
+  assert workdir_lib.inside_another_run(os.path.join(run, "fork")) is None
+  assert workdir_lib.inside_another_run(str(tmp_path / "checkpoints" / "new")) is None
   # init_from misspelt: said before a dataset or tokenizer is made in the workdir.
   fork = str(tmp_path / "fork")
   with pytest.raises(workdir_lib.RunError, match="init_from=.*/nope does not exist"):
@@ -802,6 +805,29 @@ def test_model_fields_a_run_sets_itself_are_not_this_code_s_config_fields(run):
   with pytest.raises(workdir_lib.RunError, match=r"fields this code does not know: "
                                                  r"\['model.pad_id'\]"):
     workdir_lib.experiment_config(run)
+
+
+def test_allowed_changes_that_turn_a_field_on_or_off_stay_allowed(run, data_dir):
+  # Only weight decay and clipping change the optimizer state's structure when they turn on
+  # or off; dropout and label smoothing do not.
+  changes = workdir_lib.check_config(run, config(data_dir, label_smoothing=0.0,
+                                                 **{"model.dropout_rate": 0.0}))[1]
+  assert [c[0] for c in changes] == ["label_smoothing", "model.dropout_rate"]
+  # A run that recorded no weight_decay had none: its mask is free to change.
+  path = os.path.join(run, workdir_lib.CONFIG)
+  with open(path) as f:
+    stored = json.load(f)
+  del stored["weight_decay"]
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  changes = workdir_lib.check_config(run, config(data_dir, weight_decay_mask="all"))[1]
+  assert [c[0] for c in changes] == ["weight_decay_mask"]
+
+
+def test_a_corpus_path_given_to_a_run_of_no_files_is_refused(run, data_dir):
+  # The run (the numbers task) recorded no corpus files: no bytes to find the same.
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.tsv_path: None -> "):
+    workdir_lib.check_config(run, config(data_dir, **{"data.tsv_path": "x.tsv"}))
 
 
 def test_changes_that_would_do_nothing_on_resume_are_refused(run, data_dir):
