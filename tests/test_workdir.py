@@ -441,6 +441,11 @@ def test_evaluation_reads_the_run_s_own_corpus_and_refuses_a_changed_one(tmp_pat
 
 
 def test_a_run_split_before_the_grouping_is_told_how_to_resume(run, data_dir):
+  # A run that recorded its split gets no such hint for a change of it.
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.split: 'grouped' -> 'source'") \
+      as refused:
+    workdir_lib.check_config(run, config(data_dir, **{"data.split": "source"}))
+  assert "was made before" not in str(refused.value)
   path = os.path.join(run, workdir_lib.CONFIG)
   with open(path) as f:
     stored = json.load(f)
