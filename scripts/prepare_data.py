@@ -21,7 +21,7 @@ from absl import flags
 
 from transformer_jax import cli
 from transformer_jax.data import default_data_config, get_data, leakage
-from transformer_jax.run import workdir
+from transformer_jax.run import trainer, workdir
 
 LOCAL_CORPORA = ("numbers", "locale", "text")
 
@@ -62,6 +62,8 @@ def body(values, args):
     # What train.py checks before it builds anything: a path for another dataset, a tokenizer
     # from another corpus, a config an existing run in the workdir cannot take.
     workdir.check_config(values.workdir, values.config)
+    # A fork's tokenizer is its init_from run's, as train.py would take it.
+    trainer.adopt_init_from_tokenizer(values.config, values.workdir)
   data = get_data(c, values.workdir)
   splits = ("train", "validation", "test")
   result = {"dataset": c.dataset, "direction": f"{c.source_lang}->{c.target_lang}",

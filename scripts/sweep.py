@@ -84,6 +84,7 @@ def _body(values):
     return _failed(runner, indices, lambda i: sweeps.log_path(runner, job, i))
   if values.slurm:
     path = sweeps.write_sbatch(runner, values.slurm_option, values.slurm_max_concurrent)
+    runner.write_spec()
     print(f"wrote {path} ({len(runner.points)} points): submit with  sbatch {path}")
     return 0
   results = runner.run(values.point, parallel=values.parallel,

@@ -107,6 +107,10 @@ def test_text_corpus_errors_name_the_file(tmp_path):
   with pytest.raises(DataError, match=rf"data.target_path={tmp_path}: is a directory"):
     get_data(c, str(tmp_path / "work"))
   c.source_path = c.target_path = None
+  (tmp_path / "utf32.tsv").write_bytes("one\teins\n".encode("utf-32"))
+  c.tsv_path = str(tmp_path / "utf32.tsv")
+  with pytest.raises(ValueError, match=r"is UTF-32.*iconv -f UTF-32"):
+    get_data(c, str(tmp_path / "work"))
   (tmp_path / "fields.tsv").write_text("one\teins\ntwo\tzwei\textra\n")
   c.tsv_path = str(tmp_path / "fields.tsv")
   with pytest.raises(DataError, match=r"fields.tsv: 1 of 2 lines do not have exactly 2 "

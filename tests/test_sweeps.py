@@ -457,6 +457,7 @@ def test_more_slots_than_inherited_gpus_fail_before_any_point_starts(tmp_path, m
   with pytest.raises(sweeps.SweepError, match=r"2 point\(s\) at a time x --devices_per_point 2"):
     runner.run(parallel=2, devices_per_point=2, log=lambda s: None)
   assert not any(os.path.exists(sweeps.point_dir(runner.sweep_dir, p)) for p in runner.points)
+  assert not os.path.exists(os.path.join(runner.sweep_dir, "sweep.json"))   # refused: untouched
   # Only slots with a point to run need GPUs: one point left runs on the first slot's.
   fake = tmp_path / "fake_train.py"
   fake.write_text("import os, sys\nw = sys.argv[sys.argv.index('--workdir') + 1]\n"
@@ -695,8 +696,25 @@ def test_a_refused_command_leaves_sweep_json_as_it_was(tmp_path, capsys):
       "values\n")
   with open(spec) as f:
     assert f.read() == before
-  # No flags at all: the sweep's own (as --list takes them), not the config's defaults.
+  # No flags at all: the sweep's own (as --list takes them), not the config's defaults; and
+  # a new num_train_steps alone extends a sweep run with other flags too.
   assert sweeps.Runner(TINY, sweep_dir, str(fake)).overrides == {"num_train_steps": 3}
+  with open(spec) as f:
+    recorded = json.load(f)
+  recorded["overrides"]["label_smoothing"] = 0.0
+  with open(spec, "w") as f:
+    json.dump(recorded, f)
+  assert sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 5}).overrides == {
+      "num_train_steps": 5, "label_smoothing": 0.0}
+  # A sweep.json from before "overrides" was recorded: its flags cannot be taken, so a
+  # command without them is refused (it would train to the config's default steps).
+  del recorded["overrides"]
+  with open(spec, "w") as f:
+    json.dump(recorded, f)
+  with pytest.raises(sweeps.SweepError, match="differs in flags"):
+    sweeps.Runner(TINY, sweep_dir, str(fake))
+  assert sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3}).overrides == {
+      "num_train_steps": 3}
   # More steps extend it; the same flags go on with it.
   more = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 4})
   more.write_spec()

@@ -358,10 +358,24 @@ def test_a_tokenizer_left_by_a_failed_first_command_refuses_other_bytes(tmp_path
     record = json.load(f)
   assert record[workdir_lib.RESOLVED_DATA]["roles"] == {"tsv_path": str(corpus)}
   assert workdir_lib.check_config(run, c) == (None, [])
+  # The corpus moved (the same bytes): the same corpus, as for a run with a config.json.
+  (tmp_path / "moved").mkdir()
+  moved = tmp_path / "moved" / "corpus.tsv"
+  shutil.copy(corpus, moved)
+  moved_config = config(data_dir, **{"data.dataset": "text", "data.tsv_path": str(moved),
+                                     "data.vocab_size": 100})
+  assert workdir_lib.check_config(run, moved_config) == (None, [])
+  moved.write_text("other\tandere\n" * 600)
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.tsv_path: "):
+    workdir_lib.check_config(run, moved_config)
   corpus.write_text("\n".join(lines[:300]) + "\n")
   with pytest.raises(workdir_lib.ConfigChangeRefused,
                      match=f"(?s){corpus}: its content changed.*delete {spm} and"):
     workdir_lib.check_config(run, c)
+  # Half of that advice followed (spm.model deleted): no tokenizer left to protect.
+  os.rename(spm, spm + ".aside")
+  assert workdir_lib.check_config(run, c) == (None, [])
+  os.rename(spm + ".aside", spm)
   # A tokenizer recorded before its files were (2026-11-25): its fields alone are compared.
   del record[workdir_lib.RESOLVED_DATA]
   with open(spm + ".json", "w") as f:
@@ -389,6 +403,14 @@ def test_an_init_from_tokenizer_left_by_a_failed_first_command_is_the_fork_s(run
   c.init_from = None
   with pytest.raises(workdir_lib.ConfigChangeRefused, match="its content changed"):
     workdir_lib.check_config(str(fork), c)
+  # prepare_data.py on a fork takes the init_from run's tokenizer, as train.py does (it
+  # trained one of the fork's corpus, which train.py then refused).
+  other = tmp_path / "other_fork"
+  prepare = load_script("prepare_data")
+  assert prepare.main(["--config", tiny_config.__file__, f"--config.data.data_dir={data_dir}",
+                       f"--config.init_from={run}", "--workdir", str(other)]) == 0
+  with open(other / "spm.model", "rb") as a, open(os.path.join(run, "spm.model"), "rb") as b:
+    assert a.read() == b.read()
 
 
 def test_prepare_data_checks_what_train_checks(tmp_path, data_dir, capsys):
@@ -789,6 +811,26 @@ def test_mistakes_with_a_new_run_are_refused_before_anything_is_written(run, dat
   with open(os.path.join(fork, "spm.model"), "rb") as a, open(os.path.join(run, "spm.model"),
                                                              "rb") as b:
     assert a.read() == b.read()
+
+
+def test_roles_of_a_record_without_them_are_found_by_the_paths_given(tmp_path):
+  a, b = tmp_path / "a" / "src.txt", tmp_path / "b" / "tgt.txt"
+  for path, text in ((a, "one\n"), (b, "eins\n")):
+    path.parent.mkdir()
+    path.write_text(text)
+  data = config(tmp_path, **{"data.dataset": "text", "data.source_path": str(a),
+                             "data.target_path": str(b)}).data
+  legacy = {"inputs": fingerprint.fingerprint(data)}
+  given = {"source_path": "../a/src.txt", "target_path": "b/tgt.txt"}
+  assert fingerprint.recorded_roles(legacy, given) == {"source_path": str(a),
+                                                       "target_path": str(b)}
+  swapped = config(tmp_path, **{"data.dataset": "text", "data.source_path": str(b),
+                                "data.target_path": str(a)}).data
+  assert fingerprint.matches(legacy, data, given) and not fingerprint.matches(legacy, swapped,
+                                                                             given)
+  # Roles it cannot place, of two different files: not taken for the same corpus.
+  assert not fingerprint.matches(legacy, data, {"source_path": "x/src.txt",
+                                                "target_path": "y/tgt.txt"})
 
 
 def test_a_field_only_one_side_has_is_a_change():

@@ -101,8 +101,11 @@ def recorded_roles(recorded: dict, data: dict | None = None) -> dict:
     if not given:
       continue
     given = os.path.normpath(given)
+    tail = given
+    while tail.startswith(".." + os.sep):  # "../a/src.txt": the recorded path ends a/src.txt
+      tail = tail[3:]
     found = [p for p in recorded.get("inputs", {})
-             if p == given or p.endswith(os.sep + given.lstrip(os.sep))]
+             if p == given or p.endswith(os.sep + tail.lstrip(os.sep))]
     if len(found) == 1:
       out[field] = found[0]
   return out
@@ -117,8 +120,11 @@ def matches(recorded: dict, c, data: dict | None = None) -> bool:
   if len(now) != len(input_files(c)) or sorted(e["sha256"] for e in now.values()) != sorted(
       e["sha256"] for e in inputs.values()):
     return False
-  current = roles(c)
-  for field, path in recorded_roles(recorded, data).items():
+  current, then = roles(c), recorded_roles(recorded, data)
+  if "roles" not in recorded and len({e["sha256"] for e in inputs.values()}) > 1 and any(
+      (data or {}).get(f) and f not in then for f in ("source_path", "target_path")):
+    return False  # two different files whose roles the record cannot tell: not the same corpus
+  for field, path in then.items():
     if path not in inputs or current.get(field) not in now:
       return False
     if now[current[field]]["sha256"] != inputs[path]["sha256"]:

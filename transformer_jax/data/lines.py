@@ -35,11 +35,14 @@ def read_lines(path: str) -> list[str]:
       text = line.decode("utf-8")
     except UnicodeDecodeError as e:
       # Excel's "Unicode Text" and Notepad's "Unicode" are UTF-16, with its byte-order mark.
-      utf16 = data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+      # (UTF-32's little-endian mark starts with UTF-16's.)
+      wide = next((encoding for encoding, marks in (
+          ("UTF-32", (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)),
+          ("UTF-16", (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))) if data.startswith(marks)), None)
       raise NotUTF8Error(
           f"{name} line {number} is not UTF-8 ({e.reason} at byte {e.start} of the line): "
-          + ("the file is UTF-16 (it starts with UTF-16's byte-order mark): convert it with "
-             "`iconv -f UTF-16 -t UTF-8`" if utf16 else
+          + (f"the file is {wide} (it starts with {wide}'s byte-order mark): convert it with "
+             f"`iconv -f {wide} -t UTF-8`" if wide else
              "convert it, e.g. with `iconv -f LATIN1 -t UTF-8`")) from None
     lines.append(text[:-1] if text.endswith("\r") else text)
   return lines

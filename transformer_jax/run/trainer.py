@@ -31,6 +31,36 @@ from transformer_jax.search import output_ids, search_batch
 from transformer_jax.steps import TrainSetup
 
 
+def adopt_init_from_tokenizer(config, workdir: str) -> None:
+  """With `init_from` (and no `data.vocab_path`), copy that run's spm.model (and its .json)
+  into `workdir`, where none is yet; refuse one an earlier command trained there.
+
+  Parameters from another run only mean something with that run's vocabulary: the fork gets a
+  copy of it, so its workdir stands on its own (tools, resumes, a moved source). Called by
+  `Trainer.create` and by scripts/prepare_data.py (which would otherwise train a tokenizer of
+  the fork's own corpus that the fork's training then refuses)."""
+  if not config.init_from or config.data.vocab_path:
+    return
+  vocab = init_from_vocabulary(config.init_from)
+  own = os.path.join(workdir, SPM_MODEL)
+  fresh = not checkpointing.checkpoint_steps(checkpointing.checkpoint_dir(workdir))
+  if vocab and fresh and os.path.exists(own) and not filecmp.cmp(vocab, own, shallow=False):
+    # Left by an earlier command in this workdir that failed before its first checkpoint:
+    # init_from's parameters with this tokenizer would read every piece as another one.
+    raise RunError(
+        f"{own} is not the tokenizer of the init_from run ({vocab}): an earlier command "
+        "in this workdir trained it and stopped before its first checkpoint. Delete "
+        f"{own} and {own}.json to start from the init_from run with its tokenizer, or "
+        "pass another --workdir")
+  if vocab and not os.path.exists(own) and distributed.is_main():
+    os.makedirs(workdir, exist_ok=True)
+    for suffix in ("", ".json"):
+      if os.path.exists(vocab + suffix):
+        shutil.copyfile(vocab + suffix, own + suffix + ".tmp")
+        os.replace(own + suffix + ".tmp", own + suffix)
+  distributed.sync("transformer_jax: the init_from tokenizer is copied")
+
+
 class Trainer:
   """Data, model config, `TrainSetup` (mesh, state shardings, jitted train step), eval step and
   checkpointer of one run."""
@@ -47,27 +77,7 @@ class Trainer:
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, workdir: str) -> "Trainer":
     """Everything a run needs from a validated config; `jax.distributed` must be up already."""
-    if config.init_from and not config.data.vocab_path:
-      # Parameters from another run only mean something with that run's vocabulary: the fork
-      # gets a copy of it, so its workdir stands on its own (tools, resumes, a moved source).
-      vocab = init_from_vocabulary(config.init_from)
-      own = os.path.join(workdir, SPM_MODEL)
-      fresh = not checkpointing.checkpoint_steps(checkpointing.checkpoint_dir(workdir))
-      if vocab and fresh and os.path.exists(own) and not filecmp.cmp(vocab, own, shallow=False):
-        # Left by an earlier command in this workdir that failed before its first checkpoint:
-        # init_from's parameters with this tokenizer would read every piece as another one.
-        raise RunError(
-            f"{own} is not the tokenizer of the init_from run ({vocab}): an earlier command "
-            "in this workdir trained it and stopped before its first checkpoint. Delete "
-            f"{own} and {own}.json to start from the init_from run with its tokenizer, or "
-            "pass another --workdir")
-      if vocab and not os.path.exists(own) and distributed.is_main():
-        os.makedirs(workdir, exist_ok=True)
-        for suffix in ("", ".json"):
-          if os.path.exists(vocab + suffix):
-            shutil.copyfile(vocab + suffix, own + suffix + ".tmp")
-            os.replace(own + suffix + ".tmp", own + suffix)
-      distributed.sync("transformer_jax: the init_from tokenizer is copied")
+    adopt_init_from_tokenizer(config, workdir)
     data = get_data(config.data, workdir, process_index=jax.process_index(),
                     process_count=jax.process_count())
     tok = data.tokenizer

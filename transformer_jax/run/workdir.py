@@ -462,10 +462,10 @@ def _check_tokenizer(workdir: str, config) -> None:
   """A workdir with a tokenizer but no config yet (a first command failed after training it):
   refuse a data config other than the one the tokenizer was trained from."""
   spm = os.path.join(workdir, SPM_MODEL)
-  if config.data.vocab_path or not os.path.exists(spm + ".json"):
-    return
+  if config.data.vocab_path or not (os.path.exists(spm) and os.path.exists(spm + ".json")):
+    return  # no tokenizer to protect (a .json left without its model is replaced with it)
   vocab = config.init_from and init_from_vocabulary(config.init_from)
-  if vocab and filecmp.cmp(vocab, spm, shallow=False):
+  if vocab and os.path.exists(spm) and filecmp.cmp(vocab, spm, shallow=False):
     return  # init_from's own tokenizer, copied by an earlier command: the fork's, on any corpus
   with open(spm + ".json") as f:
     record = json.load(f)
@@ -475,13 +475,17 @@ def _check_tokenizer(workdir: str, config) -> None:
   trained = {k[len("data."):]: v for k, v in recorded.items() if k.startswith("data.")}
   new = json.loads(config.data.to_json_best_effort())
   names = [f[len("data."):] for f in TOKENIZER_FIELDS]
-  differ = [f"data.{n}: {trained.get(n)!r} -> {new.get(n)!r}" for n in names
-            if trained.get(n) != new.get(n)]
-  # The same fields on other bytes: a corpus fixed after the command that trained the
-  # tokenizer failed (or after prepare_data.py) would be read with the old vocabulary.
-  # (spm.model.json records the files since 2026-11-25.)
-  differ = differ or corpus_changes({RESOLVED_DATA: record.get(RESOLVED_DATA, {}),
-                                     "data": record}, config.data)
+  differ = [n for n in names if trained.get(n) != new.get(n)]
+  # spm.model.json records the files' bytes since 2026-11-25: the same corpus under other
+  # paths (moved, or named from another directory) is no change, and the same paths on other
+  # bytes (a corpus fixed after the command that trained the tokenizer failed, or after
+  # prepare_data.py) would be read with the old vocabulary.
+  stored = {RESOLVED_DATA: record.get(RESOLVED_DATA, {}), "data": record}
+  if differ and {f"data.{n}" for n in differ} <= set(CORPUS_PATH_FIELDS) and _same_bytes(
+      stored, config):
+    differ = []
+  differ = ([f"data.{n}: {trained.get(n)!r} -> {new.get(n)!r}" for n in differ]
+            or corpus_changes(stored, config.data))
   if differ:
     lines = "\n".join(f"  {line}" for line in differ)
     raise ConfigChangeRefused(
@@ -517,13 +521,9 @@ def corpus_changes(stored: dict, data_config) -> list[str]:
   inputs, data = recorded["inputs"], stored.get("data")
   now = fingerprint.input_files(data_config)
   if sorted(now) == sorted(inputs):
-    lines = fingerprint.changed(inputs)  # hashes only the files whose size or time moved
-    current = fingerprint.roles(data_config)
-    swapped = [(f, p, g) for f, p in sorted(fingerprint.recorded_roles(recorded, data).items())
-               for g, q in current.items() if q == p and g != f]
-    if lines or not swapped or fingerprint.matches(recorded, data_config, data):
-      return lines
-    return [f"{p}: was data.{f}, is data.{g} now" for f, p, g in swapped]
+    # The same files (hashed only where their size or time moved). Their roles are not
+    # compared here: the callers refuse a change of the path fields first.
+    return fingerprint.changed(inputs)
   if fingerprint.matches(recorded, data_config, data):
     return []
   return ([f"{p}: recorded, not read now" for p in sorted(inputs) if p not in now]

@@ -188,11 +188,12 @@ class Runner:
   tail). `sweep.json` lists every point and the overrides; `status.json` the latest outcome of
   each point run so far, in point order (a run of some points, `--point`, updates their entries).
   `record=False` only looks (`--list`): it writes nothing, creates no directory and cannot run.
-  Given no overrides, it takes those sweep.json recorded, so that a point counts as done at the
-  steps the sweep trained it for, not at the config's default; `recorded_flags` are the flags
-  sweep.json names (None where there is none), for the caller to warn when they differ. One
-  that records refuses, once a point has started, overrides other than the recorded ones but
-  for num_train_steps (`_check_same_flags`), and writes sweep.json only when it runs or is
+  The overrides sweep.json recorded apply under this command's, so that a point counts as done
+  at the steps the sweep trained it for, not at the config's default, and a new
+  num_train_steps alone extends the sweep; `recorded_flags` are the flags sweep.json names
+  (None where there is none), for the caller to warn when they differ. One that records
+  refuses, once a point has started, values other than the recorded ones but for
+  num_train_steps (`_check_same_flags`), and writes sweep.json only when it runs or is
   submitted (`write_spec`): a refused command changes nothing.
   Each point's process gets SIGTERM when the driver dies (`_stop_with`).
   """
@@ -209,8 +210,9 @@ class Runner:
       self.recorded_flags = [str(f) for f in recorded["extra_flags"]]
     if isinstance(recorded.get("overrides"), dict):  # sweeps recorded before it have none
       self._recorded = recorded["overrides"]
-      if not self.overrides:
-        self.overrides = dict(self._recorded)
+      # The sweep's own flags, with this command's on top: `--config.num_train_steps=N` alone
+      # extends a sweep run with other flags.
+      self.overrides = {**self._recorded, **self.overrides}
     self.sweep = load_sweep(config_spec)
     self.points = self.sweep.points
     swept = sorted({k for p in self.points for k in p} & set(self.overrides))
@@ -246,7 +248,9 @@ class Runner:
       sweep_flags = override_flags(old)
     elif self.recorded_flags is not None:  # recorded before "overrides" (2026-11-25)
       old_flags = self.recorded_flags
-      differ = ["flags"] if _but_steps(old_flags) != _but_steps(self.extra_flags) else []
+      # Its flags cannot be taken as overrides: a command without any must give them.
+      differ = ["flags"] if (_but_steps(old_flags) != _but_steps(self.extra_flags)
+                             or old_flags and not self.overrides) else []
       sweep_flags = old_flags
     else:
       return
@@ -263,11 +267,14 @@ class Runner:
     submitted, after every check: a refused command changes nothing."""
     os.makedirs(self.sweep_dir, exist_ok=True)
     if self._main:
-      _write(os.path.join(self.sweep_dir, "sweep.json"), json.dumps(
+      # Every SLURM array task writes it: a reader never sees a half-written one (os.replace).
+      tmp = os.path.join(self.sweep_dir, f"sweep.json.{os.getpid()}.tmp")
+      _write(tmp, json.dumps(
           {"config": self.config_spec, "extra_flags": self.extra_flags,
            "overrides": _as_json(self.overrides),
            "points": [{"index": i, "name": point_name(p), "overrides": p}
                       for i, p in enumerate(self.points)]}, indent=1, default=str) + "\n")
+      os.replace(tmp, os.path.join(self.sweep_dir, "sweep.json"))
 
   def differs_from_recorded(self) -> bool:
     """Whether a look's overrides are not those sweep.json recorded (False where it recorded
@@ -357,7 +364,6 @@ class Runner:
       if not 0 <= i < len(self.points):
         raise SweepError(f"--point {i}: this sweep has points 0..{len(self.points) - 1} "
                          "(--list shows them)")
-    self.write_spec()
     results: dict[int, dict] = {}
     todo = []
     for i in indices:
@@ -369,6 +375,7 @@ class Runner:
     parallel = min(max(1, parallel), max(1, len(todo)))  # no slot without a point to run
     if devices_per_point > 0 and todo:
       slot_env(parallel - 1, devices_per_point)  # the last slot's GPUs exist, or refuse
+    self.write_spec()
     running: dict[int, tuple] = {}   # slot -> (index, proc, log file, start time)
     free = list(range(parallel))
     while todo or running:

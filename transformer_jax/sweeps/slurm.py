@@ -95,7 +95,6 @@ def write_sbatch(runner: Runner, options: Sequence[str] = (), max_concurrent: in
                  indices: Sequence[int] | None = None) -> str:
   """Writes `<sweep>/sweep.sbatch` (and the `slurm/` directory its logs go to); returns its
   path."""
-  runner.write_spec()
   os.makedirs(os.path.join(runner.sweep_dir, "slurm"), exist_ok=True)
   path = os.path.join(runner.sweep_dir, "sweep.sbatch")
   with open(path, "w") as f:
@@ -129,4 +128,5 @@ def submit(runner: Runner, options: Sequence[str] = (), max_concurrent: int = 0,
                       f"{proc.stderr.strip() or proc.stdout.strip()}")
   with open(record, "w") as f:
     f.write(job_id + "\n")
+  runner.write_spec()  # once the job is accepted: a refused submission changes nothing
   return job_id, indices
