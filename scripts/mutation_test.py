@@ -162,10 +162,10 @@ def init_mutants(db, module_path: str, root: Path) -> list:
 
 def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: dict,
             sample: int | None = None, select: bool = False,
-            since: str | None = None) -> list[list[Path]]:
+            since: str | None = None, seed: int = 0) -> list[list[Path]]:
   """One cosmic-ray session per module and worker; worker w runs every workers-th mutant
-  (of `sample` drawn at random per module, when given; only those on lines changed since git
-  revision `since`, when given)."""
+  (of `sample` drawn at random per module with `seed`, when given; only those on lines changed
+  since git revision `since`, when given)."""
   (out / "sessions").mkdir(parents=True, exist_ok=True)
   queues = [[] for _ in range(workers)]
   for name in names:
@@ -194,7 +194,7 @@ def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: d
                        for r, item in zip(reasons, items)]
           runnable = [i for i, reason in enumerate(reasons) if reason is None]
           if sample is not None and sample < len(runnable):
-            drawn = set(random.Random(0).sample(runnable, sample))
+            drawn = set(random.Random(seed).sample(runnable, sample))
             reasons = [r if i in drawn or r else "sample: not drawn"
                        for i, r in enumerate(reasons)]
             runnable = sorted(drawn)
@@ -536,7 +536,10 @@ def main(argv=None) -> None:
   parser.add_argument("--modules", default="", help="comma-separated; default: every module")
   parser.add_argument("--workers", type=int, default=2, help="copies of the tree run side by side")
   parser.add_argument("--sample", type=int, default=None,
-                      help="run this many mutants per module, drawn at random (seed 0)")
+                      help="run this many mutants per module, drawn at random (--seed)")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="the sample's random seed (default 0): another seed draws another "
+                           "sample, which may share mutants with the first")
   parser.add_argument("--since", default=None,
                       help="only the mutants on lines changed since this git revision (a quick "
                            "check of a change; the rest are skipped, not counted)")
@@ -574,7 +577,7 @@ def main(argv=None) -> None:
     select = not args.no_select
     timeouts = baseline(out, config, names, args.workers, select, not args.trust_coverage)
     queues = prepare(out, config, names, args.workers, timeouts, args.sample, select,
-                     args.since)
+                     args.since, args.seed)
     with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
       list(pool.map(lambda wq: execute(out, *wq), enumerate(queues)))
   report(out, config, names)
