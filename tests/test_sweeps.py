@@ -775,3 +775,34 @@ def test_exit_text_names_the_signal():
   assert sweeps.runner.exit_text(1) == "exit status 1"
   assert sweeps.runner.exit_text(-9) == "killed by SIGKILL"
   assert sweeps.runner.exit_text(-200) == "killed by signal 200"
+
+
+def test_a_point_whose_workdir_a_live_process_holds_is_running(tmp_path):
+  import socket
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(FAKE_TRAIN)
+  sweep_dir = str(tmp_path / "sweep")
+  runner = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3})
+  runner.write_spec()
+  d = sweeps.point_dir(sweep_dir, runner.points[0])
+  os.makedirs(d)
+  with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+    f.write('{"step": 1, "train_loss": 5.0}\n')
+  lock = os.path.join(d, ".lock")
+  sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  try:
+    with open(lock, "w") as f:     # what Lock.acquire writes for its holder
+      json.dump({"host": socket.gethostname(), "pid": sleeper.pid}, f)
+    assert runner.status(0) == "running"
+    assert sweeps.report(sweep_dir, "train_loss")["rows"][0]["status"] == "running"
+    # The sweep run again beside it skips it rather than fail on its lock.
+    [result] = runner.run([0], log=lambda s: None)
+    assert result["status"] == "skipped (running)" and not os.path.exists(
+        os.path.join(d, "calls"))
+  finally:
+    sleeper.kill()
+    sleeper.wait()
+  assert runner.status(0) == "partial"               # its holder is gone (killed with -9)
+  with open(lock, "w") as f:
+    json.dump({"host": "elsewhere", "pid": os.getpid()}, f)
+  assert runner.status(0) == "partial"               # another host's pid cannot be checked

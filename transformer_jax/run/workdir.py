@@ -233,6 +233,27 @@ class Lock:
       self._fd = None
 
 
+def running_here(workdir: str) -> dict | None:
+  """The holder of `workdir`'s lock (what `.lock` says) when it is a live process of this
+  host; None otherwise. Reads the file only: taking the lock to test it, even for an instant,
+  could make a run starting at that moment fail as "in use". A holder killed with -9 leaves
+  its JSON behind, so the pid is checked; one on another host cannot be, and is not named."""
+  try:
+    with open(os.path.join(workdir, LOCK)) as f:
+      holder = json.loads(f.read() or "{}")
+  except (OSError, ValueError):
+    return None
+  if not isinstance(holder, dict) or holder.get("host") != socket.gethostname():
+    return None
+  try:
+    os.kill(int(holder["pid"]), 0)
+  except (KeyError, TypeError, ValueError, ProcessLookupError):
+    return None
+  except PermissionError:  # alive, another user's
+    pass
+  return holder
+
+
 def busy_message(workdir: str, holder: dict | None) -> str:
   if not holder:
     return (f"{workdir} is in use by another run (its process 0 holds {workdir}/{LOCK}): wait "

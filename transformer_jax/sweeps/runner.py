@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from transformer_jax.data.tokenizer import file_lock
 from transformer_jax.run.metrics import evaluated
+from transformer_jax.run.workdir import running_here
 from transformer_jax.sweeps.spec import (
   SweepError,
   load_sweep,
@@ -59,13 +60,15 @@ def _marked_done(workdir: str, num_train_steps: int | None = None) -> bool:
 
 
 def status(workdir: str, num_train_steps: int | None = None) -> str:
-  """"done" (a DONE marker covering `num_train_steps`, or `finished`), "failed", "partial" or
-  "new".
+  """"done" (a DONE marker covering `num_train_steps`, or `finished`), "running" (a live
+  process of this host holds its workdir), "failed", "partial" or "new".
 
   A re-run skips "done" points and runs the others again: their workdirs resume from their
   last checkpoint (also to train on, where `num_train_steps` grew)."""
   if _marked_done(workdir, num_train_steps):
     return "done"
+  if running_here(workdir):
+    return "running"
   if os.path.exists(os.path.join(workdir, FAILED)):
     return "failed"  # even past the last step: it may have failed in the final evaluation
   if num_train_steps is not None and finished(workdir, num_train_steps):
@@ -367,9 +370,15 @@ class Runner:
     results: dict[int, dict] = {}
     todo = []
     for i in indices:
-      if self.status(i) == "done":
-        results[i] = {"index": i, "name": point_name(self.points[i]), "status": "skipped (done)"}
-        log(f"[{i}] {point_name(self.points[i])}: already done, skipped")
+      state = self.status(i)
+      if state in ("done", "running"):
+        # A running one: another driver's, or one left by a driver that died elsewhere; a
+        # second train.py there would only fail on its lock.
+        results[i] = {"index": i, "name": point_name(self.points[i]),
+                      "status": f"skipped ({state})"}
+        log(f"[{i}] {point_name(self.points[i])}: "
+            + ("already done, skipped" if state == "done" else "running (its workdir is in "
+               "use by a live process), skipped: run the sweep again once it has ended"))
       else:
         todo.append(i)
     parallel = min(max(1, parallel), max(1, len(todo)))  # no slot without a point to run
