@@ -1052,3 +1052,72 @@ def test_a_step_directory_and_another_step_contradict(run):
   for step in (3, None):
     assert checkpointing.resolve_checkpoint(run, os.path.join(run, "checkpoints", "3"),
                                             step=step)[1] == 3
+
+
+def test_a_failed_asynchronous_save_found_at_close_is_a_storage_error(tmp_path):
+  """An asynchronous save that failed in the background is found when the run closes its
+  checkpointer: reported as a StorageError (the disk's words, the advice), not Orbax's error
+  from closing the manager."""
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "run"), max_to_keep=2, async_save=True)
+  real = ckpt.manager
+
+  class Full:
+    def wait_until_finished(self):
+      raise OSError(28, "No space left on device")
+
+    def close(self):
+      raise RuntimeError("an Orbax error from closing")
+
+  ckpt.manager = Full()
+  try:
+    with pytest.raises(checkpointing.StorageError, match="No space left on device"):
+      ckpt.close()
+  finally:
+    real.close()
+
+
+def test_the_clean_up_of_half_written_steps_never_raises(tmp_path, monkeypatch):
+  # Orbax's writer threads may still be writing into a temporary step while it is removed:
+  # the clean-up goes on, and the save's own error is the one reported.
+  (tmp_path / "3.orbax-checkpoint-tmp-1").mkdir()
+
+  def rmtree(path, ignore_errors=False):
+    if not ignore_errors:
+      raise OSError(39, "Directory not empty", path)
+
+  monkeypatch.setattr(checkpointing.shutil, "rmtree", rmtree)
+  assert checkpointing.remove_partial_steps(str(tmp_path)) is True
+
+
+def test_a_failed_save_of_parameters_keeps_the_old_one_and_raises_its_own_error(tmp_path,
+                                                                                 monkeypatch):
+  directory = str(tmp_path / "averaged")
+  params = {"dense": {"kernel": np.full((2, 2), 1.5, np.float32)}}
+  checkpointing.save_params(directory, 5, params, {"averaged_steps": [5]})
+  real = checkpointing.ocp.CheckpointManager
+
+  class Full:  # the disk fills during the save
+    def __init__(self, *args, **kwargs):
+      pass
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      return False
+
+    def save(self, *args, **kwargs):
+      raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(checkpointing.ocp, "CheckpointManager", Full)
+  other = {"dense": {"kernel": np.full((2, 2), 9.0, np.float32)}}
+  # A save over step 5: the earlier step 5 is put back, untouched.
+  with pytest.raises(OSError, match="No space left on device"):
+    checkpointing.save_params(directory, 5, other, {})
+  # A first save of step 7: nothing to put back, and the save's error is the one raised.
+  with pytest.raises(OSError, match="No space left on device"):
+    checkpointing.save_params(directory, 7, other, {})
+  monkeypatch.setattr(checkpointing.ocp, "CheckpointManager", real)
+  assert sorted(os.listdir(directory)) == ["5"]
+  step, loaded = checkpointing.load_params(directory)
+  assert step == 5 and loaded["dense"]["kernel"][0, 0] == np.float32(1.5)
