@@ -68,6 +68,17 @@ def run(trained, tmp_path):
   return path
 
 
+def edit_run_config(run: str, edit) -> dict:
+  """Apply `edit` to the run's config.json in place (as an older or another version wrote it)."""
+  path = os.path.join(run, workdir_lib.CONFIG)
+  with open(path) as f:
+    stored = json.load(f)
+  edit(stored)
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  return stored
+
+
 def snapshot(path: str) -> dict:
   """Every file of a workdir but the lock, with its bytes."""
   out = {}
@@ -433,13 +444,19 @@ def test_prepare_data_checks_what_train_checks(tmp_path, data_dir, capsys):
   assert "data.vocab_size: 100 -> 120" in capsys.readouterr().err
 
 
-def test_evaluation_reads_the_run_s_own_corpus_and_refuses_a_changed_one(tmp_path,
-                                                                         monkeypatch):
+def _relative_corpus(tmp_path, monkeypatch):
+  """a/corpus.tsv, named from directory a (the working directory now); b beside it, empty."""
   (tmp_path / "a").mkdir()
   (tmp_path / "b").mkdir()
   corpus = tmp_path / "a" / "corpus.tsv"
   corpus.write_text("one\teins\n")
   monkeypatch.chdir(tmp_path / "a")
+  return corpus
+
+
+def test_evaluation_reads_the_run_s_own_corpus_and_refuses_a_changed_one(tmp_path,
+                                                                         monkeypatch):
+  corpus = _relative_corpus(tmp_path, monkeypatch)
   data = config(tmp_path, **{"data.dataset": "text", "data.tsv_path": "corpus.tsv"}).data
   run = {"data": json.loads(data.to_json_best_effort()),
          workdir_lib.RESOLVED_DATA: fingerprint.record(data)}
@@ -671,11 +688,7 @@ def test_a_run_with_keep_best_saves_the_best_evaluation_for_the_tools(tmp_path, 
 
 def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, tmp_path,
                                                                 monkeypatch):
-  (tmp_path / "a").mkdir()
-  (tmp_path / "b").mkdir()
-  corpus = tmp_path / "a" / "corpus.tsv"
-  corpus.write_text("one\teins\n")
-  monkeypatch.chdir(tmp_path / "a")
+  corpus = _relative_corpus(tmp_path, monkeypatch)
   # The run as if it had trained on the relative path corpus.tsv, from directory a.
   text = config(data_dir, **{"data.dataset": "text", "data.tsv_path": "corpus.tsv"})
   path = os.path.join(run, workdir_lib.CONFIG)
@@ -843,12 +856,7 @@ def test_a_field_only_one_side_has_is_a_change():
 def test_model_fields_a_run_sets_itself_are_not_this_code_s_config_fields(run):
   # TransformerConfig's pad_id and the like come from the tokenizer, not the experiment
   # config: a run config that records one was written by another version.
-  path = os.path.join(run, workdir_lib.CONFIG)
-  with open(path) as f:
-    stored = json.load(f)
-  stored["model"]["pad_id"] = 0
-  with open(path, "w") as f:
-    json.dump(stored, f)
+  edit_run_config(run, lambda stored: stored["model"].update(pad_id=0))
   with pytest.raises(workdir_lib.RunError, match=r"fields this code does not know: "
                                                  r"\['model.pad_id'\]"):
     workdir_lib.experiment_config(run)
