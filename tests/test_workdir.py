@@ -846,6 +846,32 @@ def test_roles_of_a_record_without_them_are_found_by_the_paths_given(tmp_path):
                                                 "target_path": "y/tgt.txt"})
 
 
+def test_evaluating_an_older_step_finds_the_corpus_where_a_later_resume_recorded_it(tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  for name in ("old", "new"):
+    (tmp_path / name).mkdir()
+  (tmp_path / "old" / "c.tsv").write_text("one\teins\n")
+
+  def record(path):
+    data = config(tmp_path, **{"data.dataset": "text", "data.tsv_path": str(path)}).data
+    return {"data": json.loads(data.to_json_best_effort()), "resolved_model": {},
+            workdir_lib.RESOLVED_DATA: fingerprint.record(data)}
+
+  first = record(tmp_path / "old" / "c.tsv")
+  shutil.move(tmp_path / "old" / "c.tsv", tmp_path / "new" / "c.tsv")
+  for name, stored in (("config.json", first), ("config.3.json", record(tmp_path / "new" /
+                                                                        "c.tsv"))):
+    with open(run / name, "w") as f:
+      json.dump(stored, f)
+  # The tools read step 2's config (config.json, the old path); the resume at 3 recorded the
+  # same bytes at the new one.
+  assert evaluation.data_config(first, str(run)).tsv_path == str(tmp_path / "new" / "c.tsv")
+  shutil.move(tmp_path / "new" / "c.tsv", tmp_path / "c.tsv")   # moved again, unrecorded
+  with pytest.raises(workdir_lib.RunError, match="old/c.tsv: no longer exists"):
+    evaluation.data_config(first, str(run))
+
+
 def test_a_field_only_one_side_has_is_a_change():
   stored = {"model": {"d_model": 32}}
   assert ("my_field", None, 1) in workdir_lib.config_changes(stored, {"my_field": 1})

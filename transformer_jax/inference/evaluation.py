@@ -31,11 +31,13 @@ from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.run import averaging
 from transformer_jax.run.workdir import (
   CHECKPOINTS,
+  CONFIG,
   EVAL,
   EVAL_LOG,
   RESOLVED_DATA,
   RunError,
   corpus_changes,
+  load_run_config,
 )
 
 BASELINES = ("copy",)
@@ -192,15 +194,8 @@ def own_test_set(source: str | None, reference: str | None, name: str | None = N
           (f"--source {source}", f"--reference {reference}"))
 
 
-def data_config(run: dict, workdir: str, data_dir: str | None = None) -> ml_collections.ConfigDict:
-  """The `data` config of the run `run` (its config.json, in `workdir`), to rebuild its splits;
-  `data_dir`: where TFDS finds them instead."""
-  if "split" not in run["data"]:
-    # Recorded since 2026-11-23 13:31; the held-out pairs depend on it, so it is not guessed.
-    raise RunError(
-        f"{os.path.join(workdir, 'config.json')} has no data.split (the run predates "
-        "its recording): add \"split\": \"grouped\" to its \"data\" section for a run made "
-        "after 2026-11-23 11:55 (near-duplicates grouped), else \"split\": \"source\"")
+def _corpus_config(run: dict, data_dir: str | None):
+  """(`run`'s data config, how its corpus files differ from those it recorded)."""
   config = ml_collections.ConfigDict(run["data"])
   if data_dir:
     config.data_dir = data_dir
@@ -212,8 +207,30 @@ def data_config(run: dict, workdir: str, data_dir: str | None = None) -> ml_coll
     given = config[field]
     if given and not os.path.isabs(given) and not os.path.exists(given) and os.path.exists(path):
       config[field] = path
-  changes = corpus_changes(run, config)
+  return config, corpus_changes(run, config)
+
+
+def data_config(run: dict, workdir: str, data_dir: str | None = None) -> ml_collections.ConfigDict:
+  """The `data` config of the run `run` (its config.json, in `workdir`), to rebuild its splits;
+  `data_dir`: where TFDS finds them instead."""
+  if "split" not in run["data"]:
+    # Recorded since 2026-11-23 13:31; the held-out pairs depend on it, so it is not guessed.
+    raise RunError(
+        f"{os.path.join(workdir, 'config.json')} has no data.split (the run predates "
+        "its recording): add \"split\": \"grouped\" to its \"data\" section for a run made "
+        "after 2026-11-23 11:55 (near-duplicates grouped), else \"split\": \"source\"")
+  config, changes = _corpus_config(run, data_dir)
+  if changes and os.path.exists(os.path.join(workdir, CONFIG)):
+    # `run` is the config of an older step; a later resume may have recorded the corpus moved
+    # (the same bytes in the same roles, or that resume was refused): its paths are the
+    # corpus's now.
+    latest = load_run_config(workdir)
+    if latest.get(RESOLVED_DATA) != run.get(RESOLVED_DATA):
+      moved, still = _corpus_config(latest, data_dir)
+      if not still:
+        return moved
   if changes:
+    from transformer_jax.data import fingerprint
     relative = any(config[f] and not os.path.isabs(config[f]) for f in fingerprint.roles(config))
     raise RunError(
         f"{workdir}'s corpus files differ from those it was trained on:\n  "
