@@ -26,6 +26,7 @@ import uuid
 import ml_collections
 
 from transformer_jax import bleu as bleu_lib
+from transformer_jax.data import fingerprint  # hashes a text corpus; loads no TFDS
 from transformer_jax.inference.flags import read_flag_lines
 from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.run import averaging
@@ -199,7 +200,6 @@ def _corpus_config(run: dict, data_dir: str | None):
   config = ml_collections.ConfigDict(run["data"])
   if data_dir:
     config.data_dir = data_dir
-  from transformer_jax.data import fingerprint  # hashes a text corpus; loads no TFDS
   recorded = run.get(RESOLVED_DATA, {})
   # A relative corpus path names the file of the directory training ran in: where this one has
   # none, the run's own file (recorded with its absolute path) is read.
@@ -230,7 +230,6 @@ def data_config(run: dict, workdir: str, data_dir: str | None = None) -> ml_coll
       if not still:
         return moved
   if changes:
-    from transformer_jax.data import fingerprint
     relative = any(config[f] and not os.path.isabs(config[f]) for f in fingerprint.roles(config))
     raise RunError(
         f"{workdir}'s corpus files differ from those it was trained on:\n  "

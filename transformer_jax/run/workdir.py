@@ -420,8 +420,10 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
                                 has_tokenizer=has_tokenizer))]
   if refused and {f for f, *_ in refused} <= set(CORPUS_PATH_FIELDS) and _same_bytes(stored,
                                                                                    config):
-    refused = []  # the corpus moved (or is named relative to another directory): the same files
-  if not refused and (has_checkpoint or has_tokenizer):
+    # The corpus moved (or is named relative to another directory): its files were just
+    # hashed and found the same, so `_check_corpus` has nothing left to compare.
+    refused = []
+  elif not refused and (has_checkpoint or has_tokenizer):
     _check_corpus(workdir, stored, config)
   if refused:
     lines = "\n".join(f"  {f}: {old!r} -> {new!r} (changes {why})" for f, old, new, why in refused)
@@ -486,7 +488,7 @@ def _check_tokenizer(workdir: str, config) -> None:
   if config.data.vocab_path or not (os.path.exists(spm) and os.path.exists(spm + ".json")):
     return  # no tokenizer to protect (a .json left without its model is replaced with it)
   vocab = config.init_from and init_from_vocabulary(config.init_from)
-  if vocab and os.path.exists(spm) and filecmp.cmp(vocab, spm, shallow=False):
+  if vocab and filecmp.cmp(vocab, spm, shallow=False):
     return  # init_from's own tokenizer, copied by an earlier command: the fork's, on any corpus
   with open(spm + ".json") as f:
     record = json.load(f)
@@ -504,7 +506,7 @@ def _check_tokenizer(workdir: str, config) -> None:
   stored = {RESOLVED_DATA: record.get(RESOLVED_DATA, {}), "data": record}
   if differ and {f"data.{n}" for n in differ} <= set(CORPUS_PATH_FIELDS) and _same_bytes(
       stored, config):
-    differ = []
+    return  # the corpus moved: its files were just hashed and found the same
   differ = ([f"data.{n}: {trained.get(n)!r} -> {new.get(n)!r}" for n in differ]
             or corpus_changes(stored, config.data))
   if differ:

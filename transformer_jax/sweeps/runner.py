@@ -121,8 +121,13 @@ def slot_env(slot: int, devices_per_point: int, base_env: dict | None = None) ->
 
 
 def _write(path: str, text: str):
-  with open(path, "w") as f:
+  """Write `text` to `path` through a temporary file and a rename: a reader (the report, an
+  array task's check, another driver) never sees a half-written marker, sweep.json or
+  status.json."""
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w") as f:
     f.write(text)
+  os.replace(tmp, path)
 
 
 def _read_json(path: str, kind: type):
@@ -240,10 +245,8 @@ class Runner:
     """Refuse flags other than those a started sweep recorded (but num_train_steps, which
     extends its points): its done points would be skipped, and its report would show their
     results under this command's values."""
-    started = [i for i, p in enumerate(self.points)
-               if os.path.isdir(point_dir(self.sweep_dir, p))]
-    if not started:
-      return
+    if not any(os.path.isdir(point_dir(self.sweep_dir, p)) for p in self.points):
+      return  # no point started: any flags
     if self._recorded is not None:
       old, new = self._recorded, _as_json(self.overrides)
       differ = sorted(k for k in set(old) | set(new)
@@ -270,14 +273,12 @@ class Runner:
     submitted, after every check: a refused command changes nothing."""
     os.makedirs(self.sweep_dir, exist_ok=True)
     if self._main:
-      # Every SLURM array task writes it: a reader never sees a half-written one (os.replace).
-      tmp = os.path.join(self.sweep_dir, f"sweep.json.{os.getpid()}.tmp")
-      _write(tmp, json.dumps(
+      # Every SLURM array task writes it (at once, when their array starts): `_write` renames.
+      _write(os.path.join(self.sweep_dir, "sweep.json"), json.dumps(
           {"config": self.config_spec, "extra_flags": self.extra_flags,
            "overrides": _as_json(self.overrides),
            "points": [{"index": i, "name": point_name(p), "overrides": p}
                       for i, p in enumerate(self.points)]}, indent=1, default=str) + "\n")
-      os.replace(tmp, os.path.join(self.sweep_dir, "sweep.json"))
 
   def differs_from_recorded(self) -> bool:
     """Whether a look's overrides are not those sweep.json recorded (False where it recorded
@@ -422,6 +423,4 @@ class Runner:
         if isinstance(i, int) and 0 <= i < len(names) and r.get("name") == names[i]:
           entries[i] = r
       entries.update((r["index"], r) for r in results)
-      tmp = f"{path}.{os.getpid()}.tmp"
-      _write(tmp, json.dumps([entries[i] for i in sorted(entries)], indent=1) + "\n")
-      os.replace(tmp, path)
+      _write(path, json.dumps([entries[i] for i in sorted(entries)], indent=1) + "\n")
