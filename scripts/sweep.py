@@ -7,11 +7,13 @@ r"""Run, submit or report a sweep: the points of a config file's `sweep()` (docs
         --wait --slurm_option=--gres=gpu:1   # a SLURM array of the points not done yet
     python scripts/sweep.py --workdir runs/lr_warmup --report --metric bleu
 
-`--config.FIELD=VALUE` overrides apply to every point. Done points are skipped on a re-run or
-re-submission; failed and stopped ones run again, resuming their checkpoints. `--slurm` only
-writes sweep.sbatch; `--point i` runs one point (what each array task runs); `--list` prints
-each point's status (against the overrides sweep.json recorded, unless given others) and writes
-nothing. The exit status is 1 if a point failed.
+`--config.FIELD=VALUE` overrides apply to every point, on top of those sweep.json recorded (a
+re-run needs none; `--config.num_train_steps=N` alone extends the sweep); other values than the
+recorded ones are refused once a point has started. Done points, and points a live process of
+this machine is running, are skipped on a re-run or re-submission; failed and stopped ones run
+again, resuming their checkpoints. `--slurm` only writes sweep.sbatch; `--point i` runs one
+point (what each array task runs); `--list` prints each point's status and writes nothing.
+A refused command leaves sweep.json as it was. The exit status is 1 if a point failed.
 """
 import os
 import sys
