@@ -57,6 +57,8 @@ def _body(values):
   if values.report:
     out = sweeps.report(values.workdir, values.metric, values.lower_is_better)
     print(out["markdown"], end="")
+    if out["warning"]:
+      print(f"warning: {out['warning']}", file=sys.stderr)
     print("wrote " + ", ".join(out["files"]), file=sys.stderr)
     return 0
   if values.config is None:

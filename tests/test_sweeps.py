@@ -353,6 +353,22 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
     sweeps.report(str(tmp_path), "blue")
 
 
+def test_report_before_any_metric_warns_of_a_metric_the_trainer_does_not_log(tmp_path, capsys):
+  """With nothing logged there is nothing to check --metric against: a name the trainer does
+  not log is a warning with the likely one (the report of statuses is still written)."""
+  script = load_sweep_script()
+  points = [{"learning_rate": 1.0}, {"learning_rate": 2.0}]
+  (tmp_path / "sweep.json").write_text(json.dumps({"points": [{"overrides": p} for p in points]}))
+  assert script.main(["--workdir", str(tmp_path), "--report", "--metric", "blue"]) == 0
+  err = capsys.readouterr().err
+  assert ("warning: no point has logged a metric yet, so --metric blue cannot be checked; the "
+          "trainer logs bleu, eval_loss") in err and "did you mean 'bleu'?" in err, err
+  assert "report.md" in os.listdir(tmp_path)
+  for metric in ("bleu", "eval_loss"):   # the usual names: no warning
+    assert script.main(["--workdir", str(tmp_path), "--report", "--metric", metric]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_report_of_a_directory_that_is_not_a_sweep_says_so(tmp_path, capsys):
   """Not the bare `[Errno 2] ... sweep.json`: what the directory is and what to pass."""
   script = load_sweep_script()

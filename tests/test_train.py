@@ -233,6 +233,8 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir):
     assert all(np.isfinite(r[key]) for r in logged[1:]), key
   evals = [r for r in records if "eval_loss" in r]
   assert evals and {"eval_loss", "eval_accuracy", "bleu"} <= set(evals[-1])
+  # The names a sweep report checks --metric against before any point has logged.
+  assert set(metrics.MAIN_METRICS) <= {k for r in records for k in r}
   with open(full / "config.json") as f:
     assert json.load(f)["resolved_model"]["vocab_size"] > 0
   assert os.path.exists(full / "spm.model")

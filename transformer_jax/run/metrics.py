@@ -14,6 +14,11 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+# The metrics a training run logs that a sweep report is most often sorted by (the trainer logs
+# more: throughput, norms, learning rate); tests/test_train.py checks that a run logs them all.
+MAIN_METRICS = ("bleu", "eval_loss", "eval_accuracy", "eval_nll", "eval_perplexity",
+                "train_loss", "train_accuracy")
+
 
 def summarize(sums: dict[str, float], prefix: str) -> dict[str, float]:
   tokens = max(float(sums["tokens"]), 1.0)

@@ -10,7 +10,7 @@ import math
 import os
 import statistics
 
-from transformer_jax.run.metrics import last_values
+from transformer_jax.run.metrics import MAIN_METRICS, last_values
 from transformer_jax.sweeps.runner import status
 from transformer_jax.sweeps.spec import Point, SweepError, point_dir, point_name
 
@@ -195,7 +195,9 @@ def _check_sweep_dir(sweep_dir: str) -> None:
 
 
 def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> dict:
-  """`report.csv`, `report.md` and `report_<metric>.png` in the sweep directory."""
+  """`report.csv`, `report.md` and `report_<metric>.png` in the sweep directory. A `metric` no
+  point logged is an error once any point logged metrics; before that, one the trainer does not
+  log gives `warning` (a line for the user) in the result."""
   _check_sweep_dir(sweep_dir)
   with open(os.path.join(sweep_dir, "sweep.json")) as f:
     points = [p["overrides"] for p in json.load(f)["points"]]
@@ -207,6 +209,14 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> d
     raise SweepError(f"--metric {metric}: no point logged it"
                      + (f"; did you mean {close[0]!r}?" if close else "")
                      + f" The points logged: {', '.join(logged)}")
+  warning = None
+  if not logged and metric not in MAIN_METRICS:
+    # Nothing to check a misspelling against yet: say so rather than sort by a column that
+    # may never exist (a metric of one's own, logged later, is still allowed).
+    close = difflib.get_close_matches(metric, MAIN_METRICS, n=1)
+    warning = (f"no point has logged a metric yet, so --metric {metric} cannot be checked; "
+               f"the trainer logs {', '.join(MAIN_METRICS)} and more"
+               + (f"; did you mean {close[0]!r}?" if close else ""))
   rows = sort_rows(rows, metric, lower)
   prefix = os.path.join(sweep_dir, "report")
   files = write_table(rows, fields, metric, prefix)
@@ -225,4 +235,5 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> d
     files += write_rows(seeds, columns, columns, prefix + "_seeds")
     with open(prefix + "_seeds.md") as f:
       table += f"\nOver seeds ({metric}: mean, sample standard deviation, range):\n\n" + f.read()
-  return {"rows": rows, "fields": fields, "files": files, "markdown": table, "seeds": seeds}
+  return {"rows": rows, "fields": fields, "files": files, "markdown": table, "seeds": seeds,
+          "warning": warning}
