@@ -56,7 +56,8 @@ def _warn_one(values, run: dict, step: int) -> None:
 
 
 def body(values, args):
-  run = workdir_config(values.workdir)  # a sweep or a checkpoints directory is told what to pass
+  # A sweep or a checkpoints directory is told what to pass (this script has no --step).
+  run = workdir_config(values.workdir, choose=False)
   last = values.last
   if last is None:
     last = int(run.get("average_last_checkpoints", 1))

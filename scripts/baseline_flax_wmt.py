@@ -1,4 +1,4 @@
-"""The comparison points of the CPU targets: the official Flax `examples/wmt` model and search.
+r"""The comparison points of the CPU targets: the official Flax `examples/wmt` model and search.
 
     python scripts/baseline_flax_wmt.py [steps]         # train step; default 30 steps
     python scripts/baseline_flax_wmt.py --what decode --beams 1,4 [--steps 5] \

@@ -1,4 +1,4 @@
-"""Translate a whole split and score it: sacreBLEU and chrF on detokenized text, as JSON.
+r"""Translate a whole split and score it: sacreBLEU and chrF on detokenized text, as JSON.
 
     python scripts/evaluate.py --workdir runs/default --split test
     python scripts/evaluate.py --workdir runs/default --split test --averaged --beam_size 4
@@ -88,7 +88,7 @@ def body(values, args):
     print(f"evaluate: {name}: baseline {values.baseline}: BLEU {result['bleu']:.2f}, "
           f"chrF {result['chrf']:.2f} on {result['sentences']} sentences", file=sys.stderr)
   else:
-    translator = translator_from_flags(values, truncate=None)
+    translator = translator_from_flags(values)
     data = None if pairs is not None else get_data(
         evaluation.data_config(translator.run, values.workdir, values.data_dir), values.workdir)
     result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,

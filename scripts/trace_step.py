@@ -1,8 +1,8 @@
-"""Print the jaxpr of a config's jitted train step: did a refactor change the program?
+r"""Print the jaxpr of a config's jitted train step: did a refactor change the program?
 
     python scripts/trace_step.py --config configs/locale.py:ende_paper > /tmp/now.txt
-    git worktree add /tmp/before 66d541e
-    (cd /tmp/before && PYTHONPATH=/tmp/before python /work/main/scripts/trace_step.py \
+    git worktree add /tmp/before 66d541e        # the commit to compare with
+    here=$PWD; (cd /tmp/before && PYTHONPATH=/tmp/before python "$here/scripts/trace_step.py" \
         --config configs/locale.py:ende_paper > /tmp/before.txt)
     cmp /tmp/now.txt /tmp/before.txt && echo "same program"
 

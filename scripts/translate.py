@@ -8,9 +8,12 @@ r"""Translate text with a trained run: one output line per input line, in order.
 Parameters: the latest step of <workdir>/checkpoints, `--step N`, `--averaged` (the output of
 scripts/average_checkpoints.py) or `--checkpoint PATH` (a workdir, checkpoints or averaged
 directory, or one checkpoints/<step> directory). The search defaults to the run's config.json
-(beam_size, length_penalty_alpha, max_len_margin). Empty lines give empty lines; a source longer
-than the model's max_len - 1 pieces is truncated with a warning on stderr naming the line;
-characters never seen in training become SentencePiece's unknown piece.
+(beam_size, length_penalty_alpha, max_len_margin; --alpha needs a beam of 2 or more). Empty
+lines give empty lines; a source longer than the model's max_len - 1 pieces gets a warning on
+stderr naming the line, and is read whole as evaluate.py reads it (cut to max_len - 1 pieces
+only where the model has a learned position table); characters never seen in training become
+SentencePiece's unknown piece. Lines end at line feeds only (a lone carriage return is warned
+about).
 """
 import json
 import logging
@@ -46,6 +49,10 @@ def body(values, sentences):
                    "pass either --input or the sentences, not both")
     names = [f"argument {i + 1}" for i in range(len(sentences))]
   else:
+    if values.input == "-" and sys.stdin.isatty():
+      # Otherwise a bare command waits without a word, and looks hung.
+      print("translate: reading sentences from the terminal, one a line; end with Ctrl-D "
+            "(or pass them as arguments, or --input FILE)", file=sys.stderr, flush=True)
     sentences = read_flag_lines("input", values.input)
     where = "stdin" if values.input == "-" else values.input
     names = [f"{where} line {i + 1}" for i in range(len(sentences))]

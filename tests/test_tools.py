@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import jax
 import ml_collections
@@ -80,13 +81,18 @@ def test_translate_stdin_keeps_lines_and_survives_odd_input(workdir, capsys, mon
   outputs = out.split("\n")
   assert outputs[-1] == "" and len(outputs[:-1]) == len(lines)   # one line per input line
   assert outputs[1] == "" and outputs[2] == ""                    # empty stays empty
-  assert "stdin line 5" in err and "truncated to 31 pieces" in err
+  # Read whole, as evaluate.py reads it (sinusoidal positions), with a warning naming the line.
+  assert ("stdin line 5: 276 pieces, more than the 31 (max_len 32 - 1 for eos) the model was "
+          "built for: read whole") in err, err
   assert "line 4" not in err                                      # unknown characters: no warning
   assert err.count("warning:") == 1
-  # A lone carriage return or a form feed inside a line does not end it; CRLF does.
+  # A lone carriage return or a form feed inside a line does not end it; CRLF does. The lone
+  # carriage return is warned about (old Mac line ends would make the whole file one line).
   rc, out, err = run_main(translate_script, ["--workdir", workdir], capsys,
                           stdin="seven\rone\r\nfive\x0cten\n", monkeypatch=monkeypatch)
   assert rc == 0 and len(out.split("\n")) == 3, err
+  assert ("warning: --input stdin: 1 line(s) hold a carriage return not followed by a line feed "
+          "(first: line 1)") in err and "tr '\\r' '\\n'" in err, err
 
 
 def test_translate_arguments_to_file_with_overrides(workdir, tmp_path, capsys):
@@ -384,6 +390,68 @@ def test_the_train_hint_of_a_run_with_a_config_resumes_it(workdir, tmp_path, cap
                                "or averaged directory, or one checkpoints/<step> directory\n"), err
 
 
+def test_search_settings_that_would_be_ignored_or_break_the_search_are_refused(workdir,
+                                                                              capsys):
+  """--alpha with greedy search (no length penalty: it would be recorded as if applied), a
+  non-finite --alpha (empty translations), a beam wider than the vocabulary (out of memory)."""
+  base = ["--workdir", workdir]
+  vocab = translator_lib.Translator(workdir).config.vocab_size
+  cases = [
+      (["--alpha", "3", "seven"], "error: alpha=3.0 is ignored by greedy search (beam_size 1, "
+       "the run's config.beam_size in config.json), which has no length penalty: pass a "
+       "beam_size of 2 or more with it, or drop it\n"),
+      (["--beam_size", "1", "--alpha", "0.6", "seven"], "error: alpha=0.6 is ignored by greedy "
+       "search (beam_size 1), which has no length penalty: pass a beam_size of 2 or more with "
+       "it, or drop it\n"),
+      (["--beam_size", "2", "--alpha", "nan", "seven"], "error: alpha=nan: the length penalty "
+       "must be a finite number (the paper's is 0.6)\n"),
+      (["--beam_size", "2", "--alpha", "inf", "seven"], "error: alpha=inf: "),
+      (["--beam_size", str(vocab + 1), "seven"], f"error: beam_size={vocab + 1} is wider than "
+       f"the vocabulary ({vocab} pieces): at most {vocab}\n"),
+  ]
+  for argv, message in cases:
+    rc, out, err = run_main(translate_script, base + argv, capsys)
+    assert rc == 1 and out == "" and err.startswith(message), (argv, err)
+  rc, out, err = run_main(evaluate_script, base + ["--split", "test", "--alpha", "1.0"], capsys)
+  assert rc == 1 and "is ignored by greedy search" in err, err
+  # A beam as wide as the vocabulary, and an alpha with a beam, are searches.
+  rc, out, err = run_main(translate_script, base + ["--beam_size", "2", "--alpha", "-0.5",
+                                                    "seven"], capsys)
+  assert rc == 0 and out.count("\n") == 1, err
+
+
+def test_an_out_of_memory_search_is_one_error_line(workdir, capsys, monkeypatch):
+  """XLA's RESOURCE_EXHAUSTED (a batch or beam too big for the device): what to make smaller,
+  not a traceback."""
+  def exhausted(*args, **kwargs):
+    raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating "
+                                     "52208244152 bytes.\nmore detail")
+  monkeypatch.setattr(translator_lib, "search_batch", exhausted)
+  rc, out, err = run_main(translate_script, ["--workdir", workdir, "seven"], capsys)
+  assert rc == 1 and err == (
+      "error: out of memory (RESOURCE_EXHAUSTED: Out of memory allocating 52208244152 bytes.): "
+      "run it smaller: fewer sentences per batch (--batch_size) or a narrower beam "
+      "(--beam_size) when decoding, a smaller --config.data.batch_size or model when "
+      "training\n"), err
+  def other(*args, **kwargs):   # any other runtime error is a bug: its traceback stays
+    raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+  monkeypatch.setattr(translator_lib, "search_batch", other)
+  with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+    translate_script.main(["--workdir", workdir, "seven"])
+
+
+def test_translate_from_a_terminal_says_it_is_reading(workdir, capsys, monkeypatch):
+  """A bare `translate.py --workdir W` on a terminal waited without a word, and looked hung."""
+  class Terminal(io.TextIOWrapper):
+    def isatty(self):
+      return True
+  monkeypatch.setattr(sys, "stdin", Terminal(io.BytesIO(b"seven\n"), encoding="utf-8"))
+  rc, out, err = run_main(translate_script, ["--workdir", workdir], capsys)
+  assert rc == 0 and err.startswith("translate: reading sentences from the terminal, one a "
+                                    "line; end with Ctrl-D"), err
+  assert out.count("\n") == 1
+
+
 def test_what_is_not_a_workdir_is_told_what_to_pass(workdir, tmp_path, capsys):
   """Not "train first": a missing path, a run's checkpoints or one step of them, a sweep."""
   missing = tmp_path / "no_such_run"
@@ -398,6 +466,9 @@ def test_what_is_not_a_workdir_is_told_what_to_pass(workdir, tmp_path, capsys):
   rc, _, err = run_main(average_script, ["--workdir", os.path.join(workdir, "checkpoints")],
                         capsys)
   assert rc == 1 and f"pass --workdir {workdir}" in err and "train first" not in err
+  assert "--step" not in err and "--checkpoint" not in err, err   # flags it does not have
+  rc, _, err = run_main(average_script, ["--workdir", step_dir], capsys)
+  assert rc == 1 and err.rstrip().endswith(f"pass --workdir {workdir}"), err
   sweep = tmp_path / "sweep"
   (sweep / "learning_rate=1").mkdir(parents=True)
   (sweep / "sweep.json").write_text("{}")
@@ -597,6 +668,38 @@ def test_evaluate_scores_a_test_set_of_ones_own(workdir, tmp_path, capsys):
     rc, _, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src),
                                             "--reference", str(src), "--name", name], capsys)
     assert rc == 1 and f"the test set's name {name!r} {why}" in err, err
+
+
+def test_translate_and_evaluate_read_a_long_source_alike_and_log_what_they_ran(workdir, tmp_path,
+                                                                              capsys):
+  """translate.py cut a source over max_len - 1 pieces where evaluate.py read it whole: two
+  answers for one sentence. Both read it whole now (sinusoidal positions), and warn. The log
+  line says what ran: alpha None for greedy search, the batch size, the time."""
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  src, ref = tmp_path / "long.en", tmp_path / "long.de"
+  src.write_text(f"seven\n{LONG}\n", encoding="utf-8")
+  ref.write_text("sieben\nviele\n", encoding="utf-8")
+  rc, translated, err = run_main(translate_script, ["--workdir", run, "--input", str(src)],
+                                 capsys)
+  assert rc == 0 and "input " not in err and f"{src} line 2: 276 pieces, more than" in err, err
+  rc, out, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src),
+                                            "--reference", str(ref), "--batch_size", "8"], capsys)
+  assert rc == 0 and "long pair 2: 276 pieces, more than the 31" in err, err
+  result = json.loads(out)
+  with open(result["hypotheses"], encoding="utf-8") as f:
+    assert f.read() == translated
+  assert (result["long_sources"], result["truncated_sources"]) == (1, 0)
+  assert (result["alpha"], result["batch_size"], result["averaged_steps"]) == (None, 8, None)
+  with open(os.path.join(run, "eval", "results.jsonl"), encoding="utf-8") as f:
+    logged = json.loads(f.read().splitlines()[-1])
+  assert logged == result and abs(logged["time"] - time.time()) < 600
+  # A model with a learned position table has no rows past max_len: cut, in both tools.
+  cut = translator_lib.Translator(run)
+  cut.config = cut.config.replace(position_encoding="learned")
+  warnings = []
+  assert len(cut.encode([LONG], warnings.append)[0]) == 32
+  assert "truncated to 31 pieces" in warnings[0]
 
 
 def test_empty_lines_of_a_test_set_are_warned_about_and_counted(workdir, tmp_path, capsys):
@@ -933,6 +1036,20 @@ def test_attention_rows_sum_to_one(translator):
       np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
   # Decoder self-attention is causal.
   assert np.all(np.triu(maps["decoder_self"][0], k=1) == 0)
+
+
+def test_plot_attention_refuses_an_empty_target_and_names_a_long_source(workdir, tmp_path,
+                                                                         capsys):
+  """An empty --target (an empty shell variable) would plot eos alone as if it were a result;
+  a long --source's warning names the flag, not "line 1"."""
+  argv = ["--workdir", workdir, "--out_dir", str(tmp_path / "att")]
+  rc, out, err = run_main(plot_script, argv + ["--source", "seven", "--target", "  "], capsys)
+  assert rc == 1 and err == ("error: the target sentence is empty: pass the translation to "
+                             "teacher-force, or leave --target out to plot the model's own\n")
+  assert not os.path.exists(tmp_path / "att")
+  rc, out, err = run_main(plot_script, argv + ["--source", LONG], capsys)
+  assert rc == 0 and err.startswith("warning: --source: 276 pieces, more than the 31 "), err
+  assert len(json.loads(out)["source_pieces"]) == 277   # read whole, eos appended
 
 
 def test_plot_attention_writes_pngs(workdir, tmp_path, capsys):

@@ -111,6 +111,22 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
   except USER_ERRORS as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+  except Exception as e:
+    if not out_of_memory(e):
+      raise
+    # The device's allocator refused: the settings are too big for it, not a bug to trace.
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    print(f"error: out of memory ({first[:300]}): run it smaller: fewer sentences per batch "
+          "(--batch_size) or a narrower beam (--beam_size) when decoding, a smaller "
+          "--config.data.batch_size or model when training", file=sys.stderr)
+    return 1
+
+
+def out_of_memory(e: BaseException) -> bool:
+  """Whether `e` is XLA's out-of-memory error (jax.errors.JaxRuntimeError, RESOURCE_EXHAUSTED),
+  told by its name and status so that this module need not import jax."""
+  return type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and (
+      "RESOURCE_EXHAUSTED" in str(e))
 
 
 def _config_arg(argv: Sequence[str]) -> str:

@@ -33,16 +33,16 @@ def attention_maps(translator: Translator, source: str, target: str | None = Non
   Decoder queries are labelled with the piece they predict, decoder self-attention keys with
   the decoder's input pieces (`<s>` then the target shifted right).
   """
-  warnings: list[str] = []
-  (src,) = translator.encode([source], warnings.append)
-  for w in warnings:
-    warn_stderr(w)
+  (src,) = translator.encode([source], warn_stderr, names=["--source"])
   if not src:
     raise RunError("the source sentence is empty: nothing to attend to")
   if target is None:
     (out,) = translator.translate_ids([src])
   else:
     out = translator.tokenizer.encode(target)  # whitespace-normalised there
+    if not out:  # e.g. an empty shell variable: a plot of eos alone would look like a result
+      raise RunError("the target sentence is empty: pass the translation to teacher-force, or "
+                     "leave --target out to plot the model's own")
   # The decoder reads at most max_len positions; the cut keeps eos for the plot's last row.
   tgt = list(out)[:translator.config.max_len - 1] + [translator.config.eos_id]
   model = Transformer(translator.config.replace(deterministic=True, decode=False))

@@ -20,6 +20,7 @@ import json
 import os
 import random
 import re
+import time
 from typing import Sequence
 import uuid
 
@@ -29,7 +30,6 @@ from transformer_jax import bleu as bleu_lib
 from transformer_jax.data import fingerprint  # hashes a text corpus; loads no TFDS
 from transformer_jax.inference.flags import read_flag_lines
 from transformer_jax.inference.translator import Translator, warn_stderr
-from transformer_jax.run import averaging
 from transformer_jax.run.workdir import (
   CHECKPOINTS,
   CONFIG,
@@ -139,8 +139,10 @@ def _write(output_dir: str, name: str, hypotheses: Sequence[str], result: dict,
            pairs: Sequence[tuple[str, str]], num_examples: int, workdir: str | None) -> dict:
   """`hypotheses.<name>.txt` (one line per pair, in the split's order), `eval.<name>.json` and
   `examples.<name>.md` (`num_examples` drawn at random with seed 0, plus the worst); the result
-  is also appended as one line to `<workdir>/eval/results.jsonl` (unless `workdir` is None)."""
+  is also appended as one line to `<workdir>/eval/results.jsonl` (unless `workdir` is None),
+  with `time` (Unix seconds, as in metrics.jsonl): two evaluations of the same settings differ."""
   os.makedirs(output_dir, exist_ok=True)
+  result["time"] = time.time()
   result["hypotheses"] = os.path.join(output_dir, f"hypotheses.{name}.txt")
   _write_file(result["hypotheses"], "".join(h + "\n" for h in hypotheses))
   if num_examples > 0:
@@ -287,7 +289,7 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   about empty lines (`check_empty`)."""
   pairs = nonempty(data.raw_examples(split) if pairs is None else pairs, split)
   empty = check_empty(pairs, split, origin)
-  averaged = averaging.averaged_steps(translator.checkpoint_dir, translator.step)
+  averaged = translator.averaged_steps
   output_dir = output_dir or default_output_dir(
       translator.workdir, translator.checkpoint_dir, translator.step,
       len(averaged) if averaged is not None else None)
@@ -298,11 +300,13 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   for w in warnings[:10]:
     warn_stderr(w)
   if len(warnings) > 10:
-    warn_stderr(f"... and {len(warnings) - 10} more truncated sources")
+    warn_stderr(f"... and {len(warnings) - 10} more sources longer than max_len - 1 pieces")
   hypotheses = [" ".join(h.splitlines()) for h in hypotheses]  # one line per pair, always
+  # Every warning is one source over max_len - 1 pieces: cut when truncating, else read whole.
   result = {"split": split, "sentences": len(pairs),
             **scores(hypotheses, [t for _, t in pairs]), **translator.settings(),
-            "averaged_steps": averaged, "truncated_sources": len(warnings), **empty,
+            "long_sources": len(warnings),
+            "truncated_sources": len(warnings) if translator.truncate else 0, **empty,
             **translator.stats.as_dict(), **(extra or {})}
   tag = search_tag(translator.beam_size, translator.alpha, translator.max_len_margin)
   return _write(output_dir, f"{split}.{tag}", hypotheses, result, pairs, num_examples,

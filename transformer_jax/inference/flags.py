@@ -9,7 +9,7 @@ from typing import Sequence, TextIO
 from absl import flags
 
 from transformer_jax.data.lines import read_lines
-from transformer_jax.inference.translator import Translator
+from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.run.workdir import RunError
 
 # The flags of define_checkpoint_flags that choose a model and its search: --baseline has none.
@@ -23,11 +23,20 @@ def _flag_os_error(flag: str, path: str, e: OSError) -> OSError:
 
 
 def read_flag_lines(flag: str, path: str) -> list[str]:
-  """`read_lines(path)`; a file that cannot be read is `--<flag> PATH: <why>`."""
+  """`read_lines(path)`; a file that cannot be read is `--<flag> PATH: <why>`. Lines end at
+  line feeds only: a carriage return left inside a line (old Mac line ends) gets a warning,
+  since the lines it separates are read, and translated, as one."""
   try:
-    return read_lines(path)
+    lines = read_lines(path)
   except OSError as e:
     raise _flag_os_error(flag, path, e) from None
+  with_cr = [i for i, line in enumerate(lines, 1) if "\r" in line]
+  if with_cr:
+    warn_stderr(f"--{flag} {'stdin' if path == '-' else path}: {len(with_cr):,} line(s) hold a "
+                f"carriage return not followed by a line feed (first: line {with_cr[0]}): lines "
+                "end at line feeds only, so what it separates is read as one line; if it ends "
+                "lines (old Mac line ends), convert them, e.g. with `tr '\\r' '\\n'`")
+  return lines
 
 
 def open_flag_output(flag: str, path: str) -> TextIO:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import filecmp
+import math
 import os
 import shlex
 import sys
@@ -35,7 +36,7 @@ import numpy as np
 from transformer_jax.config import TransformerConfig
 from transformer_jax.data.tokenizer import Tokenizer, normalize_spaces
 from transformer_jax.model import Transformer
-from transformer_jax.run import checkpointing
+from transformer_jax.run import averaging, checkpointing
 from transformer_jax.run.workdir import (
   AVERAGED,
   CHECKPOINTS,
@@ -129,21 +130,24 @@ def warn_stderr(message: str) -> None:
   print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def workdir_config(workdir: str) -> dict:
+def workdir_config(workdir: str, choose: bool = True) -> dict:
   """`load_run_config(workdir)`, or a RunError that says what `workdir` is instead.
 
   load_run_config's advice ("train first") is wrong for what a user passes by mistake: a path
-  that does not exist, a sweep, or a run's checkpoints directory or one step of it.
+  that does not exist, a sweep, or a run's checkpoints directory or one step of it. `choose`:
+  whether the command has --step, --averaged and --checkpoint to name (average_checkpoints.py
+  has not).
   """
   if not os.path.exists(os.path.join(workdir, CONFIG)):
-    problem = _not_a_workdir(workdir)
+    problem = _not_a_workdir(workdir, choose)
     if problem:
       raise RunError(problem)
   return load_run_config(workdir)
 
 
-def _not_a_workdir(path: str) -> str | None:
-  """What to pass instead of `path` as --workdir (None: no better advice than "train first")."""
+def _not_a_workdir(path: str, choose: bool = True) -> str | None:
+  """What to pass instead of `path` as --workdir (None: no better advice than "train first");
+  with `choose`, also the flag that picks the checkpoint `path` holds."""
   if not os.path.exists(path):
     return f"--workdir {path} does not exist: pass the directory of a training run"
   if os.path.exists(os.path.join(path, "sweep.json")):
@@ -156,16 +160,16 @@ def _not_a_workdir(path: str) -> str | None:
   if name.isdigit() and os.path.isdir(os.path.join(path, "state")):
     # One step of a run's checkpoints/ (or averaged/, best_<metric>/).
     run = os.path.dirname(parent)
-    how = (f"--step {name}" if os.path.basename(parent) == CHECKPOINTS
-           else f"--checkpoint {shlex.quote(path)}")
+    how = (f" --step {name}" if os.path.basename(parent) == CHECKPOINTS
+           else f" --checkpoint {shlex.quote(path)}")
     return (f"{path} is one checkpoint of the run {run}, not its workdir: pass --workdir "
-            f"{shlex.quote(run)} {how}")
+            f"{shlex.quote(run)}{how if choose else ''}")
   steps = checkpointing.checkpoint_steps(path)
   if steps or name == CHECKPOINTS:
     how = {CHECKPOINTS: ", with --step N for a step other than the latest",
            AVERAGED: " --averaged"}.get(name, f" --checkpoint {shlex.quote(path)}")
     return (f"{path} holds the checkpoints of the run {parent} (steps {steps}), not its workdir: "
-            f"pass --workdir {shlex.quote(parent)}{how}")
+            f"pass --workdir {shlex.quote(parent)}{how if choose else ''}")
   return None
 
 
@@ -217,17 +221,21 @@ class Translator:
   """A trained run's model, tokenizer, parameters and search settings, ready to translate.
 
   Search settings default to the run's config.json (`beam_size`, `length_penalty_alpha`,
-  `max_len_margin`); pass them to override. Sources longer than `max_len - 1` pieces are cut
-  with a warning when `truncate` is true (translate.py) or the model has a learned position
-  table (it has no rows past max_len). Sinusoidal positions extend past max_len, so evaluation
-  (`truncate=None`) never cuts a source; the output is at most max_len tokens either way (the
-  decoder's buffer).
+  `max_len_margin`); pass them to override. `alpha` with a beam of 1 is refused (greedy
+  search has no length penalty: given, it would look applied), as are a non-finite `alpha` and
+  a beam wider than the vocabulary.
+
+  Sources longer than `max_len - 1` pieces: sinusoidal positions extend past max_len, so they
+  are read whole, with a warning (longer than any source in training; the output is at most
+  max_len tokens, the decoder's buffer); a model with a learned position table has no rows past
+  max_len, so they are cut to `max_len - 1` pieces, with a warning (also when `truncate` is
+  true). translate.py and evaluate.py decode the same sentence the same way.
   """
 
   def __init__(self, workdir: str, *, step: int | None = None, checkpoint: str | None = None,
                averaged: bool = False, beam_size: int | None = None, alpha: float | None = None,
                max_len_margin: int | None = None, batch_size: int = 64,
-               truncate: bool | None = True):
+               truncate: bool | None = None):
     self.workdir = workdir
     workdir_config(workdir)  # a clear error first when this is not a run's workdir
     self.checkpoint_dir, self.step = checkpointing.resolve_checkpoint(workdir, checkpoint, step,
@@ -254,14 +262,24 @@ class Translator:
     if self.beam_size < 1 or self.max_len_margin < 0 or batch_size < 1:
       raise RunError(f"beam_size={self.beam_size} and batch_size={batch_size} must be >= 1, "
                      f"max_len_margin={self.max_len_margin} >= 0")
+    if alpha is not None and self.beam_size == 1:
+      given = "" if beam_size is not None else f", the run's config.beam_size in {CONFIG}"
+      raise RunError(f"alpha={alpha} is ignored by greedy search (beam_size 1{given}), which "
+                     "has no length penalty: pass a beam_size of 2 or more with it, or drop it")
+    if not math.isfinite(self.alpha):
+      raise RunError(f"alpha={self.alpha}: the length penalty must be a finite number (the "
+                     "paper's is 0.6)")
+    if self.beam_size > self.config.vocab_size:
+      raise RunError(f"beam_size={self.beam_size} is wider than the vocabulary "
+                     f"({self.config.vocab_size} pieces): at most {self.config.vocab_size}")
     self.batch_size = batch_size
     _, params = checkpointing.load_params(self.checkpoint_dir, self.step)
     check_param_shapes(params, self.config, self.step_dir, workdir)
     self.params = jax.device_put(params)
     if self.checkpoint_dir == os.path.join(os.path.abspath(workdir), AVERAGED):
       self._warn_if_stale()
-    # A learned position table has max_len rows: sources beyond it must be cut.
-    self.truncate = bool(truncate) or self.config.position_encoding == "learned"
+    self._truncate = bool(truncate)
+    self.averaged_steps = averaging.averaged_steps(self.checkpoint_dir, self.step)
     self.stats = SearchStats()
     self._compiled: set = set()
 
@@ -279,19 +297,30 @@ class Translator:
     return os.path.join(self.checkpoint_dir, str(self.step))
 
   @property
+  def truncate(self) -> bool:
+    """Whether sources over `max_len - 1` pieces are cut: asked for, or the model has a learned
+    position table (max_len rows, none beyond)."""
+    return self._truncate or self.config.position_encoding == "learned"
+
+  @property
   def max_source_pieces(self) -> int:
     return self.config.max_len - 1  # eos is appended
 
   def settings(self) -> dict:
-    return {"step": self.step, "checkpoint": self.step_dir, "beam_size": self.beam_size,
-            "alpha": self.alpha, "max_len_margin": self.max_len_margin}
+    """The checkpoint and the search, as evaluate.py records them (`alpha` is None for greedy
+    search, which has no length penalty; `averaged_steps` None unless averaged)."""
+    return {"step": self.step, "checkpoint": self.step_dir,
+            "averaged_steps": self.averaged_steps, "beam_size": self.beam_size,
+            "alpha": self.alpha if self.beam_size > 1 else None,
+            "max_len_margin": self.max_len_margin, "batch_size": self.batch_size}
 
   # -- text <-> ids
 
   def encode(self, lines: Sequence[str], warn: Callable[[str], None] = warn_stderr,
              names: Sequence[str] | None = None) -> list[list[int]]:
-    """Source ids with eos per line; [] for an empty (or blank) line. Over-long sources are cut
-    to `max_len - 1` pieces (when truncating) with a warning naming the line."""
+    """Source ids with eos per line; [] for an empty (or blank) line. A source longer than
+    `max_len - 1` pieces gets a warning naming the line (`names[i]`), and is cut to that length
+    when truncating (`self.truncate`)."""
     # Normalised here as the tokenizer will, so that a blank line is seen as empty.
     lines = [normalize_spaces(line) for line in lines]
     ids = self.tokenizer.encode_batch(lines) if lines else []
@@ -300,12 +329,19 @@ class Translator:
       if not line or not pieces:
         out.append([])
         continue
-      if self.truncate and len(pieces) > self.max_source_pieces:
+      if len(pieces) > self.max_source_pieces:
         name = names[i] if names else f"line {i + 1}"
-        warn(f"{name}: {len(pieces)} pieces, more than the model's maximum of "
-             f"{self.max_source_pieces} (max_len {self.config.max_len} - 1 for eos): "
-             f"truncated to {self.max_source_pieces} pieces")
-        pieces = pieces[:self.max_source_pieces]
+        if self.truncate:
+          warn(f"{name}: {len(pieces)} pieces, more than the model's maximum of "
+               f"{self.max_source_pieces} (max_len {self.config.max_len} - 1 for eos; its "
+               f"learned position table ends there): truncated to {self.max_source_pieces} "
+               "pieces")
+          pieces = pieces[:self.max_source_pieces]
+        else:
+          warn(f"{name}: {len(pieces)} pieces, more than the {self.max_source_pieces} (max_len "
+               f"{self.config.max_len} - 1 for eos) the model was built for: read whole, as "
+               "sinusoidal positions extend past max_len, but its translation stops at "
+               f"{self.config.max_len} tokens")
       out.append(list(pieces) + [self.tokenizer.eos_id])
     return out
 
