@@ -1,5 +1,6 @@
 """The Transformer's guarantees: causality, padding, packing, decoding, gradients, sizes."""
 import dataclasses
+import os
 
 import flax
 import flax.linen as nn
@@ -285,6 +286,10 @@ def test_invalid_configs_name_the_field():
     tj.model_config("tiny", target_vocab_size=99)
   with pytest.raises(ValueError, match="attention_dropout_rate"):
     tj.model_config("tiny", attention_impl="cudnn", attention_dropout_rate=0.1)
+  with pytest.raises(ValueError, match=r"d_model=33: sinusoidal encoding needs it even \(sine "
+                                       r"and cosine pairs\); or position_encoding='learned'"):
+    tj.model_config("tiny", d_model=33, num_heads=3)
+  tj.model_config("tiny", d_model=33, num_heads=3, position_encoding="learned")
   with pytest.raises(dataclasses.FrozenInstanceError):
     tj.model_config("tiny").d_model = 3
 
@@ -523,3 +528,16 @@ def test_non_embedding_count_leaves_out_every_table_wherever_it_sits():
                           jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32))["params"]
   tables = VOCAB * cfg.d_model + 2 * cfg.max_len * cfg.d_model + (cfg.d_model * VOCAB + VOCAB)
   assert tj.count_params(shapes, non_embedding=True) == tj.count_params(shapes) - tables
+
+
+def test_every_model_field_is_documented():
+  """docs/model.md's table of options names every option of TransformerConfig; the sizes, ids
+  and modes are listed below it. A new field in neither is a gap in the docs."""
+  with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                         "model.md")) as f:
+    doc = f.read()
+  table = doc[doc.index("| field | default (paper) |"):doc.index("The sizes (`vocab_size`")]
+  others = doc[doc.index("The sizes (`vocab_size`"):doc.index("a test\n(`tests/test_model.py`)")]
+  missing = [f.name for f in dataclasses.fields(tj.TransformerConfig)
+             if f"`{f.name}`" not in table and f"`{f.name}`" not in others]
+  assert not missing, f"add these TransformerConfig fields to docs/model.md's table: {missing}"

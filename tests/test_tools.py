@@ -297,24 +297,25 @@ def test_a_run_made_by_other_code_is_refused_naming_its_config_file(workdir, tmp
   path = os.path.join(run, "config.json")
   with open(path) as f:
     config = json.load(f)
-  config["resolved_model"]["rope_theta"] = 10000.0
+  config["resolved_model"]["field_of_other_code"] = 10000.0
   with open(path, "w") as f:
     json.dump(config, f)
   for script, argv in ((translate_script, ["seven"]), (evaluate_script, ["--examples", "0"])):
     rc, out, err = run_main(script, ["--workdir", run] + argv, capsys)
     assert rc == 1 and out == "" and err.count("\n") == 1, err
     assert err.startswith(f"error: {path} has model fields this code does not know: "
-                          "['rope_theta'] (in resolved_model)"), err
+                          "['field_of_other_code'] (in resolved_model)"), err
     assert "made by other code: check out the code that trained it" in err
     assert "remove them from resolved_model if you know they are inert" in err
-  del config["resolved_model"]["rope_theta"]
-  config["resolved_model"]["activation"] = "silu"
+  del config["resolved_model"]["field_of_other_code"]
+  config["resolved_model"]["activation"] = "activation_of_other_code"
   with open(path, "w") as f:
     json.dump(config, f)
   rc, out, err = run_main(translate_script, ["--workdir", run, "seven"], capsys)
   assert rc == 1 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
   assert err.startswith(f"error: {path} has a model value this code refuses (in "
-                        "resolved_model): TransformerConfig.activation='silu'"), err
+                        "resolved_model): TransformerConfig.activation="
+                        "'activation_of_other_code'"), err
   assert "made by other code" in err
 
 
@@ -540,6 +541,18 @@ def test_parameters_of_another_model_are_refused_naming_the_parameter(workdir, t
   assert (f"the parameters in {elsewhere}/6 do not fit the model of {workdir}: {name} has "
           f"shape {wider} there but {table.shape} in the model") in err, err
   assert err.count("\n") == 1
+  # The run's own checkpoint that no longer fits: the code changed, not the run (the advice to
+  # pass "the workdir of the run these parameters were trained in" named the one given).
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  shutil.rmtree(os.path.join(run, "averaged"), ignore_errors=True)
+  checkpointing.save_params(os.path.join(run, "averaged"), 6, bigger, {"averaged_steps": [6]})
+  rc, out, err = run_main(translate_script, ["--workdir", run, "--averaged", "seven"], capsys)
+  assert rc == 1 and err.startswith(
+      f"error: the parameters in {run}/averaged/6 do not fit the model this code builds from "
+      f"the run's config.json: {name} has shape {wider} there but {table.shape} in the model. "
+      "The model code changed since the run was trained"), err
+  assert "pass the workdir" not in err
 
 
 def test_a_stale_average_is_warned_about(workdir, tmp_path, capsys, monkeypatch):

@@ -160,7 +160,8 @@ def test_gradient_accumulation_equals_big_batch():
      r"keep_checkpoints=3\]"),
     ("average_last_checkpoints", 0, r"config.average_last_checkpoints=0: must be in \[1, "),
     # Model fields are checked before any data is built, the vocabulary's size aside.
-    ("model.num_heads", 5, r"d_model=32 is not divisible by num_heads=5"),
+    # Named as config fields, not as TransformerConfig's.
+    ("model.num_heads", 5, r"^config.model.d_model=32 is not divisible by num_heads=5"),
     ("model.max_len", 16, r"config.model.max_len=16: must be >= data.max_source_len / "
      r"max_target_len \(32\)"),
 ])
@@ -268,6 +269,14 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir):
   _, saved = checkpointing.load_params(str(full))
   for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(state.params)):
     np.testing.assert_array_equal(a, np.asarray(b))
+  # Parameters of another shape: the first parameter that differs, and the model fields of the
+  # init_from run's config.json that differ (it said only "do not match this model's shapes").
+  c = tiny_config(data_dir, num_train_steps=7, init_from=str(full), **{"model.d_ff": 48})
+  with pytest.raises(workdir_lib.RunError) as e:
+    Trainer.create(c, str(tmp_path / "wider")).initial_state()
+  assert (f"config.init_from={str(full)!r}: its parameters do not match this model's shapes: "
+          "decoder/layer_0/feed_forward/") in str(e.value), e.value
+  assert "(its config.json differs in model.d_ff: 64 there, 48 here)" in str(e.value), e.value
 
 
 def test_batches_that_do_not_split_over_the_devices_are_refused(tmp_path, data_dir):
@@ -404,6 +413,31 @@ def test_damaged_checkpoint_falls_back_with_warning(tmp_path, caplog):
         f.write(b"garbage")
   with pytest.raises(checkpointing.CheckpointError, match="none of the checkpoints"):
     ckpt.restore_latest(target)
+  ckpt.close()
+
+
+def test_checkpoints_of_another_model_are_not_called_damaged(tmp_path, caplog):
+  """Model code that changed the parameter tree (a parameter added, renamed) made every step
+  fail to restore, reported as damage with "move the directory aside": intact checkpoints,
+  nearly thrown away. Now one error naming the first parameter, and nothing set aside."""
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  state, _, _ = _state_on(mesh)
+  ckpt = checkpointing.Checkpointer(str(tmp_path), async_save=False)
+  ckpt.save(1, state, {}, {}, force=True)
+  ckpt.save(2, state, {}, {}, force=True)
+  ckpt.wait()
+  model = tj.Transformer(tj.model_config("tiny", vocab_size=50, attention_bias=True))
+  boxed = jax.eval_shape(lambda r: steps.init_train_state(model, optax.adam(1e-3), r, (1, 8)),
+                         jax.random.key(0))
+  target = checkpointing.abstract_like(steps.unbox(boxed))
+  with pytest.raises(checkpointing.CheckpointError) as e:
+    ckpt.restore_latest(target)
+  assert str(e.value).startswith(
+      f"the checkpoints in {ckpt.directory} hold another model than the one this code builds "
+      "from the run's config.json: decoder/layer_0/cross_attention/key/bias has shape none "
+      "(missing) there but (4, 8) in the model. They are intact (nothing was moved)"), e.value
+  assert "LEGACY_VALUES entry (transformer_jax/run/workdir.py" in str(e.value)
+  assert sorted(os.listdir(ckpt.directory)) == ["1", "2"] and "damaged" not in caplog.text
   ckpt.close()
 
 
@@ -638,3 +672,12 @@ def test_a_full_disk_run_resumes_with_a_lower_keep_checkpoints(tmp_path, data_di
     assert checkpointing.checkpoint_steps(str(disk / "run" / "checkpoints")) == [30]
   finally:
     subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_the_start_up_line_names_the_model_options_that_are_not_the_defaults():
+  """Two variants' logs looked the same ("model 64d, 1+1 layers, pre-LN, vocab 1000")."""
+  from transformer_jax.run.loop import _options
+  assert _options(tj.TransformerConfig(vocab_size=10, norm_position="pre")) == ""
+  variant = tj.TransformerConfig(vocab_size=10, activation="gelu", fused_qkv=True,
+                                 position_encoding="learned", deterministic=True)
+  assert _options(variant) == ", position_encoding=learned, activation=gelu, fused_qkv=True"

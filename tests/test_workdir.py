@@ -922,13 +922,14 @@ def test_a_run_made_by_another_version_is_named_so(run, data_dir):
   path = os.path.join(run, workdir_lib.CONFIG)
   with open(path) as f:
     stored = json.load(f)
-  stored["model"]["rope_theta"] = 10000.0
+  stored["model"]["field_of_other_code"] = 10000.0
   with open(path, "w") as f:
     json.dump(stored, f)
   for check in (lambda: workdir_lib.check_config(run, config(data_dir)),
                 lambda: workdir_lib.experiment_config(run)):
     with pytest.raises(workdir_lib.RunError,
-                       match=r"\['model.rope_theta'\]: the run was made by another version"):
+                       match=r"\['model.field_of_other_code'\]: the run was made by "
+                             "another version"):
       check()
 
 

@@ -103,7 +103,7 @@ class TransformerConfig:
           "attention_dropout_rate=0.0 or attention_impl='xla'")
     if self.position_encoding == "sinusoidal" and self.d_model % 2:
       raise ValueError(f"TransformerConfig.d_model={self.d_model}: sinusoidal encoding needs it "
-                       "even")
+                       "even (sine and cosine pairs); or position_encoding='learned'")
 
   @property
   def head_dim(self) -> int:

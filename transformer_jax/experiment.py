@@ -162,7 +162,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
   data_config.validate(c.data)
   # The model fields, checked now rather than after the data and the tokenizer are built (the
   # vocabulary size is the tokenizer's; any positive size checks the rest).
-  model = transformer_config(c, max(c.data.vocab_size, 1))
+  try:
+    model = transformer_config(c, max(c.data.vocab_size, 1))
+  except ValueError as e:  # TransformerConfig names its own fields: here they are config's
+    raise ValueError(str(e).replace("TransformerConfig.", "config.model.")) from None
   longest = max(c.data.max_source_len, c.data.max_target_len)
   if model.max_len < longest:
     bad("model.max_len", model.max_len, f"must be >= data.max_source_len / max_target_len "

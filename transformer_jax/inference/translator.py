@@ -191,26 +191,29 @@ def _check_tokenizer(workdir: str, checkpoint_dir: str, spm_path: str) -> None:
                  "checkpoints")
 
 
-def _shapes(tree) -> dict[str, tuple]:
-  """{"encoder/layer_0/.../kernel": shape} of a parameter tree, in its order."""
-  return {"/".join(str(getattr(k, "key", k)) for k in path): tuple(leaf.shape)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def check_param_shapes(params, config: TransformerConfig, where: str, workdir: str) -> None:
+def check_param_shapes(params, config: TransformerConfig, where: str, workdir: str,
+                       own: bool = False) -> None:
   """Parameters of another model (vocabulary size, width, depth) fail deep inside Flax with a
-  long traceback; this names the first parameter that differs instead."""
+  long traceback; this names the first parameter that differs instead. `own`: the parameters
+  are the workdir's own checkpoints, so it is the model code that changed, not the run."""
   model = Transformer(config.replace(deterministic=True))
   dummy = jnp.ones((1, min(8, config.max_len)), jnp.int32)  # within a learned position table
   expected = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy))["params"]
-  want, got = _shapes(nn.meta.unbox(expected)), _shapes(params)
-  for path in [*want, *(p for p in got if p not in want)]:
-    if want.get(path) != got.get(path):
-      have, expect = got.get(path, "none (missing)"), want.get(path, "none (no such parameter)")
-      raise RunError(
-          f"the parameters in {where} do not fit the model of {workdir}: {path} has shape "
-          f"{have} there but {expect} in the model its config.json describes; pass the workdir "
-          "of the run these parameters were trained in as --workdir")
+  differs = checkpointing.shape_difference(checkpointing.param_shapes(params),
+                                           checkpointing.param_shapes(nn.meta.unbox(expected)))
+  if differs is None:
+    return
+  if own:
+    raise RunError(
+        f"the parameters in {where} do not fit the model this code builds from the run's "
+        f"config.json: {differs}. The model code changed since the run was trained (a "
+        "parameter added, renamed or reshaped): decode with the code that trained it; a new "
+        "model field must default to the old behaviour, or have a LEGACY_VALUES entry "
+        "(transformer_jax/run/workdir.py)")
+  raise RunError(
+      f"the parameters in {where} do not fit the model of {workdir}: "
+      f"{differs.replace(' in the model', ' in the model its config.json describes')}; pass "
+      "the workdir of the run these parameters were trained in as --workdir")
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -274,7 +277,10 @@ class Translator:
                      f"({self.config.vocab_size} pieces): at most {self.config.vocab_size}")
     self.batch_size = batch_size
     _, params = checkpointing.load_params(self.checkpoint_dir, self.step)
-    check_param_shapes(params, self.config, self.step_dir, workdir)
+    # The run's own parameters (checkpoints/, averaged/, best_<metric>/) that no longer fit:
+    # the code changed, not the run.
+    inside = os.path.dirname(self.checkpoint_dir) == os.path.abspath(workdir)
+    check_param_shapes(params, self.config, self.step_dir, workdir, own=inside)
     self.params = jax.device_put(params)
     if self.checkpoint_dir == os.path.join(os.path.abspath(workdir), AVERAGED):
       self._warn_if_stale()

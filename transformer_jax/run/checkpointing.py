@@ -120,6 +120,24 @@ def checkpoint_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), CHECKPOINTS)
 
 
+def param_shapes(tree) -> dict[str, tuple]:
+  """{"encoder/layer_0/.../kernel": shape} of a parameter tree (arrays, ShapeDtypeStructs or
+  the checkpoint metadata's leaves), in its order."""
+  return {"/".join(str(getattr(k, "key", k)) for k in path): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def shape_difference(there: dict[str, tuple], here: dict[str, tuple]) -> str | None:
+  """The first parameter (`param_shapes` paths) whose shape differs between the parameters
+  `there` and the model `here`, as "<path> has shape X there but Y in the model"; None if
+  they agree."""
+  for path in [*here, *(p for p in there if p not in here)]:
+    if here.get(path) != there.get(path):
+      return (f"{path} has shape {there.get(path, 'none (missing)')} there but "
+              f"{here.get(path, 'none (no such parameter)')} in the model")
+  return None
+
+
 def abstract_like(tree, shardings=None):
   """ShapeDtypeStructs (with target shardings) to restore into."""
   if shardings is None:
@@ -249,21 +267,43 @@ class Checkpointer:
     for step in reversed(steps):
       try:
         state, data, meta = self.restore(step, abstract_state)
+      except Exception as e:  # noqa: BLE001 - any failure to read means "damaged"...
+        changed = self._other_model(step, abstract_state)
+        if changed:  # ...unless the checkpoint is whole and holds another model
+          raise CheckpointError(
+              f"the checkpoints in {self.directory} hold another model than the one this code "
+              f"builds from the run's config.json: {changed}. They are intact (nothing was "
+              "moved): the model code changed since they were written (a parameter added, "
+              "renamed or reshaped). Resume with the code that trained the run; a new model "
+              "field must default to the old behaviour, or have a LEGACY_VALUES entry "
+              "(transformer_jax/run/workdir.py; docs/model.md, \"Adding a model option\")."
+              ) from None
+        msg = f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        log.warning("checkpoint %s/%d does not restore (%s); trying the previous one",
+                    self.directory, step, msg)
+        errors.append(msg)
+      else:
         if errors:
           log.warning("restored step %d after skipping damaged checkpoint(s): %s", step,
                       "; ".join(errors))
           self._set_aside([t for t in steps if t > step])
         self.restored_step = step
         return step, state, data, meta
-      except Exception as e:  # noqa: BLE001 - any failure to read means "damaged"
-        msg = f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-        log.warning("checkpoint %s/%d does not restore (%s); trying the previous one",
-                    self.directory, step, msg)
-        errors.append(msg)
     raise CheckpointError(
         f"none of the checkpoints {steps} in {self.directory} could be restored:\n  "
         + "\n  ".join(errors) + "\nMove the directory aside to start from scratch, or point "
         "--workdir at another run.")
+
+  def _other_model(self, step: int, abstract_state) -> str | None:
+    """How the parameters `step` holds differ from `abstract_state`'s (`shape_difference`), read
+    from the checkpoint's metadata; None when they agree, or when the metadata itself does not
+    read (a damaged step)."""
+    try:
+      metadata = self.manager.item_metadata(step)["state"]
+      saved = getattr(metadata, "tree", metadata)["params"]
+      return shape_difference(param_shapes(saved), param_shapes(abstract_state.params))
+    except Exception:  # noqa: BLE001 - unreadable metadata: a damaged step, as before
+      return None
 
   def _set_aside(self, damaged: list[int]):
     """Rename damaged steps to `<step>.damaged` (kept for inspection, no longer listed), so the

@@ -15,6 +15,7 @@ import jax
 import ml_collections
 
 from transformer_jax import experiment, flops
+from transformer_jax.config import TransformerConfig
 from transformer_jax.run import best as best_lib
 from transformer_jax.run import distributed
 from transformer_jax.run import metrics as metrics_lib
@@ -165,8 +166,8 @@ class _Run:
     self.progress.write(
         f"transformer-jax: {self.origin}; data {d.dataset} {d.source_lang}->{d.target_lang} "
         f"({sizes} pairs); model {m.d_model}d, {m.num_encoder_layers}+"
-        f"{m.num_decoder_layers} layers, {m.norm_position}-LN, vocab {m.vocab_size}; "
-        f"mesh {dict(trainer.mesh.shape)}; {jax.process_count()} process(es); "
+        f"{m.num_decoder_layers} layers, {m.norm_position}-LN, vocab {m.vocab_size}"
+        f"{_options(m)}; mesh {dict(trainer.mesh.shape)}; {jax.process_count()} process(es); "
         f"peak {peak / 1e12:.3f} TFLOP/s per device ({peak_source})")
 
   def train(self) -> dict:
@@ -299,3 +300,17 @@ class _Run:
     process that writes it, so all processes agree on running the (collective) evaluation."""
     done = distributed.is_main() and metrics_lib.evaluated(self.workdir, self.step)
     return distributed.from_main(done)
+
+
+def _options(m) -> str:
+  """", " and the model's string and bool options that are not TransformerConfig's defaults
+  (activation, position_encoding, fused_qkv, ...), so that two variants' logs tell apart."""
+  default = TransformerConfig()
+  changed = [f"{f.name}={getattr(m, f.name)}" for f in dataclasses.fields(m)
+             if f.type in ("str", "bool", str, bool) and f.name not in _NOT_OPTIONS
+             and getattr(m, f.name) != getattr(default, f.name)]
+  return ", " + ", ".join(changed) if changed else ""
+
+
+# Shown otherwise (norm_position), or the mode a module runs in rather than the model's.
+_NOT_OPTIONS = ("norm_position", "deterministic", "decode")

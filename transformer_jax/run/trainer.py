@@ -26,7 +26,13 @@ from transformer_jax.config import TransformerConfig
 from transformer_jax.data import Data, get_data, pipeline
 from transformer_jax.run import checkpointing, distributed
 from transformer_jax.run import metrics as metrics_lib
-from transformer_jax.run.workdir import SPM_MODEL, RunError, init_from_vocabulary
+from transformer_jax.run.workdir import (
+  CONFIG,
+  SPM_MODEL,
+  RunError,
+  init_from_vocabulary,
+  load_run_config,
+)
 from transformer_jax.search import output_ids, search_batch
 from transformer_jax.steps import TrainSetup
 
@@ -120,15 +126,34 @@ class Trainer:
     if not self.config.init_from:
       return state, None, "scratch"
     step, params = checkpointing.load_params(self.config.init_from)
-    if jax.tree.structure(params) != jax.tree.structure(state.params) or any(
-        a.shape != b.shape for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params))):
+    differs = checkpointing.shape_difference(checkpointing.param_shapes(params),
+                                             checkpointing.param_shapes(state.params))
+    if differs:
+      fields = self._init_from_model_fields()
       raise RunError(f"config.init_from={self.config.init_from!r}: its parameters do not "
-                     "match this model's shapes; use the same config.model and vocabulary, or "
-                     "leave init_from out to train the new shapes from scratch")
+                     f"match this model's shapes: {differs}"
+                     + (f" (its config.json differs in {fields})" if fields else "")
+                     + "; use the same config.model and vocabulary, or leave init_from out to "
+                     "train the new shapes from scratch")
     params = jax.tree.map(lambda p, s: jax.device_put(p.astype(s.dtype), s.sharding), params,
                           state.params)
     origin = f"parameters from {self.config.init_from} (step {step})"
     return state.replace(params=params), None, origin
+
+  def _init_from_model_fields(self) -> str:
+    """The model fields in which the init_from run's config.json differs from this model, as
+    "model.X: A there, B here" ("" when it has no config.json that reads)."""
+    path = os.path.abspath(self.config.init_from)
+    for run_dir in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+      if os.path.exists(os.path.join(run_dir, CONFIG)):
+        try:
+          theirs = load_run_config(run_dir)["resolved_model"]
+        except (RunError, OSError, ValueError):
+          return ""
+        ours = self.model_cfg.to_dict()
+        return ", ".join(f"model.{k}: {theirs[k]!r} there, {ours[k]!r} here"
+                         for k in ours if k in theirs and theirs[k] != ours[k])
+    return ""
 
   def train_batches(self, saved_data_state: dict | None) -> "TrainBatches":
     """This process's training batches, continuing where the checkpoint's record says."""
