@@ -1,6 +1,8 @@
 """cli.py's error policy through scripts/train.py's `main`, the path every script takes: a config
 a user got wrong is one `error:` line, before any work and any write."""
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -68,3 +70,20 @@ def test_a_config_file_that_cannot_be_loaded_is_one_error_line(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1, err
   assert not workdir.exists()
+
+
+def test_a_config_of_ones_own_starts_from_the_checkouts_configs(tmp_path):
+  """`from configs.default import get_config` in a config file outside the checkout was
+  `ModuleNotFoundError: No module named 'configs'` (a subprocess: `python -m pytest` puts the
+  checkout on sys.path by itself)."""
+  repo = os.path.dirname(os.path.dirname(TINY))
+  mine = tmp_path / "gelu.py"
+  mine.write_text("from configs.default import get_config as default_config\n\n\n"
+                  "def get_config():\n  c = default_config()\n  c.model.activation = 'gelu'\n"
+                  "  c.num_train_steps = 0\n  return c\n")
+  proc = subprocess.run([sys.executable, os.path.join(repo, "scripts", "train.py"), "--config",
+                         str(mine), "--workdir", str(tmp_path / "run")], cwd=tmp_path,
+                        capture_output=True, text=True, timeout=300)
+  # Loaded: its own value is what validation refuses.
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert proc.stderr.endswith("error: config.num_train_steps=0: must be >= 1\n"), proc.stderr

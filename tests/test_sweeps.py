@@ -353,6 +353,32 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
     sweeps.report(str(tmp_path), "blue")
 
 
+def test_report_sorts_by_the_scores_of_evaluate_py(tmp_path, capsys):
+  """`--metric test_bleu`: the latest scripts/evaluate.py result per split (eval/results.jsonl),
+  not only what training logged; copy baselines and cut lines left out."""
+  points = [{"learning_rate": 1.0}, {"learning_rate": 2.0}]
+  (tmp_path / "sweep.json").write_text(json.dumps({"points": [{"overrides": p} for p in points]}))
+  results = {1.0: [{"split": "test", "bleu": 30.0, "chrf": 50.0},
+                   {"split": "test", "bleu": 31.0, "chrf": 51.0}],   # the latest counts
+             2.0: [{"split": "test", "bleu": 35.0, "chrf": 55.0},
+                   {"split": "test", "baseline": "copy", "bleu": 90.0, "chrf": 90.0},
+                   {"split": "newstest", "bleu": 12.5, "chrf": 40.0}]}
+  for lr, lines in results.items():
+    d = sweeps.point_dir(str(tmp_path), {"learning_rate": lr})
+    os.makedirs(os.path.join(d, "eval"))
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": 3, "bleu": 10.0 * lr}) + "\n")
+    with open(os.path.join(d, "eval", "results.jsonl"), "w") as f:
+      f.write("".join(json.dumps(r) + "\n" for r in lines) + '{"split": "test", "bl')
+    open(os.path.join(d, sweeps.DONE), "w").close()
+  out = sweeps.report(str(tmp_path), "test_bleu")
+  assert [(r["learning_rate"], r["test_bleu"], r["test_chrf"]) for r in out["rows"]] == [
+      (2.0, 35.0, 55.0), (1.0, 31.0, 51.0)]
+  assert out["rows"][0]["newstest_bleu"] == 12.5 and "newstest_bleu" not in out["rows"][1]
+  assert " test_bleu " in out["markdown"].splitlines()[0]   # a column of the table
+  assert os.path.exists(tmp_path / "report_test_bleu.png")
+
+
 def test_report_before_any_metric_warns_of_a_metric_the_trainer_does_not_log(tmp_path, capsys):
   """With nothing logged there is nothing to check --metric against: a name the trainer does
   not log is a warning with the likely one (the report of statuses is still written)."""

@@ -71,6 +71,10 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
   full = [program] + argv
   values = flags.FlagValues()
   define(values)
+  if config is not NO_CONFIG and REPO not in sys.path:
+    # A config file of one's own, anywhere, can start from this checkout's
+    # (`from configs.default import get_config`); appended, so nothing installed is shadowed.
+    sys.path.append(REPO)
   if config is not NO_CONFIG:
     # sys_argv: config_flags finds the --config.* overrides there (default: sys.argv).
     config_flags.DEFINE_config_file("config", config, config_help, flag_values=values,

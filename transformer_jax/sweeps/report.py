@@ -11,6 +11,7 @@ import os
 import statistics
 
 from transformer_jax.run.metrics import MAIN_METRICS, last_values
+from transformer_jax.run.workdir import EVAL, EVAL_LOG
 from transformer_jax.sweeps.runner import status
 from transformer_jax.sweeps.spec import Point, SweepError, point_dir, point_name
 
@@ -30,10 +31,33 @@ def collect(sweep_dir: str, points: list[Point]) -> tuple[list[dict], list[str]]
     row = {"name": point_name(p), **{k: p.get(k) for k in fields}, "status": status(d)}
     # A swept field keeps its value where a metric has the same name (learning_rate is both).
     row.update({k: v for k, v in last_values(d).items() if k not in row})
+    row.update({k: v for k, v in evaluated(d).items() if k not in row})
     if row["status"] == "failed":
       row["log"] = os.path.join(d, "train.log")  # FAILED beside it holds the exit and the tail
     rows.append(row)
   return rows, fields
+
+
+def evaluated(workdir: str) -> dict:
+  """`<split>_bleu` and `<split>_chrf` (`test_bleu`, `newstest_chrf`) of the latest
+  scripts/evaluate.py result per split or test set in `<workdir>/eval/results.jsonl`, whatever
+  its checkpoint and search (evaluate every point alike); copy baselines left out."""
+  out: dict = {}
+  path = os.path.join(workdir, EVAL, EVAL_LOG)
+  if not os.path.exists(path):
+    return out
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        result = json.loads(line)
+      except ValueError:  # a line cut short by a crash
+        continue
+      if not isinstance(result, dict) or result.get("baseline") or "split" not in result:
+        continue
+      for score in ("bleu", "chrf"):
+        if isinstance(result.get(score), (int, float)):
+          out[f"{result['split']}_{score}"] = result[score]
+  return out
 
 
 def sort_rows(rows: list[dict], metric: str, lower: bool | None = None) -> list[dict]:
@@ -48,8 +72,8 @@ def sort_rows(rows: list[dict], metric: str, lower: bool | None = None) -> list[
 
 
 def _columns(rows: list[dict], fields: list[str], metric: str) -> list[str]:
-  preferred = ["name", *fields, "status", "step", metric, "bleu", "eval_loss", "eval_accuracy",
-               "train_loss", "log"]
+  preferred = ["name", *fields, "status", "step", metric, "bleu", "test_bleu", "eval_loss",
+               "eval_accuracy", "train_loss", "log"]
   cols = []
   for c in preferred:
     if c not in cols and any(c in r for r in rows):
