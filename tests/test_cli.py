@@ -69,6 +69,7 @@ def test_a_config_file_that_cannot_be_loaded_is_one_error_line(tmp_path, capsys)
     assert train.main(["--config", config, "--workdir", str(workdir)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1, err
+    assert "--help lists the flags" not in err, err   # no flag was wrong
   assert not workdir.exists()
 
 

@@ -87,7 +87,9 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
     # config_flags raises AttributeError/KeyError for a misspelt --config.<field>, and a
     # config file's get_config() ValueError for a bad argument (configs/locale.py:xx).
-    print(f"error: {_flag_error(e)} (--help lists the flags)", file=sys.stderr)
+    # The flags' list helps with a flag, not with what a config file's get_config() refused.
+    hint = "" if "Error whilst parsing config file" in str(e) else " (--help lists the flags)"
+    print(f"error: {_flag_error(e)}{hint}", file=sys.stderr)
     return 2
   except (NameError, SyntaxError, ImportError) as e:
     # A config file that fails to load: not Python at all (a run's config.json), or a bug in
