@@ -1,8 +1,9 @@
 """Runs made by earlier code decode as they were trained.
 
 `tests/golden/old_runs/<name>/` holds what a training run leaves for the model: `config.json`
-(its `resolved_model`, as the trainer writes it), the parameters (`params.npz`) and the logits
-they gave on fixed inputs (`logits.npy`), made by the code of 2026-11-25. The test reads them back
+(as the trainer writes it: the experiment config and `resolved_model`), the parameters
+(`params.npz`) and the logits they gave on fixed inputs (`logits.npy`), made by the code of
+2026-11-25. The test reads them back
 as the tools do (`load_run_config`, `model_config_from`) and compares. A new model field whose
 default changes what an old run computes (a new scale, another norm), or a parameter renamed
 or added, fails here, not in a researcher's evaluation. Regenerate only for a change meant to
@@ -19,13 +20,15 @@ import numpy as np
 import pytest
 
 import transformer_jax as tj
+from transformer_jax import experiment
 from transformer_jax.inference.translator import model_config_from
 from transformer_jax.run import checkpointing
-from transformer_jax.run.workdir import load_run_config
+from transformer_jax.run.workdir import config_json, load_run_config
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "old_runs")
-SIZES = dict(vocab_size=40, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
-             num_decoder_layers=2, max_len=16)
+VOCAB = 40
+SIZES = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2, num_decoder_layers=2,
+             max_len=16)
 RUNS = {
     # The paper's model: post-LN, sinusoidal positions, one shared and tied embedding, ReLU.
     "post_paper": {},
@@ -33,7 +36,7 @@ RUNS = {
     # attention biases and no FFN biases, N(0, 0.02) kernels.
     "pre_variants": dict(norm_position="pre", position_encoding="learned",
                          share_embeddings=False, tie_output_embedding=False,
-                         target_vocab_size=44, activation="gelu", attention_bias=True,
+                         activation="gelu", attention_bias=True,
                          use_bias=False, kernel_init="normal", scale_embeddings=False),
 }
 HOW = ("If a new model field changed what an old run computes, give it the old behaviour as "
@@ -68,7 +71,9 @@ def _nest(flat: dict) -> dict:
 
 
 def _regenerate(name: str, overrides: dict) -> None:
-  config = tj.TransformerConfig(**SIZES, **overrides)
+  run = experiment.base_config()
+  run.model.update(**SIZES, **overrides)
+  config = experiment.transformer_config(run, VOCAB)
   model = tj.Transformer(config.replace(deterministic=True))
   src, tgt = _inputs()
   params = model.init(jax.random.key(7), src, tgt)["params"]
@@ -78,7 +83,7 @@ def _regenerate(name: str, overrides: dict) -> None:
   directory = os.path.join(GOLDEN, name)
   os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump({"resolved_model": config.to_dict()}, f, indent=1, sort_keys=True)
+    json.dump(config_json(run, config), f, indent=1, sort_keys=True)
     f.write("\n")
   np.savez(os.path.join(directory, "params.npz"), **flat)
   np.save(os.path.join(directory, "logits.npy"), _logits(config, _nest(flat)))

@@ -390,7 +390,7 @@ def test_report_before_any_metric_warns_of_a_metric_the_trainer_does_not_log(tmp
   assert ("warning: no point has logged a metric yet, so --metric blue cannot be checked; the "
           "trainer logs bleu, eval_loss") in err and "did you mean 'bleu'?" in err, err
   assert "report.md" in os.listdir(tmp_path)
-  for metric in ("bleu", "eval_loss"):   # the usual names: no warning
+  for metric in ("bleu", "eval_loss", "test_bleu"):   # the usual names: no warning
     assert script.main(["--workdir", str(tmp_path), "--report", "--metric", metric]) == 0
     assert "warning" not in capsys.readouterr().err
 

@@ -399,7 +399,8 @@ def test_search_settings_that_would_be_ignored_or_break_the_search_are_refused(w
   vocab = translator_lib.Translator(workdir).config.vocab_size
   cases = [
       (["--alpha", "3", "seven"], "error: alpha=3.0 is ignored by greedy search (beam_size 1, "
-       "the run's config.beam_size in config.json), which has no length penalty: pass a "
+       f"the run's config.beam_size in {workdir}/config.json), which has no length penalty: "
+       "pass a "
        "beam_size of 2 or more with it, or drop it\n"),
       (["--beam_size", "1", "--alpha", "0.6", "seven"], "error: alpha=0.6 is ignored by greedy "
        "search (beam_size 1), which has no length penalty: pass a beam_size of 2 or more with "
@@ -416,6 +417,7 @@ def test_search_settings_that_would_be_ignored_or_break_the_search_are_refused(w
   rc, out, err = run_main(evaluate_script, base + ["--split", "test", "--alpha", "1.0"], capsys)
   assert rc == 1 and "is ignored by greedy search" in err, err
   # A beam as wide as the vocabulary, and an alpha with a beam, are searches.
+  assert translator_lib.Translator(workdir, beam_size=vocab).beam_size == vocab
   rc, out, err = run_main(translate_script, base + ["--beam_size", "2", "--alpha", "-0.5",
                                                     "seven"], capsys)
   assert rc == 0 and out.count("\n") == 1, err
@@ -431,14 +433,17 @@ def test_an_out_of_memory_search_is_one_error_line(workdir, capsys, monkeypatch)
   rc, out, err = run_main(translate_script, ["--workdir", workdir, "seven"], capsys)
   assert rc == 1 and err == (
       "error: out of memory (RESOURCE_EXHAUSTED: Out of memory allocating 52208244152 bytes.): "
-      "run it smaller: fewer sentences per batch (--batch_size) or a narrower beam "
-      "(--beam_size) when decoding, a smaller --config.data.batch_size or model when "
-      "training\n"), err
-  def other(*args, **kwargs):   # any other runtime error is a bug: its traceback stays
-    raise jax.errors.JaxRuntimeError("INTERNAL: something else")
-  monkeypatch.setattr(translator_lib, "search_batch", other)
-  with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
-    translate_script.main(["--workdir", workdir, "seven"])
+      "when decoding, fewer sentences per batch (--batch_size) or a narrower beam "
+      "(--beam_size); when training, the same tokens per step in smaller pieces "
+      "(--config.grad_accum_steps=N), recomputed activations (--config.model.remat=layer), or "
+      "smaller evaluation batches (--config.data.eval_batch_size)\n"), err
+  # Any other runtime error is a bug, or not the device's memory: its traceback stays.
+  for message in ("INTERNAL: something else", "RESOURCE_EXHAUSTED: too many open streams"):
+    def other(*args, message=message, **kwargs):
+      raise jax.errors.JaxRuntimeError(message)
+    monkeypatch.setattr(translator_lib, "search_batch", other)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+      translate_script.main(["--workdir", workdir, "seven"])
 
 
 def test_translate_from_a_terminal_says_it_is_reading(workdir, capsys, monkeypatch):

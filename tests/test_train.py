@@ -411,8 +411,29 @@ def test_damaged_checkpoint_falls_back_with_warning(tmp_path, caplog):
     for name in files:
       with open(os.path.join(root, name), "wb") as f:
         f.write(b"garbage")
-  with pytest.raises(checkpointing.CheckpointError, match="none of the checkpoints"):
+  with pytest.raises(checkpointing.CheckpointError, match="none of the checkpoints") as e:
     ckpt.restore_latest(target)
+  assert "They all fail alike" not in str(e.value)   # one step: nothing to compare
+  ckpt.close()
+  # Every step failing alike (here: an optimizer state of another shape) may be the code.
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "other"), async_save=False)
+  ckpt.save(1, state, {}, {}, force=True)
+  ckpt.save(2, state, {}, {}, force=True)
+  ckpt.wait()
+  sgd = jax.eval_shape(lambda: state.replace(opt_state=optax.sgd(0.1).init(state.params)))
+  with pytest.raises(checkpointing.CheckpointError) as e:
+    ckpt.restore_latest(checkpointing.abstract_like(sgd))
+  assert "none of the checkpoints [1, 2]" in str(e.value)
+  assert "They all fail alike: if the code changed since they were written" in str(e.value)
+  assert sorted(os.listdir(ckpt.directory)) == ["1", "2"]
+  # Each step's line is its error's first line (the message; later lines are detail).
+  def fails(step, target):
+    raise ValueError(f"cannot read step {step}\ndetail of {step}")
+  ckpt.restore = fails
+  with pytest.raises(checkpointing.CheckpointError) as e:
+    ckpt.restore_latest(checkpointing.abstract_like(state))
+  assert "\n  step 2: ValueError: cannot read step 2\n  step 1: ValueError: cannot read" in str(
+      e.value) and "detail of" not in str(e.value)
   ckpt.close()
 
 

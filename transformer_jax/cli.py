@@ -122,9 +122,11 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
       raise
     # The device's allocator refused: the settings are too big for it, not a bug to trace.
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    print(f"error: out of memory ({first[:300]}): run it smaller: fewer sentences per batch "
-          "(--batch_size) or a narrower beam (--beam_size) when decoding, a smaller "
-          "--config.data.batch_size or model when training", file=sys.stderr)
+    print(f"error: out of memory ({first[:300]}): when decoding, fewer sentences per batch "
+          "(--batch_size) or a narrower beam (--beam_size); when training, the same tokens per "
+          "step in smaller pieces (--config.grad_accum_steps=N), recomputed activations "
+          "(--config.model.remat=layer), or smaller evaluation batches "
+          "(--config.data.eval_batch_size)", file=sys.stderr)
     return 1
 
 
@@ -132,7 +134,7 @@ def out_of_memory(e: BaseException) -> bool:
   """Whether `e` is XLA's out-of-memory error (jax.errors.JaxRuntimeError, RESOURCE_EXHAUSTED),
   told by its name and status so that this module need not import jax."""
   return type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and (
-      "RESOURCE_EXHAUSTED" in str(e))
+      "RESOURCE_EXHAUSTED" in str(e)) and "memory" in str(e).lower()
 
 
 def _config_arg(argv: Sequence[str]) -> str:

@@ -266,15 +266,17 @@ class Translator:
       raise RunError(f"beam_size={self.beam_size} and batch_size={batch_size} must be >= 1, "
                      f"max_len_margin={self.max_len_margin} >= 0")
     if alpha is not None and self.beam_size == 1:
-      given = "" if beam_size is not None else f", the run's config.beam_size in {CONFIG}"
+      given = ("" if beam_size is not None else
+               f", the run's config.beam_size in {run_config_path(workdir, written_at)}")
       raise RunError(f"alpha={alpha} is ignored by greedy search (beam_size 1{given}), which "
                      "has no length penalty: pass a beam_size of 2 or more with it, or drop it")
     if not math.isfinite(self.alpha):
       raise RunError(f"alpha={self.alpha}: the length penalty must be a finite number (the "
                      "paper's is 0.6)")
-    if self.beam_size > self.config.vocab_size:
+    if self.beam_size > self.config.output_vocab_size:
       raise RunError(f"beam_size={self.beam_size} is wider than the vocabulary "
-                     f"({self.config.vocab_size} pieces): at most {self.config.vocab_size}")
+                     f"({self.config.output_vocab_size} pieces): at most "
+                     f"{self.config.output_vocab_size}")
     self.batch_size = batch_size
     _, params = checkpointing.load_params(self.checkpoint_dir, self.step)
     # The run's own parameters (checkpoints/, averaged/, best_<metric>/) that no longer fit:

@@ -289,10 +289,16 @@ class Checkpointer:
           self._set_aside([t for t in steps if t > step])
         self.restored_step = step
         return step, state, data, meta
+    alike = len(steps) > 1 and len({m.split(": ", 2)[1] for m in errors}) == 1
     raise CheckpointError(
         f"none of the checkpoints {steps} in {self.directory} could be restored:\n  "
-        + "\n  ".join(errors) + "\nMove the directory aside to start from scratch, or point "
-        "--workdir at another run.")
+        + "\n  ".join(errors)
+        # Damage seldom strikes every step alike; a change in the code that reads them does.
+        + ("\nThey all fail alike: if the code changed since they were written (the optimizer "
+           "or its state, the train state), resume with the code that wrote them before moving "
+           "anything." if alike else "")
+        + "\nMove the directory aside to start from scratch, or point --workdir at another "
+        "run.")
 
   def _other_model(self, step: int, abstract_state) -> str | None:
     """How the parameters `step` holds differ from `abstract_state`'s (`shape_difference`), read

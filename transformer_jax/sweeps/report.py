@@ -8,6 +8,7 @@ import difflib
 import json
 import math
 import os
+import re
 import statistics
 
 from transformer_jax.run.metrics import MAIN_METRICS, last_values
@@ -58,6 +59,11 @@ def evaluated(workdir: str) -> dict:
         if isinstance(result.get(score), (int, float)):
           out[f"{result['split']}_{score}"] = result[score]
   return out
+
+
+def _evaluated_name(metric: str) -> bool:
+  """Whether `metric` is a name `evaluated` gives (`test_bleu`, `newstest_chrf`)."""
+  return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*_(bleu|chrf)", metric) is not None
 
 
 def sort_rows(rows: list[dict], metric: str, lower: bool | None = None) -> list[dict]:
@@ -234,7 +240,7 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> d
                      + (f"; did you mean {close[0]!r}?" if close else "")
                      + f" The points logged: {', '.join(logged)}")
   warning = None
-  if not logged and metric not in MAIN_METRICS:
+  if not logged and metric not in MAIN_METRICS and not _evaluated_name(metric):
     # Nothing to check a misspelling against yet: say so rather than sort by a column that
     # may never exist (a metric of one's own, logged later, is still allowed).
     close = difflib.get_close_matches(metric, MAIN_METRICS, n=1)
