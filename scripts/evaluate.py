@@ -27,9 +27,12 @@ Empty source or reference lines are counted in the result (`empty_sources`,
 `empty_references`) and warned about: sacreBLEU's chrF leaves out pairs with an empty reference.
 
 BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the raw references;
-the signatures are in the output. `sentences_per_sec` and `target_tokens_per_sec` (output tokens,
-EOS included) time the compiled search only: each batch shape is compiled first on an
-all-padding batch whose search loop ends at once, and that time is `compile_seconds`.
+the signatures are in the output. `tokenized_bleu` is the paper's kind of BLEU, for comparing with
+published tables: both sides Moses-tokenized for the run's target language, hyphenated compounds
+split, multi-bleu.perl's formula (docs/decoding.md). `sentences_per_sec` and
+`target_tokens_per_sec` (output tokens, EOS included) time the compiled search only: each batch
+shape is compiled first on an all-padding batch whose search loop ends at once, and that time is
+`compile_seconds`.
 """
 import json
 import logging
@@ -84,17 +87,20 @@ def body(values, args):
       pairs = raw_split(evaluation.data_config(run, values.workdir, values.data_dir), name)
     output_dir = values.output_dir or os.path.join(values.workdir, "baselines")
     result = evaluation.copy_baseline(pairs, name, output_dir, values.examples, values.workdir,
-                                      extra=extra, origin=origin)
+                                      extra=extra, origin=origin,
+                                      lang=evaluation.target_lang(run))
     print(f"evaluate: {name}: baseline {values.baseline}: BLEU {result['bleu']:.2f}, "
-          f"chrF {result['chrf']:.2f} on {result['sentences']} sentences", file=sys.stderr)
+          f"chrF {result['chrf']:.2f} (tokenized BLEU {result['tokenized_bleu']:.2f}) on "
+          f"{result['sentences']} sentences", file=sys.stderr)
   else:
     translator = translator_from_flags(values)
     data = None if pairs is not None else get_data(
         evaluation.data_config(translator.run, values.workdir, values.data_dir), values.workdir)
     result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,
                                  pairs=pairs, extra=extra, origin=origin)
-    print(f"evaluate: {name}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} on "
-          f"{result['sentences']} sentences; {translator_lib.throughput_line(translator.stats)}; "
+    print(f"evaluate: {name}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} "
+          f"(tokenized BLEU {result['tokenized_bleu']:.2f}) on {result['sentences']} "
+          f"sentences; {translator_lib.throughput_line(translator.stats)}; "
           f"hypotheses in {result['hypotheses']}", file=sys.stderr)
   print(json.dumps(result), flush=True)
   return 0

@@ -359,7 +359,8 @@ def test_report_sorts_by_the_scores_of_evaluate_py(tmp_path, capsys):
   points = [{"learning_rate": 1.0}, {"learning_rate": 2.0}]
   (tmp_path / "sweep.json").write_text(json.dumps({"points": [{"overrides": p} for p in points]}))
   results = {1.0: [{"split": "test", "bleu": 30.0, "chrf": 50.0},
-                   {"split": "test", "bleu": 31.0, "chrf": 51.0}],   # the latest counts
+                   {"split": "test", "bleu": 31.0, "chrf": 51.0,   # the latest counts
+                    "tokenized_bleu": 32.5}],
              2.0: [{"split": "test", "bleu": 35.0, "chrf": 55.0},
                    {"split": "test", "baseline": "copy", "bleu": 90.0, "chrf": 90.0},
                    {"split": "newstest", "bleu": 12.5, "chrf": 40.0}]}
@@ -375,6 +376,8 @@ def test_report_sorts_by_the_scores_of_evaluate_py(tmp_path, capsys):
   assert [(r["learning_rate"], r["test_bleu"], r["test_chrf"]) for r in out["rows"]] == [
       (2.0, 35.0, 55.0), (1.0, 31.0, 51.0)]
   assert out["rows"][0]["newstest_bleu"] == 12.5 and "newstest_bleu" not in out["rows"][1]
+  assert out["rows"][1]["test_tokenized_bleu"] == 32.5
+  assert "test_tokenized_bleu" not in out["rows"][0]
   assert " test_bleu " in out["markdown"].splitlines()[0]   # a column of the table
   assert os.path.exists(tmp_path / "report_test_bleu.png")
 

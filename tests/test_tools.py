@@ -584,12 +584,17 @@ def test_evaluate_writes_hypotheses_and_reports_json(workdir, capsys):
   rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--split", "test"], capsys)
   assert rc == 0, err
   result = json.loads(out)
-  for key in ("bleu", "chrf", "bleu_signature", "chrf_signature", "sentences", "step",
-              "beam_size", "alpha", "sentences_per_sec", "target_tokens_per_sec",
-              "compile_seconds"):
+  for key in ("bleu", "chrf", "tokenized_bleu", "bleu_signature", "chrf_signature",
+              "tokenized_bleu_signature", "sentences", "step", "beam_size", "alpha",
+              "sentences_per_sec", "target_tokens_per_sec", "compile_seconds"):
     assert key in result, key
   assert result["sentences"] == EVAL_SIZE and result["step"] == 6
   assert "case:mixed" in result["bleu_signature"] and "tok:13a" in result["bleu_signature"]
+  # The paper's kind of BLEU, tokenized for the run's target language (the numbers task: de).
+  assert result["tokenized_bleu_signature"].startswith("moses-tok:de|")
+  assert 0 <= result["tokenized_bleu"] <= 100
+  assert f"(tokenized BLEU {result['tokenized_bleu']:.2f})" in err
+  assert evaluation.target_lang({"data": {"target_lang": "fr"}}) == "fr"
   assert 0 <= result["bleu"] <= 100 and 0 <= result["chrf"] <= 100
   assert result["sentences_per_sec"] > 0 and result["target_tokens_per_sec"] > 0
   assert result["beam_size"] == 1 and result["max_len_margin"] == 50
@@ -843,7 +848,9 @@ def test_copy_baseline_scores_the_sources_as_translations(workdir, tmp_path, cap
     assert f.read().splitlines() == [s for s, _ in pairs]
   expected, _ = bleu.corpus_bleu([s for s, _ in pairs], [t for _, t in pairs])
   assert result["bleu"] == pytest.approx(expected) and 0 <= result["bleu"] < 50
-  assert "baseline copy" in err
+  tokenized, signature = bleu.tokenized_bleu([s for s, _ in pairs], [t for _, t in pairs], "de")
+  assert (result["tokenized_bleu"], result["tokenized_bleu_signature"]) == (tokenized, signature)
+  assert "baseline copy" in err and f"(tokenized BLEU {tokenized:.2f})" in err
   # It needs neither a model nor a tokenizer: a workdir with only its config.json works, and
   # gets no spm.model of its own (which a later resume would then use).
   bare = tmp_path / "bare"

@@ -1,4 +1,5 @@
-"""Translate a whole split and score it: sacreBLEU and chrF on detokenized text.
+"""Translate a whole split and score it: sacreBLEU and chrF on detokenized text, and the paper's
+tokenized BLEU beside them.
 
     result = evaluate(Translator("runs/default", beam_size=4), data, "test")
     floor = copy_baseline(data.raw_examples("test"), "test", "runs/default/baselines")
@@ -51,12 +52,20 @@ def nonempty(pairs: list[tuple[str, str]], split: str) -> list[tuple[str, str]]:
   return pairs
 
 
-def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
-  """sacreBLEU and chrF of detokenized hypotheses, with their signatures."""
+def scores(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> dict:
+  """sacreBLEU and chrF of detokenized hypotheses, and the paper's tokenized BLEU (Moses
+  tokenizer for the target language `lang`, compounds split), each with its signature."""
   bleu, bleu_signature = bleu_lib.corpus_bleu(hypotheses, references)
   chrf, chrf_signature = bleu_lib.corpus_chrf(hypotheses, references)
-  return {"bleu": bleu, "chrf": chrf, "bleu_signature": bleu_signature,
-          "chrf_signature": chrf_signature}
+  tokenized, tokenized_signature = bleu_lib.tokenized_bleu(hypotheses, references, lang)
+  return {"bleu": bleu, "chrf": chrf, "tokenized_bleu": tokenized,
+          "bleu_signature": bleu_signature, "chrf_signature": chrf_signature,
+          "tokenized_bleu_signature": tokenized_signature}
+
+
+def target_lang(run: dict) -> str:
+  """The run's target language (`config.data.target_lang`), for the Moses tokenizer."""
+  return str(run.get("data", {}).get("target_lang") or "de")
 
 
 def examples(pairs: Sequence[tuple[str, str]], hypotheses: Sequence[str], num: int = 10,
@@ -304,7 +313,8 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   hypotheses = [" ".join(h.splitlines()) for h in hypotheses]  # one line per pair, always
   # Every warning is one source over max_len - 1 pieces: cut when truncating, else read whole.
   result = {"split": split, "sentences": len(pairs),
-            **scores(hypotheses, [t for _, t in pairs]), **translator.settings(),
+            **scores(hypotheses, [t for _, t in pairs], target_lang(translator.run)),
+            **translator.settings(),
             "long_sources": len(warnings),
             "truncated_sources": len(warnings) if translator.truncate else 0, **empty,
             **translator.stats.as_dict(), **(extra or {})}
@@ -315,14 +325,15 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
 
 def copy_baseline(pairs: list[tuple[str, str]], split: str, output_dir: str,
                   num_examples: int = 10, workdir: str | None = None, extra: dict | None = None,
-                  origin: tuple[str, str] | None = None) -> dict:
+                  origin: tuple[str, str] | None = None, lang: str = "de") -> dict:
   """The scores of copying each source of `pairs` (the split's) as its translation: no model
   and no tokenizer involved. With `workdir`, the result is also appended to its
-  `eval/results.jsonl`; `extra` and `origin` as for `evaluate`."""
+  `eval/results.jsonl`; `extra` and `origin` as for `evaluate`; `lang` is the target language
+  (`target_lang`), for the tokenized BLEU."""
   pairs = nonempty(pairs, split)
   empty = check_empty(pairs, split, origin)
   writable_dir(output_dir)  # one error line naming the flag, not a bare OSError from _write
   hypotheses = [" ".join(s.split()) for s, _ in pairs]
   result = {"split": split, "sentences": len(pairs), "baseline": "copy",
-            **scores(hypotheses, [t for _, t in pairs]), **empty, **(extra or {})}
+            **scores(hypotheses, [t for _, t in pairs], lang), **empty, **(extra or {})}
   return _write(output_dir, f"{split}.copy", hypotheses, result, pairs, num_examples, workdir)

@@ -40,9 +40,10 @@ def collect(sweep_dir: str, points: list[Point]) -> tuple[list[dict], list[str]]
 
 
 def evaluated(workdir: str) -> dict:
-  """`<split>_bleu` and `<split>_chrf` (`test_bleu`, `newstest_chrf`) of the latest
-  scripts/evaluate.py result per split or test set in `<workdir>/eval/results.jsonl`, whatever
-  its checkpoint and search (evaluate every point alike); copy baselines left out."""
+  """`<split>_bleu`, `<split>_chrf` and `<split>_tokenized_bleu` (`test_bleu`, `newstest_chrf`)
+  of the latest scripts/evaluate.py result per split or test set in
+  `<workdir>/eval/results.jsonl`, whatever its checkpoint and search (evaluate every point
+  alike); copy baselines left out."""
   out: dict = {}
   path = os.path.join(workdir, EVAL, EVAL_LOG)
   if not os.path.exists(path):
@@ -55,7 +56,7 @@ def evaluated(workdir: str) -> dict:
         continue
       if not isinstance(result, dict) or result.get("baseline") or "split" not in result:
         continue
-      for score in ("bleu", "chrf"):
+      for score in ("bleu", "chrf", "tokenized_bleu"):
         if isinstance(result.get(score), (int, float)):
           out[f"{result['split']}_{score}"] = result[score]
   return out

@@ -1,0 +1,58 @@
+"""The scores: the paper's tokenized BLEU against the Moses scripts' own output.
+
+`tests/golden/moses/` holds German and French sentences and what tokenizer.perl, the compound
+split Perl line and multi-bleu.perl made of them (its README has the commands): bleu.py must give
+the same tokens, the same split and the same BLEU without Perl.
+"""
+import os
+import re
+
+import pytest
+
+from transformer_jax import bleu
+
+GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "moses")
+
+
+def _lines(name: str) -> list[str]:
+  with open(os.path.join(GOLDEN, name), encoding="utf-8") as f:
+    return f.read().splitlines()
+
+
+@pytest.mark.parametrize("lang", ["de", "fr"])
+@pytest.mark.parametrize("side", ["ref", "hyp"])
+def test_tokenizer_and_compound_split_are_the_moses_scripts(lang, side):
+  tokens = bleu.moses_tokenize(_lines(f"{lang}.{side}.txt"), lang)
+  assert tokens == _lines(f"{lang}.{side}.tok")
+  assert [bleu.split_compounds(t) for t in tokens] == _lines(f"{lang}.{side}.tok.atat")
+
+
+@pytest.mark.parametrize("lang", ["de", "fr"])
+def test_tokenized_bleu_is_multi_bleu_perl(lang):
+  printed = _lines(f"{lang}.multi-bleu.txt")[0]   # "BLEU = 63.48, 90.8/74.2/... (BP=..."
+  expected = float(re.match(r"BLEU = ([0-9.]+),", printed).group(1))
+  score, signature = bleu.tokenized_bleu(_lines(f"{lang}.hyp.txt"), _lines(f"{lang}.ref.txt"),
+                                         lang)
+  assert round(score, 2) == expected, (score, printed)
+  assert signature.startswith(f"moses-tok:{lang}|escape:yes|compound-split:##AT##|case:mixed|"
+                              "smooth:none|sacremoses:")
+  # Not sacreBLEU's figure: another tokenization of the same text.
+  assert bleu.corpus_bleu(_lines(f"{lang}.hyp.txt"), _lines(f"{lang}.ref.txt"))[0] != score
+
+
+def test_compounds_split_as_perl_reads_bytes():
+  """Perl's `s{(\\S)-(\\S)}{...}g` on UTF-8 bytes: non-overlapping, so an ASCII part of one
+  letter stays joined on its right, a two-byte one does not; hyphens beside spaces stay."""
+  assert bleu.split_compounds("rich-text format") == "rich ##AT##-##AT## text format"
+  assert bleu.split_compounds("a-b-c") == "a ##AT##-##AT## b-c"
+  assert bleu.split_compounds("est-à-dire") == "est ##AT##-##AT## à ##AT##-##AT## dire"
+  assert bleu.split_compounds("a--b x - y -z z-") == "a ##AT##-##AT## -b x - y -z z-"
+  # No-break space (U+00A0) is two bytes, neither of them ASCII whitespace: a part, as in Perl.
+  assert bleu.split_compounds("x\u00a0-y") == "x\u00a0 ##AT##-##AT## y"
+
+
+def test_a_perfect_translation_scores_100_and_no_match_0():
+  refs = ["Das Rich-Text-Format ist gut.", "Die Katze schläft."]
+  assert bleu.tokenized_bleu(refs, refs, "de")[0] == pytest.approx(100.0)
+  # multi-bleu.perl does not smooth: no 4-gram in common is a BLEU of 0.
+  assert bleu.tokenized_bleu(["Hund", "Maus"], refs, "de")[0] == 0.0
