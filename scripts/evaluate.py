@@ -1,10 +1,12 @@
-r"""Translate a whole split and score it: sacreBLEU and chrF on detokenized text, as JSON.
+r"""Translate a whole split and score it: sacreBLEU, chrF and the paper's tokenized BLEU, as JSON.
 
     python scripts/evaluate.py --workdir runs/default --split test
     python scripts/evaluate.py --workdir runs/default --split test --averaged --beam_size 4
     python scripts/evaluate.py --workdir runs/default --split test --baseline copy
     python scripts/evaluate.py --workdir runs/mine --source newstest2014.en \
         --reference newstest2014.de --beam_size 4          # a test set of your own
+    python scripts/evaluate.py --workdir runs/default --split validation --averaged \
+        --beam_size 1,4,8 --alpha 0.6,1.0                  # several searches, a table at the end
 
 Every pair of the split is decoded (nothing dropped or truncated for length: sinusoidal
 positions extend past max_len; with a learned position table sources are cut to max_len - 1
@@ -17,7 +19,9 @@ with the lowest sentence chrF, as a Markdown table with the references, to
 the checkpoint's own directory, which training deletes when it rotates the step out; <search>
 is `greedy` or e.g. `beam4.alpha0.6`, so evaluations with different searches sit side by side.
 Every result is also appended as one line to `<workdir>/eval/results.jsonl`, the run's history
-of evaluations.
+of evaluations. Comma-separated `--beam_size` and `--alpha` values run one evaluation per search
+(every beam above 1 with every alpha, greedy once), each as the command with that one search
+would, printing one JSON line each and a table of them at the end.
 
 `--baseline copy` needs no checkpoint: it scores each source copied as its translation, the
 floor that names, numbers and other unchanged tokens give for free, into
@@ -48,12 +52,12 @@ from transformer_jax.inference import translator as translator_lib
 from transformer_jax.inference.flags import (
   check_evaluate_flags,
   define_checkpoint_flags,
-  translator_from_flags,
+  translators_from_flags,
 )
 
 
 def define(values):
-  define_checkpoint_flags(values)
+  define_checkpoint_flags(values, grid=True)
   flags.DEFINE_enum("split", "test", list(evaluation.SPLITS), "the split to score",
                     flag_values=values)
   flags.DEFINE_string("data_dir", None, "TFDS data dir (default: the run's config.data.data_dir)",
@@ -93,15 +97,25 @@ def body(values, args):
           f"chrF {result['chrf']:.2f} (tokenized BLEU {result['tokenized_bleu']:.2f}) on "
           f"{result['sentences']} sentences", file=sys.stderr)
   else:
-    translator = translator_from_flags(values)
+    translators = translators_from_flags(values)
     data = None if pairs is not None else get_data(
-        evaluation.data_config(translator.run, values.workdir, values.data_dir), values.workdir)
-    result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,
-                                 pairs=pairs, extra=extra, origin=origin)
-    print(f"evaluate: {name}: BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f} "
-          f"(tokenized BLEU {result['tokenized_bleu']:.2f}) on {result['sentences']} "
-          f"sentences; {translator_lib.throughput_line(translator.stats)}; "
-          f"hypotheses in {result['hypotheses']}", file=sys.stderr)
+        evaluation.data_config(translators[0].run, values.workdir, values.data_dir),
+        values.workdir)
+    results = []
+    for translator in translators:
+      result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,
+                                   pairs=pairs, extra=extra, origin=origin)
+      print(f"evaluate: {name}: {evaluation.search_name(translator)}: BLEU "
+            f"{result['bleu']:.2f}, chrF {result['chrf']:.2f} (tokenized BLEU "
+            f"{result['tokenized_bleu']:.2f}) on {result['sentences']} sentences; "
+            f"{translator_lib.throughput_line(translator.stats)}; hypotheses in "
+            f"{result['hypotheses']}", file=sys.stderr)
+      if len(translators) > 1:  # one JSON line per search, as it ends
+        print(json.dumps(result), flush=True)
+      results.append(result)
+    if len(results) > 1:
+      print(evaluation.grid_table(name, results), file=sys.stderr)
+      return 0
   print(json.dumps(result), flush=True)
   return 0
 

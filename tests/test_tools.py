@@ -652,6 +652,60 @@ def test_evaluations_with_other_searches_sit_side_by_side_and_are_logged(workdir
     assert json.loads(f.read().splitlines()[-1]) == json.loads(out)
 
 
+def test_evaluate_searches_a_grid_of_beams_and_alphas_as_separate_commands_would(
+    workdir, tmp_path, capsys):
+  """`--beam_size 1,2 --alpha 0.6,1.0`: greedy search once (it has no length penalty), beam 2
+  with each alpha, in the order given, each the result, files and log line that the command
+  for that one search gives; one JSON line per search and a closing table."""
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  shutil.rmtree(os.path.join(run, "eval"), ignore_errors=True)
+  base = ["--workdir", run, "--split", "test", "--examples", "0"]
+  rc, out, err = run_main(evaluate_script, base + ["--beam_size", "1,2", "--alpha",
+                                                   "0.6,1.0,0.6"], capsys)
+  assert rc == 0, err
+  grid = [json.loads(line) for line in out.splitlines()]
+  assert [(r["beam_size"], r["alpha"]) for r in grid] == [(1, None), (2, 0.6), (2, 1.0)]
+  with open(os.path.join(run, "eval", "results.jsonl"), encoding="utf-8") as f:
+    assert [json.loads(line) for line in f] == grid
+  hypotheses = []
+  for r in grid:
+    with open(r["hypotheses"], encoding="utf-8") as f:
+      hypotheses.append(f.read())
+  table = err[err.index("evaluate: test: 3 searches"):].splitlines()
+  assert len(table) == 5 and table[2].split()[:2] == ["1", "-"], err
+  best = max(range(3), key=lambda i: grid[i]["bleu"])
+  assert [line.startswith("*") for line in table[2:]] == [i == best for i in range(3)], err
+  assert err.count("evaluate: test: beam 2, alpha 0.6: BLEU") == 1, err
+  timing = ("time", "sentences_per_sec", "target_tokens_per_sec", "search_seconds",
+            "compile_seconds")
+  for r, text, argv in zip(grid, hypotheses, (["--beam_size", "1"],
+                                              ["--beam_size", "2", "--alpha", "0.6"],
+                                              ["--beam_size", "2", "--alpha", "1.0"])):
+    rc, out, err = run_main(evaluate_script, base + argv, capsys)
+    alone = json.loads(out)
+    assert rc == 0 and {k: v for k, v in alone.items() if k not in timing} == {
+        k: v for k, v in r.items() if k not in timing}, err
+    with open(alone["hypotheses"], encoding="utf-8") as f:
+      assert f.read() == text
+  # The combinations are checked before any is searched.
+  with open(os.path.join(run, "eval", "results.jsonl"), encoding="utf-8") as f:
+    logged = f.read()
+  for argv, message in (
+      (["--beam_size", "2,x"], "error: --beam_size 2,x: 'x' is not an integer\n"),
+      (["--beam_size", "1", "--alpha", "0.6,1.0"], "error: alpha=0.6 is ignored by greedy "
+       "search (beam_size 1), which has no length penalty: pass a beam_size of 2 or more with "
+       "it, or drop it\n"),
+      (["--beam_size", "2,0"], "error: beam_size=0 and batch_size=64 must be >= 1, "
+       "max_len_margin=50 >= 0\n"),
+      (["--alpha", "0.6,nan", "--beam_size", "2"], "error: alpha=nan: the length penalty must "
+       "be a finite number (the paper's is 0.6)\n")):
+    rc, out, err = run_main(evaluate_script, base + argv, capsys)
+    assert rc == 1 and out == "" and err == message, (argv, err)
+  with open(os.path.join(run, "eval", "results.jsonl"), encoding="utf-8") as f:
+    assert f.read() == logged
+
+
 def test_evaluate_scores_a_test_set_of_ones_own(workdir, tmp_path, capsys):
   run = str(tmp_path / "run")
   shutil.copytree(workdir, run)

@@ -92,6 +92,29 @@ def examples_markdown(rows: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def search_name(translator: Translator) -> str:
+  """`greedy` or `beam 4, alpha 0.6`: the search, as the command's lines name it."""
+  if translator.beam_size == 1:
+    return "greedy"
+  return f"beam {translator.beam_size}, alpha {translator.alpha:g}"
+
+
+def grid_table(split: str, results: Sequence[dict]) -> str:
+  """evaluate.py's closing table for several searches (`--beam_size 1,4 --alpha 0.6,1.0`): one
+  row each, in the order searched, the best BLEU marked (the paper chose beam and alpha on the
+  development set)."""
+  best = max(range(len(results)), key=lambda i: results[i]["bleu"])
+  rows = [f"evaluate: {split}: {len(results)} searches (best sacreBLEU marked *)",
+          f"  {'beam':>4}  {'alpha':>5}  {'BLEU':>6}  {'chrF':>6}  {'tokenized BLEU':>14}  "
+          f"{'sentences/s':>11}"]
+  for i, r in enumerate(results):
+    alpha = "-" if r["alpha"] is None else f"{r['alpha']:g}"
+    rows.append(f"{'*' if i == best else ' '} {r['beam_size']:>4}  {alpha:>5}  {r['bleu']:>6.2f}  "
+                f"{r['chrf']:>6.2f}  {r['tokenized_bleu']:>14.2f}  "
+                f"{r['sentences_per_sec']:>11.1f}")
+  return "\n".join(rows)
+
+
 def search_tag(beam_size: int, alpha: float, max_len_margin: int) -> str:
   """`greedy` or `beam4.alpha0.6`, plus `.margin20` when the margin is not the paper's 50."""
   tag = "greedy" if beam_size == 1 else f"beam{beam_size}.alpha{alpha:g}"

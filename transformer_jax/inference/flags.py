@@ -68,7 +68,10 @@ def refuse_ignored(values: flags.FlagValues, names: Sequence[str], because: str,
                    + what_to_do.format(flags=listed))
 
 
-def define_checkpoint_flags(values: flags.FlagValues) -> None:
+def define_checkpoint_flags(values: flags.FlagValues, grid: bool = False) -> None:
+  """The flags that choose a checkpoint and the search; with `grid` (evaluate.py),
+  `--beam_size` and `--alpha` take comma-separated lists, searched one combination after
+  another (`search_grid`)."""
   def define(kind, name, default, help_text):
     getattr(flags, f"DEFINE_{kind}")(name, default, help_text, flag_values=values)
 
@@ -78,11 +81,49 @@ def define_checkpoint_flags(values: flags.FlagValues) -> None:
   define("string", "checkpoint", None, "load parameters from here instead: a workdir, "
          "checkpoints or averaged directory, or a checkpoints/<step> dir")
   define("bool", "averaged", False, "use <workdir>/averaged (scripts/average_checkpoints.py)")
-  define("integer", "beam_size", None, "1 = greedy (default: the run's config.beam_size)")
-  define("float", "alpha", None, "length penalty (default: the run's config.length_penalty_alpha)")
+  if grid:
+    define("list", "beam_size", None, "1 = greedy (default: the run's config.beam_size); several, "
+           "comma-separated (1,4,8), are each evaluated")
+    define("list", "alpha", None, "length penalty (default: the run's "
+           "config.length_penalty_alpha); several, comma-separated (0.6,1.0), are each "
+           "evaluated with every beam_size above 1")
+  else:
+    define("integer", "beam_size", None, "1 = greedy (default: the run's config.beam_size)")
+    define("float", "alpha", None, "length penalty (default: the run's "
+           "config.length_penalty_alpha)")
   define("integer", "max_len_margin", None,
          "output limit = source length + margin (default: the run's)")
   define("integer", "batch_size", 64, "sentences per search batch")
+
+
+def _numbers(values: flags.FlagValues, name: str, kind: type) -> list:
+  """The comma-separated values of list flag `name` as `kind`, in order, each once; [None]
+  when it was not given (the run's own setting)."""
+  if values[name].value is None:
+    return [None]
+  out = []
+  for text in values[name].value:
+    try:
+      number = kind(text)
+    except ValueError:
+      raise RunError(f"--{name} {','.join(values[name].value)}: {text!r} is not "
+                     f"{'an integer' if kind is int else 'a number'}") from None
+    if number not in out:
+      out.append(number)
+  if not out:
+    raise RunError(f"--{name} is empty: give one value or several, comma-separated")
+  return out
+
+
+def search_grid(values: flags.FlagValues) -> list[tuple[int | None, float | None]]:
+  """(beam_size, alpha) for each search that evaluate.py's `--beam_size` and `--alpha` lists
+  ask for, in the order given: every beam above 1 with every alpha, greedy search (beam 1)
+  once and without an alpha, which it has no use for. None is the run's own setting. Only
+  greedy beams with an alpha given keep it, so that the Translator refuses it as ignored."""
+  beams, alphas = _numbers(values, "beam_size", int), _numbers(values, "alpha", float)
+  if all(b == 1 for b in beams):
+    return [(1, a) for a in alphas]
+  return [(b, None) if b == 1 else (b, a) for b in beams for a in (alphas if b != 1 else [None])]
 
 
 def translator_from_flags(values: flags.FlagValues, **kwargs) -> Translator:
@@ -90,6 +131,17 @@ def translator_from_flags(values: flags.FlagValues, **kwargs) -> Translator:
   return Translator(values.workdir, step=values.step, checkpoint=values.checkpoint,
                     averaged=values.averaged, beam_size=values.beam_size, alpha=values.alpha,
                     max_len_margin=values.max_len_margin, batch_size=values.batch_size, **kwargs)
+
+
+def translators_from_flags(values: flags.FlagValues, **kwargs) -> list[Translator]:
+  """evaluate.py's: a Translator for each search of `search_grid`, sharing one set of
+  parameters; every combination is checked before any is searched."""
+  (beam, alpha), *rest = search_grid(values)
+  first = Translator(values.workdir, step=values.step, checkpoint=values.checkpoint,
+                     averaged=values.averaged, beam_size=beam, alpha=alpha,
+                     max_len_margin=values.max_len_margin, batch_size=values.batch_size,
+                     **kwargs)
+  return [first] + [first.with_search(b, a) for b, a in rest]
 
 
 def check_evaluate_flags(values: flags.FlagValues) -> None:

@@ -18,6 +18,7 @@ at `max_len`), so the jitted search compiles a bounded number of times (at most
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import filecmp
 import math
@@ -258,26 +259,8 @@ class Translator:
     if self.tokenizer.vocab_size != self.config.vocab_size:
       raise RunError(f"{spm_path} has {self.tokenizer.vocab_size} pieces but the model was "
                      f"trained with vocab_size={self.config.vocab_size}: wrong spm.model")
-    self.beam_size = int(beam_size if beam_size is not None else self.run.get("beam_size", 1))
-    self.alpha = float(alpha if alpha is not None else self.run.get("length_penalty_alpha", 0.6))
-    self.max_len_margin = int(max_len_margin if max_len_margin is not None
-                              else self.run.get("max_len_margin", 50))
-    if self.beam_size < 1 or self.max_len_margin < 0 or batch_size < 1:
-      raise RunError(f"beam_size={self.beam_size} and batch_size={batch_size} must be >= 1, "
-                     f"max_len_margin={self.max_len_margin} >= 0")
-    if alpha is not None and self.beam_size == 1:
-      given = ("" if beam_size is not None else
-               f", the run's config.beam_size in {run_config_path(workdir, written_at)}")
-      raise RunError(f"alpha={alpha} is ignored by greedy search (beam_size 1{given}), which "
-                     "has no length penalty: pass a beam_size of 2 or more with it, or drop it")
-    if not math.isfinite(self.alpha):
-      raise RunError(f"alpha={self.alpha}: the length penalty must be a finite number (the "
-                     "paper's is 0.6)")
-    if self.beam_size > self.config.output_vocab_size:
-      raise RunError(f"beam_size={self.beam_size} is wider than the vocabulary "
-                     f"({self.config.output_vocab_size} pieces): at most "
-                     f"{self.config.output_vocab_size}")
-    self.batch_size = batch_size
+    self._written_at = written_at
+    self._set_search(beam_size, alpha, max_len_margin, batch_size)
     _, params = checkpointing.load_params(self.checkpoint_dir, self.step)
     # The run's own parameters (checkpoints/, averaged/, best_<metric>/) that no longer fit:
     # the code changed, not the run.
@@ -290,6 +273,40 @@ class Translator:
     self.averaged_steps = averaging.averaged_steps(self.checkpoint_dir, self.step)
     self.stats = SearchStats()
     self._compiled: set = set()
+
+  def _set_search(self, beam_size: int | None, alpha: float | None,
+                  max_len_margin: int | None, batch_size: int) -> None:
+    """The search settings, each defaulting to the run's config.json, checked."""
+    self.beam_size = int(beam_size if beam_size is not None else self.run.get("beam_size", 1))
+    self.alpha = float(alpha if alpha is not None else self.run.get("length_penalty_alpha", 0.6))
+    self.max_len_margin = int(max_len_margin if max_len_margin is not None
+                              else self.run.get("max_len_margin", 50))
+    if self.beam_size < 1 or self.max_len_margin < 0 or batch_size < 1:
+      raise RunError(f"beam_size={self.beam_size} and batch_size={batch_size} must be >= 1, "
+                     f"max_len_margin={self.max_len_margin} >= 0")
+    if alpha is not None and self.beam_size == 1:
+      given = ("" if beam_size is not None else ", the run's config.beam_size in "
+               f"{run_config_path(self.workdir, self._written_at)}")
+      raise RunError(f"alpha={alpha} is ignored by greedy search (beam_size 1{given}), which "
+                     "has no length penalty: pass a beam_size of 2 or more with it, or drop it")
+    if not math.isfinite(self.alpha):
+      raise RunError(f"alpha={self.alpha}: the length penalty must be a finite number (the "
+                     "paper's is 0.6)")
+    if self.beam_size > self.config.output_vocab_size:
+      raise RunError(f"beam_size={self.beam_size} is wider than the vocabulary "
+                     f"({self.config.output_vocab_size} pieces): at most "
+                     f"{self.config.output_vocab_size}")
+    self.batch_size = batch_size
+
+  def with_search(self, beam_size: int | None, alpha: float | None) -> Translator:
+    """This translator with another beam size and length penalty, checked as the constructor
+    checks them: the same parameters and tokenizer (nothing read again), its own throughput
+    figures and compiled shapes (another search compiles anew)."""
+    other = copy.copy(self)
+    other._set_search(beam_size, alpha, self.max_len_margin, self.batch_size)
+    other.stats = SearchStats()
+    other._compiled = set()
+    return other
 
   def _warn_if_stale(self) -> None:
     """An average made before the run trained on: it decodes, but not what the run is now."""
