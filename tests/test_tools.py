@@ -706,6 +706,33 @@ def test_evaluate_searches_a_grid_of_beams_and_alphas_as_separate_commands_would
     assert f.read() == logged
 
 
+def test_tokenized_bleu_takes_the_runs_target_language_and_tokenized_references_are_warned_of(
+    workdir, tmp_path, capsys):
+  """The Moses tokenizer gets the run's config.data.target_lang; references that are Moses
+  output already (a .tok file: &quot;, ##AT##) are counted and warned about, lines named."""
+  translator = translator_lib.Translator(workdir)
+  translator.run = dict(translator.run, data=dict(translator.run["data"], target_lang="fr"))
+  pairs = [("seven", "sieben"), ("eight", "acht &quot; x &quot;"), ("nine", "neun ##AT##-##AT## x")]
+  result = evaluation.evaluate(translator, None, "mine", str(tmp_path / "out"), 0, pairs=pairs)
+  assert result["tokenized_bleu_signature"].startswith("moses-tok:fr|")
+  assert result["tokenized_looking_references"] == 2
+  err = capsys.readouterr().err
+  assert "warning: the mine references: 2 (pairs 2, 3) of 3 look tokenized already" in err, err
+  # A test set of one's own names its file and lines; raw references give no warning.
+  src, ref = tmp_path / "t.en", tmp_path / "t.de"
+  src.write_text("seven\neight\n", encoding="utf-8")
+  ref.write_text("sieben\nacht @-@ x\n", encoding="utf-8")
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  rc, out, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src),
+                                            "--reference", str(ref)], capsys)
+  assert rc == 0 and json.loads(out)["tokenized_looking_references"] == 1, err
+  assert f"warning: --reference {ref}: 1 (line 2) of 2 look tokenized already" in err, err
+  rc, out, err = run_main(evaluate_script, ["--workdir", run, "--split", "test"], capsys)
+  assert rc == 0 and json.loads(out)["tokenized_looking_references"] == 0
+  assert "look tokenized" not in err, err
+
+
 def test_evaluate_scores_a_test_set_of_ones_own(workdir, tmp_path, capsys):
   run = str(tmp_path / "run")
   shutil.copytree(workdir, run)

@@ -2,7 +2,7 @@
 tokenized BLEU beside them.
 
     result = evaluate(Translator("runs/default", beam_size=4), data, "test")
-    floor = copy_baseline(data.raw_examples("test"), "test", "runs/default/baselines")
+    floor = copy_baseline(data.raw_examples("test"), "test", "runs/default/baselines", lang="de")
 
 BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the raw references;
 the signatures are in the result. The copy baseline scores what needs no model at all: names,
@@ -309,6 +309,28 @@ def check_empty(pairs: Sequence[tuple[str, str]], split: str,
   return {"empty_sources": len(sources), "empty_references": len(references)}
 
 
+# What the Moses tokenizer and the compound split leave in text: its escapes, tensor2tensor's
+# `##AT##`, the `-a` option's `@-@`. Raw references hold them seldom; tokenized files always.
+_TOKENIZED = re.compile(r"##AT##|@-@|&(?:quot|apos|amp|lt|gt|#124|#91|#93);")
+
+
+def check_tokenized(pairs: Sequence[tuple[str, str]], split: str,
+                    origin: tuple[str, str] | None = None, warn=warn_stderr) -> dict:
+  """Warn (one line) of references that look Moses-tokenized already (`newstest2014.tok.de`,
+  Stanford's compound-split copies): both BLEU figures expect raw text, and `tokenized_bleu`
+  tokenizes again what was tokenized (`&quot;` -> `&amp; quot ;`), without an error. Returns
+  the count, for the result."""
+  lines = [i + 1 for i, (_, t) in enumerate(pairs) if _TOKENIZED.search(t)]
+  if lines:
+    name = origin[1] if origin else f"the {split} references"
+    unit = "line" if origin else "pair"
+    warn(f"{name}: {_numbers(lines, unit)} of {len(pairs):,} look tokenized already (Moses "
+         "escapes such as &quot;, ##AT##, @-@): sacreBLEU and tokenized_bleu both expect raw, "
+         "detokenized references and would score these wrongly; pass the raw text (for WMT, "
+         "the test set's .sgm or plain-text release, not a .tok file)")
+  return {"tokenized_looking_references": len(lines)}
+
+
 def evaluate(translator: Translator, data, split: str, output_dir: str | None = None,
              num_examples: int = 10, pairs: list[tuple[str, str]] | None = None,
              extra: dict | None = None, origin: tuple[str, str] | None = None) -> dict:
@@ -320,7 +342,7 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   fields go into the result (where those came from), and `origin` names them in the warning
   about empty lines (`check_empty`)."""
   pairs = nonempty(data.raw_examples(split) if pairs is None else pairs, split)
-  empty = check_empty(pairs, split, origin)
+  empty = {**check_empty(pairs, split, origin), **check_tokenized(pairs, split, origin)}
   averaged = translator.averaged_steps
   output_dir = output_dir or default_output_dir(
       translator.workdir, translator.checkpoint_dir, translator.step,
@@ -348,13 +370,13 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
 
 def copy_baseline(pairs: list[tuple[str, str]], split: str, output_dir: str,
                   num_examples: int = 10, workdir: str | None = None, extra: dict | None = None,
-                  origin: tuple[str, str] | None = None, lang: str = "de") -> dict:
+                  origin: tuple[str, str] | None = None, *, lang: str) -> dict:
   """The scores of copying each source of `pairs` (the split's) as its translation: no model
   and no tokenizer involved. With `workdir`, the result is also appended to its
   `eval/results.jsonl`; `extra` and `origin` as for `evaluate`; `lang` is the target language
   (`target_lang`), for the tokenized BLEU."""
   pairs = nonempty(pairs, split)
-  empty = check_empty(pairs, split, origin)
+  empty = {**check_empty(pairs, split, origin), **check_tokenized(pairs, split, origin)}
   writable_dir(output_dir)  # one error line naming the flag, not a bare OSError from _write
   hypotheses = [" ".join(s.split()) for s, _ in pairs]
   result = {"split": split, "sentences": len(pairs), "baseline": "copy",
