@@ -126,22 +126,23 @@ def search_grid(values: flags.FlagValues) -> list[tuple[int | None, float | None
   return [(b, None) if b == 1 else (b, a) for b in beams for a in (alphas if b != 1 else [None])]
 
 
-def translator_from_flags(values: flags.FlagValues, **kwargs) -> Translator:
-  """A Translator from the flags of `define_checkpoint_flags`."""
+def translator_from_flags(values: flags.FlagValues,
+                          search: tuple[int | None, float | None] | None = None,
+                          **kwargs) -> Translator:
+  """A Translator from the flags of `define_checkpoint_flags`; `search`: (beam_size, alpha)
+  instead of the flags' (one of evaluate.py's lists, `search_grid`)."""
+  beam_size, alpha = search or (values.beam_size, values.alpha)
   return Translator(values.workdir, step=values.step, checkpoint=values.checkpoint,
-                    averaged=values.averaged, beam_size=values.beam_size, alpha=values.alpha,
+                    averaged=values.averaged, beam_size=beam_size, alpha=alpha,
                     max_len_margin=values.max_len_margin, batch_size=values.batch_size, **kwargs)
 
 
 def translators_from_flags(values: flags.FlagValues, **kwargs) -> list[Translator]:
   """evaluate.py's: a Translator for each search of `search_grid`, sharing one set of
   parameters; every combination is checked before any is searched."""
-  (beam, alpha), *rest = search_grid(values)
-  first = Translator(values.workdir, step=values.step, checkpoint=values.checkpoint,
-                     averaged=values.averaged, beam_size=beam, alpha=alpha,
-                     max_len_margin=values.max_len_margin, batch_size=values.batch_size,
-                     **kwargs)
-  return [first] + [first.with_search(b, a) for b, a in rest]
+  first, *rest = search_grid(values)
+  translator = translator_from_flags(values, first, **kwargs)
+  return [translator] + [translator.with_search(b, a) for b, a in rest]
 
 
 def check_evaluate_flags(values: flags.FlagValues) -> None:
