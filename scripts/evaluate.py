@@ -102,9 +102,9 @@ def body(values, args):
         evaluation.data_config(translators[0].run, values.workdir, values.data_dir),
         values.workdir)
     results = []
-    for translator in translators:
+    for n, translator in enumerate(translators):
       result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,
-                                   pairs=pairs, extra=extra, origin=origin)
+                                   pairs=pairs, extra=extra, origin=origin, quiet=n > 0)
       print(f"evaluate: {name}: {evaluation.search_name(translator)}: BLEU "
             f"{result['bleu']:.2f}, chrF {result['chrf']:.2f} (tokenized BLEU "
             f"{result['tokenized_bleu']:.2f}) on {result['sentences']} sentences; "

@@ -674,9 +674,11 @@ def test_evaluate_searches_a_grid_of_beams_and_alphas_as_separate_commands_would
       hypotheses.append(f.read())
   table = err[err.index("evaluate: test: 3 searches"):].splitlines()
   assert len(table) == 5 and table[2].split()[:2] == ["1", "-"], err
-  best = max(range(3), key=lambda i: grid[i]["bleu"])
-  assert [line.startswith("*") for line in table[2:]] == [i == best for i in range(3)], err
+  top = max(r["bleu"] for r in grid)
+  if len({r["bleu"] for r in grid}) > 1:
+    assert [line.startswith("*") for line in table[2:]] == [r["bleu"] == top for r in grid], err
   assert err.count("evaluate: test: beam 2, alpha 0.6: BLEU") == 1, err
+  grid_warnings = [line for line in err.splitlines() if line.startswith("warning:")]
   timing = ("time", "sentences_per_sec", "target_tokens_per_sec", "search_seconds",
             "compile_seconds")
   for r, text, argv in zip(grid, hypotheses, (["--beam_size", "1"],
@@ -688,11 +690,15 @@ def test_evaluate_searches_a_grid_of_beams_and_alphas_as_separate_commands_would
         k: v for k, v in r.items() if k not in timing}, err
     with open(alone["hypotheses"], encoding="utf-8") as f:
       assert f.read() == text
+    # The data's warnings (long sources here) are said once, as by one search, not per search.
+    assert [line for line in err.splitlines() if line.startswith("warning:")] == grid_warnings
   # The combinations are checked before any is searched.
   with open(os.path.join(run, "eval", "results.jsonl"), encoding="utf-8") as f:
     logged = f.read()
   for argv, message in (
       (["--beam_size", "2,x"], "error: --beam_size 2,x: 'x' is not an integer\n"),
+      (["--beam_size", "2,"], "error: --beam_size 2,: '' is not an integer (a comma too "
+       "many?)\n"),
       (["--beam_size", "1", "--alpha", "0.6,1.0"], "error: alpha=0.6 is ignored by greedy "
        "search (beam_size 1), which has no length penalty: pass a beam_size of 2 or more with "
        "it, or drop it\n"),
@@ -731,6 +737,35 @@ def test_tokenized_bleu_takes_the_runs_target_language_and_tokenized_references_
   rc, out, err = run_main(evaluate_script, ["--workdir", run, "--split", "test"], capsys)
   assert rc == 0 and json.loads(out)["tokenized_looking_references"] == 0
   assert "look tokenized" not in err, err
+  # Periods and commas split off as words count when a tenth of the lines have them (a .tok
+  # file), not in raw text that has one (French's « , »).
+  raw = [f"Satz {i}, mit Komma." for i in range(30)] + ["Opérande attendu après « , »"]
+  assert evaluation.tokenized_lines(raw) == []
+  tok = [f"Satz {i} , mit Komma ." for i in range(3)] + raw[:17]
+  assert evaluation.tokenized_lines(tok) == [1, 2, 3]
+  # The same source scored against other references replaces the files of that name: said.
+  ref2 = tmp_path / "t2.de"
+  ref2.write_text("sieben\nacht\n", encoding="utf-8")
+  rc, out, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src),
+                                            "--reference", str(ref2)], capsys)
+  assert rc == 0 and f"held the result for reference_file {ref}; it is replaced by this one for " \
+      f"{ref2}" in err, err
+
+
+def test_a_grid_marks_every_best_row_and_none_when_all_are_the_same():
+  results = [dict(beam_size=1, alpha=None, bleu=20.0, chrf=50.0, tokenized_bleu=21.0,
+                  sentences_per_sec=10.0),
+             dict(beam_size=4, alpha=0.6, bleu=22.5, chrf=51.0, tokenized_bleu=23.0,
+                  sentences_per_sec=5.0),
+             dict(beam_size=4, alpha=1.0, bleu=22.5, chrf=51.5, tokenized_bleu=23.5,
+                  sentences_per_sec=5.0)]
+  table = evaluation.grid_table("validation", results).splitlines()
+  assert table[0] == "evaluate: validation: 3 searches (the best sacreBLEU marked *)"
+  assert [line[0] for line in table[2:]] == [" ", "*", "*"], table
+  assert table[3].split() == ["*", "4", "0.6", "22.50", "51.00", "23.00", "5.0"], table
+  same = [dict(r, bleu=0.0) for r in results]
+  table = evaluation.grid_table("validation", same).splitlines()
+  assert "(all the same sacreBLEU)" in table[0] and "*" not in "".join(table[2:]), table
 
 
 def test_evaluate_scores_a_test_set_of_ones_own(workdir, tmp_path, capsys):

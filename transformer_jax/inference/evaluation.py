@@ -101,15 +101,18 @@ def search_name(translator: Translator) -> str:
 
 def grid_table(split: str, results: Sequence[dict]) -> str:
   """evaluate.py's closing table for several searches (`--beam_size 1,4 --alpha 0.6,1.0`): one
-  row each, in the order searched, the best BLEU marked (the paper chose beam and alpha on the
-  development set)."""
-  best = max(range(len(results)), key=lambda i: results[i]["bleu"])
-  rows = [f"evaluate: {split}: {len(results)} searches (best sacreBLEU marked *)",
+  row each, in the order searched, the best BLEU marked, every row that has it (the paper chose
+  beam and alpha on the development set)."""
+  top = max(r["bleu"] for r in results)
+  same = all(r["bleu"] == top for r in results)
+  rows = [f"evaluate: {split}: {len(results)} searches "
+          + ("(all the same sacreBLEU)" if same else "(the best sacreBLEU marked *)"),
           f"  {'beam':>4}  {'alpha':>5}  {'BLEU':>6}  {'chrF':>6}  {'tokenized BLEU':>14}  "
           f"{'sentences/s':>11}"]
-  for i, r in enumerate(results):
+  for r in results:
     alpha = "-" if r["alpha"] is None else f"{r['alpha']:g}"
-    rows.append(f"{'*' if i == best else ' '} {r['beam_size']:>4}  {alpha:>5}  {r['bleu']:>6.2f}  "
+    best = r["bleu"] == top and not same
+    rows.append(f"{'*' if best else ' '} {r['beam_size']:>4}  {alpha:>5}  {r['bleu']:>6.2f}  "
                 f"{r['chrf']:>6.2f}  {r['tokenized_bleu']:>14.2f}  "
                 f"{r['sentences_per_sec']:>11.1f}")
   return "\n".join(rows)
@@ -167,6 +170,23 @@ def writable_dir(path: str) -> None:
                    "directory you can write")
 
 
+def _warn_if_other_files(path: str, result: dict) -> None:
+  """A test set of one's own is named after its source file: the same source scored against
+  other references (or another source of the same name) replaces the earlier files, which is
+  said (results.jsonl keeps both results)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      old = json.load(f)
+  except (OSError, ValueError):
+    return
+  for key in ("source_file", "reference_file"):
+    if isinstance(old, dict) and old.get(key) and old.get(key) != result.get(key):
+      warn_stderr(f"{path} held the result for {key} {old[key]}; it is replaced by this one "
+                  f"for {result.get(key)} (eval/results.jsonl keeps both): pass --name to keep "
+                  "their files side by side")
+      return
+
+
 def _write(output_dir: str, name: str, hypotheses: Sequence[str], result: dict,
            pairs: Sequence[tuple[str, str]], num_examples: int, workdir: str | None) -> dict:
   """`hypotheses.<name>.txt` (one line per pair, in the split's order), `eval.<name>.json` and
@@ -174,6 +194,7 @@ def _write(output_dir: str, name: str, hypotheses: Sequence[str], result: dict,
   is also appended as one line to `<workdir>/eval/results.jsonl` (unless `workdir` is None),
   with `time` (Unix seconds, as in metrics.jsonl): two evaluations of the same settings differ."""
   os.makedirs(output_dir, exist_ok=True)
+  _warn_if_other_files(os.path.join(output_dir, f"eval.{name}.json"), result)
   result["time"] = time.time()
   result["hypotheses"] = os.path.join(output_dir, f"hypotheses.{name}.txt")
   _write_file(result["hypotheses"], "".join(h + "\n" for h in hypotheses))
@@ -310,8 +331,20 @@ def check_empty(pairs: Sequence[tuple[str, str]], split: str,
 
 
 # What the Moses tokenizer and the compound split leave in text: its escapes, tensor2tensor's
-# `##AT##`, the `-a` option's `@-@`. Raw references hold them seldom; tokenized files always.
+# `##AT##`, the `-a` option's `@-@`; and periods and commas split off as words, which raw text
+# has seldom (French's `« , »`), so those count only when a tenth of the lines have them.
 _TOKENIZED = re.compile(r"##AT##|@-@|&(?:quot|apos|amp|lt|gt|#124|#91|#93);")
+_SPLIT_OFF = re.compile(r"\s[.,](?:\s|$)")
+
+
+def tokenized_lines(references: Sequence[str]) -> list[int]:
+  """The numbers (from 1) of the references that look Moses-tokenized: holding its escapes,
+  `##AT##` or `@-@`, or, when a tenth of them or more do, a period or comma standing alone."""
+  marked = {i for i, t in enumerate(references) if _TOKENIZED.search(t)}
+  split_off = {i for i, t in enumerate(references) if _SPLIT_OFF.search(t)}
+  if len(split_off) >= max(2, len(references) / 10):
+    marked |= split_off
+  return [i + 1 for i in sorted(marked)]
 
 
 def check_tokenized(pairs: Sequence[tuple[str, str]], split: str,
@@ -320,29 +353,35 @@ def check_tokenized(pairs: Sequence[tuple[str, str]], split: str,
   Stanford's compound-split copies): both BLEU figures expect raw text, and `tokenized_bleu`
   tokenizes again what was tokenized (`&quot;` -> `&amp; quot ;`), without an error. Returns
   the count, for the result."""
-  lines = [i + 1 for i, (_, t) in enumerate(pairs) if _TOKENIZED.search(t)]
+  lines = tokenized_lines([t for _, t in pairs])
   if lines:
     name = origin[1] if origin else f"the {split} references"
     unit = "line" if origin else "pair"
     warn(f"{name}: {_numbers(lines, unit)} of {len(pairs):,} look tokenized already (Moses "
-         "escapes such as &quot;, ##AT##, @-@): sacreBLEU and tokenized_bleu both expect raw, "
-         "detokenized references and would score these wrongly; pass the raw text (for WMT, "
-         "the test set's .sgm or plain-text release, not a .tok file)")
+         "escapes such as &quot;, ##AT##, @-@, or periods and commas split off as words): "
+         "sacreBLEU and tokenized_bleu both expect raw, detokenized references and would score "
+         "them wrongly; pass the raw text (for WMT, the test set's .sgm or plain-text release, "
+         "not a .tok file)")
   return {"tokenized_looking_references": len(lines)}
 
 
 def evaluate(translator: Translator, data, split: str, output_dir: str | None = None,
              num_examples: int = 10, pairs: list[tuple[str, str]] | None = None,
-             extra: dict | None = None, origin: tuple[str, str] | None = None) -> dict:
+             extra: dict | None = None, origin: tuple[str, str] | None = None,
+             quiet: bool = False) -> dict:
   """Translate every pair of `split` (nothing dropped or truncated for length), write the
   hypotheses, examples and the result into `output_dir` (default: `default_output_dir`) as
   `<kind>.<split>.<search tag>.*`, append the result to `<workdir>/eval/results.jsonl` and
   return the scores, the search settings and the search throughput. With `pairs` (a test set
   of one's own, `file_pairs`), those are scored instead, under the name `split`; `extra`
   fields go into the result (where those came from), and `origin` names them in the warning
-  about empty lines (`check_empty`)."""
+  about empty lines (`check_empty`). `quiet`: counted in the result, the data's warnings
+  (empty, tokenized-looking and long lines) are not said again (the searches of a grid after
+  the first)."""
   pairs = nonempty(data.raw_examples(split) if pairs is None else pairs, split)
-  empty = {**check_empty(pairs, split, origin), **check_tokenized(pairs, split, origin)}
+  warn = (lambda message: None) if quiet else warn_stderr
+  empty = {**check_empty(pairs, split, origin, warn),
+           **check_tokenized(pairs, split, origin, warn)}
   averaged = translator.averaged_steps
   output_dir = output_dir or default_output_dir(
       translator.workdir, translator.checkpoint_dir, translator.step,
@@ -352,9 +391,9 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   hypotheses = translator.translate([s for s, _ in pairs], warnings.append,
                                     names=[f"{split} pair {i + 1}" for i in range(len(pairs))])
   for w in warnings[:10]:
-    warn_stderr(w)
+    warn(w)
   if len(warnings) > 10:
-    warn_stderr(f"... and {len(warnings) - 10} more sources longer than max_len - 1 pieces")
+    warn(f"... and {len(warnings) - 10} more sources longer than max_len - 1 pieces")
   hypotheses = [" ".join(h.splitlines()) for h in hypotheses]  # one line per pair, always
   # Every warning is one source over max_len - 1 pieces: cut when truncating, else read whole.
   result = {"split": split, "sentences": len(pairs),

@@ -106,8 +106,9 @@ def _numbers(values: flags.FlagValues, name: str, kind: type) -> list:
     try:
       number = kind(text)
     except ValueError:
+      hint = " (a comma too many?)" if not text.strip() else ""
       raise RunError(f"--{name} {','.join(values[name].value)}: {text!r} is not "
-                     f"{'an integer' if kind is int else 'a number'}") from None
+                     f"{'an integer' if kind is int else 'a number'}{hint}") from None
     if number not in out:
       out.append(number)
   if not out:

@@ -43,7 +43,7 @@ def evaluated(workdir: str) -> dict:
   """`<split>_bleu`, `<split>_chrf` and `<split>_tokenized_bleu` (`test_bleu`, `newstest_chrf`)
   of the latest scripts/evaluate.py result per split or test set in
   `<workdir>/eval/results.jsonl`, whatever its checkpoint and search (evaluate every point
-  alike); copy baselines left out."""
+  alike), and `<split>_search`, which they were (`_search`); copy baselines left out."""
   out: dict = {}
   path = os.path.join(workdir, EVAL, EVAL_LOG)
   if not os.path.exists(path):
@@ -59,7 +59,22 @@ def evaluated(workdir: str) -> dict:
       for score in ("bleu", "chrf", "tokenized_bleu"):
         if isinstance(result.get(score), (int, float)):
           out[f"{result['split']}_{score}"] = result[score]
+      out[f"{result['split']}_search"] = _search(result)
   return out
+
+
+def _search(result: dict) -> str:
+  """Which checkpoint and search an evaluate.py result is of: `beam 4, alpha 0.6, average of 5
+  to step 1500`, `greedy, step 1000` (the column beside a sweep report's <split>_bleu)."""
+  beam = result.get("beam_size")
+  if not isinstance(beam, int):
+    return ""   # not written by evaluate.py
+  search = "greedy" if beam == 1 else f"beam {beam}, alpha {result.get('alpha')}"
+  averaged = result.get("averaged_steps")
+  step = result.get("step")
+  where = (f"average of {len(averaged)} to step {step}" if isinstance(averaged, list)
+           else f"step {step}")
+  return f"{search}, {where}"
 
 
 def _evaluated_name(metric: str) -> bool:
@@ -81,6 +96,11 @@ def sort_rows(rows: list[dict], metric: str, lower: bool | None = None) -> list[
 def _columns(rows: list[dict], fields: list[str], metric: str) -> list[str]:
   preferred = ["name", *fields, "status", "step", metric, "bleu", "test_bleu", "eval_loss",
                "eval_accuracy", "train_loss", "log"]
+  # An evaluate.py score is followed by the search it is of (`test_bleu`, `test_search`).
+  for score in (metric, "test_bleu"):
+    split = re.fullmatch(r"(.+)_(?:tokenized_bleu|bleu|chrf)", score)
+    if split:
+      preferred.insert(preferred.index(score) + 1, f"{split.group(1)}_search")
   cols = []
   for c in preferred:
     if c not in cols and any(c in r for r in rows):
