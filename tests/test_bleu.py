@@ -4,6 +4,7 @@
 split Perl line and multi-bleu.perl made of them (its README has the commands): bleu.py must give
 the same tokens, the same split and the same BLEU without Perl.
 """
+import logging
 import os
 import re
 
@@ -61,3 +62,12 @@ def test_a_perfect_translation_scores_100_and_case_counts():
   refs = ["Das Rich-Text-Format ist gut.", "Die Katze schläft."]
   assert bleu.tokenized_bleu(refs, refs, "de")[0] == pytest.approx(100.0)
   assert bleu.tokenized_bleu([r.lower() for r in refs], refs, "de")[0] < 50
+
+
+def test_no_warning_that_the_input_is_tokenized(caplog):
+  """sacreBLEU warns after 100 lines ending in ` .` that BLEU on tokenized text is not
+  sacreBLEU; tokenized text is what multi-bleu.perl scores, so the warning would mislead."""
+  lines = [f"Das ist Satz x{i}." for i in range(120)]   # x1., not an ordinal like 1.
+  with caplog.at_level(logging.WARNING):
+    assert bleu.tokenized_bleu(lines, lines, "de")[0] == pytest.approx(100.0)
+  assert not caplog.records, caplog.text
