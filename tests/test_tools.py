@@ -763,6 +763,12 @@ def test_a_grid_marks_every_best_row_and_none_when_all_are_the_same():
   assert table[0] == "evaluate: validation: 3 searches (the best sacreBLEU marked *)"
   assert [line[0] for line in table[2:]] == [" ", "*", "*"], table
   assert table[3].split() == ["*", "4", "0.6", "22.50", "51.00", "23.00", "5.0"], table
+  # One best search on the development set: how to report it on the test split.
+  results[2]["bleu"] = 23.0
+  assert evaluation.grid_table("validation", results).splitlines()[-1] == (
+      "chosen on the development set: score the test split with --beam_size 4 --alpha 1 "
+      "--split test")
+  assert "chosen" not in evaluation.grid_table("test", results)
   same = [dict(r, bleu=0.0) for r in results]
   table = evaluation.grid_table("validation", same).splitlines()
   assert "(all the same sacreBLEU)" in table[0] and "*" not in "".join(table[2:]), table

@@ -115,6 +115,13 @@ def grid_table(split: str, results: Sequence[dict]) -> str:
     rows.append(f"{'*' if best else ' '} {r['beam_size']:>4}  {alpha:>5}  {r['bleu']:>6.2f}  "
                 f"{r['chrf']:>6.2f}  {r['tokenized_bleu']:>14.2f}  "
                 f"{r['sentences_per_sec']:>11.1f}")
+  winners = [r for r in results if r["bleu"] == top]
+  if split == "validation" and len(winners) == 1:
+    w = winners[0]
+    search = (f"--beam_size {w['beam_size']}" if w["alpha"] is None
+              else f"--beam_size {w['beam_size']} --alpha {w['alpha']:g}")
+    rows.append(f"chosen on the development set: score the test split with {search} "
+                "--split test")
   return "\n".join(rows)
 
 
