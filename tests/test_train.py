@@ -1,5 +1,6 @@
 """Training: the schedule, the loss, accumulation, config errors, checkpoints, resume, signals."""
 import json
+import logging
 import os
 import re
 import shutil
@@ -702,3 +703,38 @@ def test_the_start_up_line_names_the_model_options_that_are_not_the_defaults():
   variant = tj.TransformerConfig(vocab_size=10, activation="gelu", fused_qkv=True,
                                  position_encoding="learned", deterministic=True)
   assert _options(variant) == ", position_encoding=learned, activation=gelu, fused_qkv=True"
+
+
+def test_checkpointer_details_found_by_mutation_testing(tmp_path, monkeypatch):
+  """Survivors of a mutation sample of run/checkpointing.py (2026-11-26, docs/testing.md)."""
+  # Orbax's records below ERROR pass the filter that drops its failed-save tracebacks.
+  quiet = checkpointing._QuietStorageErrors()
+  record = logging.LogRecord("absl", logging.WARNING, "orbax/x.py", 1,
+                             "No space left on device while writing", None, None)
+  assert quiet.filter(record)
+  record.levelno = logging.ERROR
+  assert not quiet.filter(record)
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
+  # Before the first save, a checkpoint's size is its state's bytes (the free-space warning).
+  shapes = {"w": jax.ShapeDtypeStruct((100, 10), jnp.float32)}
+  assert ckpt.checkpoint_bytes(shapes) == 4000 and ckpt.checkpoint_bytes() == 0
+  # The storage error names the operating system's cause and the error's first line.
+  with pytest.raises(checkpointing.StorageError) as e:
+    ckpt._storage_failure(OSError(28, "No space left on device"), 3)
+  assert "failed: No space left on device ([Errno 28] No space left on device...)" in str(e.value)
+  # One process never waits for the others when it sets damaged steps aside.
+  def no_sync(*args):
+    raise AssertionError("sync_global_devices in a single process")
+  monkeypatch.setattr(checkpointing.multihost_utils, "sync_global_devices", no_sync)
+  ckpt._set_aside([])
+  # After a failed save the clean-up of partial steps stops once none reappears.
+  calls = []
+  monkeypatch.setattr(checkpointing, "remove_partial_steps", lambda d: calls.append(d) or [])
+  monkeypatch.setattr(checkpointing.time, "sleep", lambda s: None)
+  ckpt.failed = True
+  ckpt.close()
+  assert len(calls) == 2, calls
+  # A read-only manager creates nothing where there was nothing.
+  with checkpointing.read_only_manager(str(tmp_path / "absent")) as manager:
+    assert manager.all_steps() == []
+  assert not os.path.exists(tmp_path / "absent")

@@ -263,7 +263,7 @@ class Checkpointer:
     steps = self.all_steps()
     if not steps:
       return None
-    errors = []
+    errors, kinds = [], set()
     for step in reversed(steps):
       try:
         state, data, meta = self.restore(step, abstract_state)
@@ -282,6 +282,7 @@ class Checkpointer:
         log.warning("checkpoint %s/%d does not restore (%s); trying the previous one",
                     self.directory, step, msg)
         errors.append(msg)
+        kinds.add(type(e).__name__)
       else:
         if errors:
           log.warning("restored step %d after skipping damaged checkpoint(s): %s", step,
@@ -289,7 +290,7 @@ class Checkpointer:
           self._set_aside([t for t in steps if t > step])
         self.restored_step = step
         return step, state, data, meta
-    alike = len(steps) > 1 and len({m.split(": ", 2)[1] for m in errors}) == 1
+    alike = len(steps) > 1 and len(kinds) == 1
     raise CheckpointError(
         f"none of the checkpoints {steps} in {self.directory} could be restored:\n  "
         + "\n  ".join(errors)
