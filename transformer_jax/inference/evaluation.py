@@ -372,6 +372,12 @@ def check_tokenized(pairs: Sequence[tuple[str, str]], split: str,
   return {"tokenized_looking_references": len(lines)}
 
 
+def check_pairs(pairs: Sequence[tuple[str, str]], split: str,
+                origin: tuple[str, str] | None = None, warn=warn_stderr) -> dict:
+  """`check_empty` and `check_tokenized`: the counts for the result, each warned about once."""
+  return {**check_empty(pairs, split, origin, warn), **check_tokenized(pairs, split, origin, warn)}
+
+
 def evaluate(translator: Translator, data, split: str, output_dir: str | None = None,
              num_examples: int = 10, pairs: list[tuple[str, str]] | None = None,
              extra: dict | None = None, origin: tuple[str, str] | None = None,
@@ -387,8 +393,7 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   the first)."""
   pairs = nonempty(data.raw_examples(split) if pairs is None else pairs, split)
   warn = (lambda message: None) if quiet else warn_stderr
-  empty = {**check_empty(pairs, split, origin, warn),
-           **check_tokenized(pairs, split, origin, warn)}
+  empty = check_pairs(pairs, split, origin, warn)
   averaged = translator.averaged_steps
   output_dir = output_dir or default_output_dir(
       translator.workdir, translator.checkpoint_dir, translator.step,
@@ -422,7 +427,7 @@ def copy_baseline(pairs: list[tuple[str, str]], split: str, output_dir: str,
   `eval/results.jsonl`; `extra` and `origin` as for `evaluate`; `lang` is the target language
   (`target_lang`), for the tokenized BLEU."""
   pairs = nonempty(pairs, split)
-  empty = {**check_empty(pairs, split, origin), **check_tokenized(pairs, split, origin)}
+  empty = check_pairs(pairs, split, origin)
   writable_dir(output_dir)  # one error line naming the flag, not a bare OSError from _write
   hypotheses = [" ".join(s.split()) for s, _ in pairs]
   result = {"split": split, "sentences": len(pairs), "baseline": "copy",

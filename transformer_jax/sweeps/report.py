@@ -77,9 +77,13 @@ def _search(result: dict) -> str:
   return f"{search}, {where}"
 
 
+# The names `evaluated` gives: <split>_<score>, the split as group 1 (`test_tokenized_bleu`).
+_EVALUATED = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]*?)_(?:tokenized_bleu|bleu|chrf)")
+
+
 def _evaluated_name(metric: str) -> bool:
   """Whether `metric` is a name `evaluated` gives (`test_bleu`, `newstest_chrf`)."""
-  return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*_(bleu|chrf)", metric) is not None
+  return _EVALUATED.fullmatch(metric) is not None
 
 
 def sort_rows(rows: list[dict], metric: str, lower: bool | None = None) -> list[dict]:
@@ -98,7 +102,7 @@ def _columns(rows: list[dict], fields: list[str], metric: str) -> list[str]:
                "eval_accuracy", "train_loss", "log"]
   # An evaluate.py score is followed by the search it is of (`test_bleu`, `test_search`).
   for score in (metric, "test_bleu"):
-    split = re.fullmatch(r"(.+)_(?:tokenized_bleu|bleu|chrf)", score)
+    split = _EVALUATED.fullmatch(score)
     if split:
       preferred.insert(preferred.index(score) + 1, f"{split.group(1)}_search")
   cols = []
