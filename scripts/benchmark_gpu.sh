@@ -3,69 +3,141 @@
 # then the train-step benchmarks (base and big, bf16, cuDNN vs XLA attention, fused QKV, remat),
 # then decoding. Each run appends its JSON line to OUT_DIR/results.jsonl; logs go to OUT_DIR too.
 #
-#   bash scripts/benchmark_gpu.sh /tmp/gpu_bench [deadline_seconds] [group]
+#   bash scripts/benchmark_gpu.sh /tmp/gpu_bench [deadline_seconds] [group[,group...]]
 #
-# group: all (default), check, train, extra, decode; profile and ablation (not in all).
-# Environment: STEPS (timed steps, default 30), CHECK_SIZE (model size of the checks, base). Runs that would start after the deadline
-# (default 540 s from the start) are skipped and listed, so the whole fits a time-limited lease.
+# groups: all (= check,train,extra,decode), check, train, extra, decode, now (the tree as it
+# stands: check, base and big with every fast path), scale (larger batches per step), flags (XLA flags that
+# may fuse more), compare (needs BASELINE_TREE), profile, ablation.
+# Environment:
+#   STEPS          timed steps (default 30)
+#   CHECK_SIZE     model size of the checks (base)
+#   PRECOMPILE=N   first compile every train run of the chosen groups, N at a time, into a
+#                  persistent compilation cache (one untimed step each, GPU memory not
+#                  preallocated), so the timed runs one after another load their programs instead
+#                  of compiling them: compilation (27-47 s a run on an H100) is most of a lease
+#   BASELINE_TREE  another checkout (an earlier commit) whose base and big steps the compare
+#                  group times interleaved with this tree's, in the same minutes
+# Runs that would start after the deadline (default 540 s from the start) are skipped and listed,
+# so the whole fits a time-limited lease.
 set -u
-OUT_DIR=${1:-/tmp/gpu_bench}
+OUT_DIR=$(mkdir -p "${1:-/tmp/gpu_bench}" && cd "${1:-/tmp/gpu_bench}" && pwd)
 DEADLINE=$(( $(date +%s) + ${2:-540} ))
-GROUP=${3:-all}
-mkdir -p "$OUT_DIR"
+GROUPS_=",${3:-all},"
+[[ $GROUPS_ == *,all,* ]] && GROUPS_="$GROUPS_,check,train,extra,decode,"
 cd "$(dirname "$0")/.."
+HERE=$PWD
 PY=${PYTHON:-python3}
 BF16="--config.model.dtype=bfloat16"
 CUDNN="$BF16 --config.model.attention_impl=cudnn"
+FAST="$CUDNN --config.model.fused_qkv=True"
 STEPS="--steps ${STEPS:-30} --warmup 5"
+MODE=time
 skipped=()
+declare -A compiling=()
+if [[ -n ${PRECOMPILE:-} ]]; then
+  export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$OUT_DIR/jax_cache}
+  export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+fi
 
-run() {  # run NAME ARGS...: one benchmark, unless past the deadline
+has() { [[ $GROUPS_ == *,$1,* ]]; }
+
+timed() {  # timed NAME ARGS...: run it now, log, summary and JSON lines to OUT_DIR
   local name=$1; shift
-  if (( $(date +%s) >= DEADLINE )); then skipped+=("$name"); return; fi
-  echo "=== $name: $*" | tee -a "$OUT_DIR/summary.txt"
-  local left=$(( DEADLINE - $(date +%s) + 30 ))
-  timeout "$left" ${PRE:-} $PY "$@" > "$OUT_DIR/$name.log" 2>&1
+  local left=$(( DEADLINE - $(date +%s) + 30 )) tree=${CWD:-$HERE}
+  echo "=== $name: ${CWD:+(in $CWD) }${PRE:+$PRE }$*" | tee -a "$OUT_DIR/summary.txt"
+  (cd "$tree" && export PYTHONPATH=$tree${PYTHONPATH:+:$PYTHONPATH} \
+     && timeout "$left" ${PRE:-} $PY "$@") > "$OUT_DIR/$name.log" 2>&1
   local rc=$?
   grep '^{"what"' "$OUT_DIR/$name.log" | sed "s/^{/{\"run\": \"$name\", /" >> "$OUT_DIR/results.jsonl"
-  grep -v '^{' "$OUT_DIR/$name.log" | grep -E 'step time|target tokens/s|MFU|peak memory|compilations|batch time|sentences/s|^  [a-z(]|%  ' \
+  grep -v '^{' "$OUT_DIR/$name.log" | grep -E 'step time|target tokens/s|MFU|peak memory|compilations|first step|batch time|sentences/s|^  [a-z(]|%  |PASS|FAIL' \
     | head -45 | tee -a "$OUT_DIR/summary.txt"
   (( rc == 0 )) || { echo "!!! $name exited $rc"; tail -25 "$OUT_DIR/$name.log"; } | tee -a "$OUT_DIR/summary.txt"
+  touch "$OUT_DIR/$name.done"
+}
+
+run() {  # [CWD=tree] [PRE=env...] run NAME ARGS...: one run, unless past the deadline
+  local name=$1; shift
+  if (( $(date +%s) >= DEADLINE )); then [[ $MODE == time ]] && skipped+=("$name"); return; fi
+  local left=$(( DEADLINE - $(date +%s) + 30 )) tree=${CWD:-$HERE}
+  if [[ $MODE == time ]]; then
+    [[ -e $OUT_DIR/$name.done ]] || timed "$name" "$@"
+    return 0
+  fi
+  # Compile mode. The correctness check runs now, beside the compilations: it is not timed.
+  if [[ $name == check ]]; then
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timed "$name" "$@" &
+    return 0
+  fi
+  [[ " $* " == *" --what train "* && " $* " != *" --profile_dir "* \
+     && -z ${compiling["$tree ${PRE:-} $*"]:-} ]] || return 0
+  compiling["$tree ${PRE:-} $*"]=1
+  while (( $(jobs -rp | wc -l) >= PRECOMPILE )); do wait -n; done
+  (cd "$tree" && export PYTHONPATH=$tree${PYTHONPATH:+:$PYTHONPATH} \
+     && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$left" ${PRE:-} $PY "$@" \
+     --steps 1 --warmup 1 > "$OUT_DIR/compile_$name.log" 2>&1 \
+     || echo "!!! compile $name exited $? (the timed run compiles it)" >> "$OUT_DIR/summary.txt") &
 }
 
 B="scripts/benchmark.py --what train $STEPS"
-if [[ $GROUP == all || $GROUP == check ]]; then
-  run check scripts/check_accelerator.py --size "${CHECK_SIZE:-base}" --json "$OUT_DIR/check.json"
+BASE="$B --config configs/wmt14_ende.py:base"
+BIG="$B --config configs/wmt14_ende.py:big"
+plan() {
+  if has check || has now; then
+    run check scripts/check_accelerator.py --size "${CHECK_SIZE:-base}" --json "$OUT_DIR/check.json"
+  fi
+  if has now; then
+    run base_now $BASE $FAST
+    run big_now $BIG $FAST
+  fi
+  if has compare; then  # interleaved: this tree, the baseline, this tree again
+    [[ -d ${BASELINE_TREE:-} ]] || { echo "compare: BASELINE_TREE is not a directory" >&2; exit 2; }
+    CWD=$BASELINE_TREE run base_baseline $BASE $FAST
+    CWD=$BASELINE_TREE run big_baseline $BIG $FAST
+    run base_again $BASE $FAST
+    run big_again $BIG $FAST
+  fi
+  if has decode; then
+    run decode_base scripts/benchmark.py --what decode --config configs/wmt14_ende.py:base \
+      --beams 1,4 --steps 5 --decode_rows 64 --decode_len 64 --config.data.max_source_len=64 $BF16
+  fi
+  if has flags; then
+    PRE="env XLA_FLAGS=--xla_gpu_enable_cudnn_layer_norm=true" run base_cudnn_ln $BASE $FAST
+  fi
+  if has scale; then  # MFU against rows per step (96 rows is the paper's 25k tokens)
+    run base_192 $BASE $FAST --config.data.batch_size=192
+    run big_192 $BIG $FAST --config.data.batch_size=192
+    run base_384 $BASE $FAST --config.data.batch_size=384
+  fi
+  if has train; then
+    run base_cudnn $BASE $CUDNN
+    run big_cudnn $BIG $CUDNN
+    run base_xla $BASE $BF16
+    run big_xla $BIG $BF16
+    run big_cudnn_fused $BIG $FAST
+    run base_cudnn_fused $BASE $FAST
+  fi
+  if has profile; then  # where the device time goes
+    run base_profile $BASE $FAST --profile_dir "$OUT_DIR/trace_base"
+    run big_profile $BIG $FAST --profile_dir "$OUT_DIR/trace_big"
+  fi
+  if has ablation; then  # dropout's cost, and whether it is in the random bits
+    PRE="env JAX_DEFAULT_PRNG_IMPL=unsafe_rbg" run base_rbg $BASE $FAST
+    run base_nodropout $BASE $FAST --config.model.dropout_rate=0.0
+  fi
+  if has extra; then
+    run big_cudnn_remat $BIG $CUDNN --config.model.remat=layer
+    run base_cudnn_128 $BASE $CUDNN \
+      --config.data.batch_size=200 --config.data.max_source_len=128 --config.data.max_target_len=128
+    run base_f32 $BASE
+  fi
+}
+
+if [[ -n ${PRECOMPILE:-} ]]; then
+  start=$(date +%s)
+  MODE=compile plan
+  wait
+  echo "precompiled in $(( $(date +%s) - start )) s, $PRECOMPILE at a time" | tee -a "$OUT_DIR/summary.txt"
 fi
-if [[ $GROUP == all || $GROUP == train ]]; then
-  run base_cudnn $B --config configs/wmt14_ende.py:base $CUDNN
-  run big_cudnn $B --config configs/wmt14_ende.py:big $CUDNN
-  run base_xla $B --config configs/wmt14_ende.py:base $BF16
-  run big_xla $B --config configs/wmt14_ende.py:big $BF16
-  run big_cudnn_fused $B --config configs/wmt14_ende.py:big $CUDNN --config.model.fused_qkv=True
-  run base_cudnn_fused $B --config configs/wmt14_ende.py:base $CUDNN --config.model.fused_qkv=True
-fi
-if [[ $GROUP == profile ]]; then  # where the device time goes
-  run base_profile $B --config configs/wmt14_ende.py:base $CUDNN --config.model.fused_qkv=True \
-    --profile_dir "$OUT_DIR/trace_base"
-  run big_profile $B --config configs/wmt14_ende.py:big $CUDNN --config.model.fused_qkv=True \
-    --profile_dir "$OUT_DIR/trace_big"
-fi
-if [[ $GROUP == ablation ]]; then  # dropout's cost, and whether it is in the random bits
-  PRE="env JAX_DEFAULT_PRNG_IMPL=unsafe_rbg" run base_rbg $B --config configs/wmt14_ende.py:base \
-    $CUDNN --config.model.fused_qkv=True
-  run base_nodropout $B --config configs/wmt14_ende.py:base $CUDNN --config.model.fused_qkv=True \
-    --config.model.dropout_rate=0.0
-fi
-if [[ $GROUP == all || $GROUP == extra ]]; then
-  run big_cudnn_remat $B --config configs/wmt14_ende.py:big $CUDNN --config.model.remat=layer
-  run base_cudnn_128 $B --config configs/wmt14_ende.py:base $CUDNN \
-    --config.data.batch_size=200 --config.data.max_source_len=128 --config.data.max_target_len=128
-  run base_f32 $B --config configs/wmt14_ende.py:base
-fi
-if [[ $GROUP == all || $GROUP == decode ]]; then
-  run decode_base scripts/benchmark.py --what decode --config configs/wmt14_ende.py:base \
-    --beams 1,4 --steps 5 --decode_rows 64 --decode_len 64 --config.data.max_source_len=64 $BF16
-fi
+MODE=time plan
 (( ${#skipped[@]} )) && echo "skipped (deadline): ${skipped[*]}" | tee -a "$OUT_DIR/summary.txt"
 exit 0
