@@ -3,6 +3,7 @@
 flags onto them; `--what train` needs neither tensorflow-datasets nor grain."""
 import json
 import os
+from pathlib import Path
 import re
 import subprocess
 import sys
@@ -395,3 +396,67 @@ def test_a_throughput_curve_runs_every_point_and_writes_table_plot_and_points(tm
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err, err
   assert not bad.exists()
+
+
+def _fake_python(tmp_path):
+  """A stand-in for python that records each run (cwd, PYTHONPATH, the cache dir, arguments)
+  and prints a benchmark-like JSON line, so benchmark_gpu.sh's plumbing runs in a second."""
+  log = tmp_path / "calls.txt"
+  fake = tmp_path / "fakepy"
+  fake.write_text(
+      "#!/usr/bin/env bash\n"
+      f'echo "$PWD|${{PYTHONPATH:-}}|${{JAX_COMPILATION_CACHE_DIR:-}}|'
+      f'${{XLA_PYTHON_CLIENT_PREALLOCATE:-}}|$*" >> {log}\n'
+      'echo \'{"what": "train"}\'\n')
+  fake.chmod(0o755)
+  return fake, log
+
+
+def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_path):
+  repo = Path(__file__).resolve().parents[1]
+  fake, log = _fake_python(tmp_path)
+  baseline = tmp_path / "baseline"
+  baseline.mkdir()
+  out = tmp_path / "out"
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_COMPILATION_CACHE_DIR", "XLA_PYTHON_CLIENT_PREALLOCATE")}
+  env.update(PYTHON=str(fake), PRECOMPILE="2", BASELINE_TREE=str(baseline), STEPS="3")
+  r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(out), "100",
+                      "now,compare"], env=env, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  calls = [c.split("|") for c in log.read_text().splitlines()]
+  compiles = [c for c in calls if c[4].endswith("--steps 1 --warmup 1")]
+  timed = [c for c in calls if not c[4].endswith("--steps 1 --warmup 1")]
+  # Four distinct train programs (base and big, in this tree and the baseline's), compiled once
+  # each, without preallocating GPU memory, into the shared cache; the check runs beside them.
+  assert len(compiles) == 4
+  assert {(c[0], "configs/wmt14_ende.py:big" in c[4]) for c in compiles} == {
+      (str(repo), False), (str(repo), True), (str(baseline), False), (str(baseline), True)}
+  assert all(c[2] == str(out / "jax_cache") and c[3] == "false" for c in compiles)
+  # Timed: the check once, then this tree, the baseline, this tree again; each run imports the
+  # package of the tree it runs in.
+  names = [ln[4:].split(":")[0] for ln in (out / "summary.txt").read_text().splitlines()
+           if ln.startswith("=== ")]
+  assert names == ["check", "base_now", "big_now", "base_baseline", "big_baseline",
+                   "base_again", "big_again"]
+  assert [c[0] for c in timed] == [str(repo)] * 3 + [str(baseline)] * 2 + [str(repo)] * 2
+  assert all(c[1].split(":")[0] == c[0] for c in timed)
+  assert all("--steps 3 --warmup 5" in c[4] for c in timed[1:])
+  # Timed runs preallocate as usual and load from the same cache.
+  assert all(c[2] == str(out / "jax_cache") and c[3] == "" for c in timed[1:])
+  assert len((out / "results.jsonl").read_text().splitlines()) == 7
+
+
+def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
+  repo = Path(__file__).resolve().parents[1]
+  fake, log = _fake_python(tmp_path)
+  r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "out"), "0",
+                      "now"], env=dict(os.environ, PYTHON=str(fake)), capture_output=True,
+                     text=True, timeout=60)
+  assert r.returncode == 0
+  assert "skipped (deadline): check base_now big_now" in r.stdout
+  assert not log.exists()
+  r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "out2"),
+                      "100", "compare"], env=dict(os.environ, PYTHON=str(fake)),
+                     capture_output=True, text=True, timeout=60)
+  assert r.returncode == 2 and "BASELINE_TREE" in r.stderr

@@ -244,41 +244,6 @@ def test_fused_attention_never_gives_the_kernel_an_empty_row(monkeypatch):
   assert all(np.isfinite(np.asarray(g)).all() for g in grads)
 
 
-def test_fused_attention_tells_the_kernel_causal_only_for_training_self_attention(monkeypatch,
-                                                                                   setup):
-  # is_causal lets cuDNN skip the blocks above the diagonal; it must be set exactly where the
-  # mask holds the causal triangle: decoder self-attention outside decode mode.
-  from transformer_jax import layers
-  cfg, _, params, _ = setup
-  calls = []
-  real = jax.nn.dot_product_attention
-
-  def spy(q, k, v, mask=None, is_causal=False, **kw):
-    calls.append((q.shape[1], k.shape[1], is_causal))
-    return real(q, k, v, mask=mask, is_causal=is_causal, **kw)
-
-  monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
-  fused = tj.Transformer(cfg.replace(deterministic=True, attention_impl="cudnn"))
-  src, tgt = random_tokens(16, (2, 9)), random_tokens(17, (2, 7))
-  fused.apply({"params": params}, src, tgt)
-  layers_each = cfg.num_encoder_layers
-  assert [c for _, _, c in calls] == ([False] * layers_each
-                                      + [True, False] * cfg.num_decoder_layers)
-  assert all((q, k) == (7, 7) for q, k, c in calls if c)
-  # The flag changes nothing but the kernel's work: the same output with or without it, with a
-  # causal mask given, with padding rows, and with no mask at all.
-  q = jax.random.normal(jax.random.key(0), (2, 6, cfg.num_heads, cfg.head_dim))
-  k = jax.random.normal(jax.random.key(1), (2, 6, cfg.num_heads, cfg.head_dim))
-  valid = jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], bool)
-  mask = tj.combine_masks(tj.causal_mask(6), tj.padding_mask(valid, valid))
-  with_flag = layers.fused_attention(cfg, q, k, k, mask, causal=True)
-  np.testing.assert_allclose(with_flag, layers.fused_attention(cfg, q, k, k, mask), atol=1e-6)
-  np.testing.assert_allclose(layers.fused_attention(cfg, q, k, k, None, causal=True),
-                             layers.fused_attention(cfg, q, k, k, tj.causal_mask(6)), atol=1e-6)
-  assert not np.allclose(layers.fused_attention(cfg, q, k, k, None, causal=True),
-                         layers.fused_attention(cfg, q, k, k, None), atol=1e-3)
-
-
 def test_bfloat16_compute_stays_close_to_float32(setup):
   cfg, _, params, apply = setup
   model = tj.Transformer(cfg.replace(deterministic=True, dtype="bfloat16"))

@@ -211,10 +211,7 @@ class MultiHeadAttention(nn.Module):
     if cfg.attention_impl == "cudnn":
       if head_major:
         k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
-      # Decoder self-attention in training (its mask holds the causal triangle): the kernel is
-      # told too, so cuDNN skips the tiles above the diagonal instead of reading them masked.
-      causal = self.cache == "self" and not cfg.decode
-      x = fused_attention(cfg, q, k, v, mask, causal=causal)
+      x = fused_attention(cfg, q, k, v, mask)
     else:
       # [batch, length, heads, kv] -> [batch, heads, length, kv] for the head-batched formula.
       if not head_major:
@@ -298,26 +295,23 @@ def _split_heads(y, num: int):
   return tuple(_constrain_heads(y[:, :, i]) for i in range(num))
 
 
-def fused_attention(cfg: TransformerConfig, q, k, v, mask, causal: bool = False):
+def fused_attention(cfg: TransformerConfig, q, k, v, mask):
   """`jax.nn.dot_product_attention`: cuDNN's fused kernel on GPUs for 16-bit inputs, else XLA.
 
   The `attention_impl="cudnn"` path of `MultiHeadAttention`, on `[batch, length, heads, kv]`
   arrays; `scripts/check_accelerator.py` checks it against the float32 reference on GPUs.
-  `causal=True` adds the causal triangle to `mask` (which may already hold it: the result is the
-  same) and lets the kernel skip the blocks above the diagonal.
   """
   implementation = None
   if jax.default_backend() == "gpu" and cfg.compute_dtype in (jnp.bfloat16, jnp.float16):
     implementation = "cudnn"
   if mask is None:
-    return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=implementation)
+    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
   mask = jnp.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
   live = jnp.any(mask, axis=-1, keepdims=True)
   # A query that may attend nowhere (padding) gets an all-allowed row, so no softmax row is
   # empty inside the kernel, and its output is set to zeros afterwards, as the reference does
-  # (its gradient is then zero too). With `causal` a row keeps at least its own position.
-  x = jax.nn.dot_product_attention(q, k, v, mask=mask | ~live, is_causal=causal,
-                                   implementation=implementation)
+  # (its gradient is then zero too).
+  x = jax.nn.dot_product_attention(q, k, v, mask=mask | ~live, implementation=implementation)
   # live [batch, 1, q_len, 1] -> [batch, q_len, 1, 1] against x [batch, q_len, heads, kv]
   # (squeeze, not [:, 0]: JAX clamps an out-of-range index, so [:, 1] would pass unnoticed).
   return jnp.where(live.squeeze(1)[..., None], x, 0)

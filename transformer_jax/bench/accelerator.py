@@ -17,8 +17,6 @@ fails: a silent fallback to XLA would make the comparison vacuous.
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -92,11 +90,10 @@ def line(r: dict) -> str:
 
 
 def attention_cases(rng, batch: int, q_len: int, kv_len: int):
-  """(name, q_len, kv_len, boolean mask [batch, 1, q, kv] or None, causal): no mask, padding,
-  causal + padding (in the mask alone, and with the kernel told, as the model's decoder
-  self-attention calls it), packed self-attention (causal + segments, kernel told), packed
-  cross-attention (segments, query and key lengths differ), cross-attention with no mask and with
-  padding (lengths differ), and packed cross-attention with equal lengths."""
+  """(name, q_len, kv_len, boolean mask [batch, 1, q, kv] or None): no mask, padding, causal +
+  padding, packed self-attention (causal + segments), packed cross-attention (segments, query and
+  key lengths differ), cross-attention with no mask and with padding (lengths differ), and packed
+  cross-attention with equal lengths."""
   lengths = rng.integers(q_len // 4, q_len + 1, batch)
   valid = np.arange(q_len)[None] < lengths[:, None]
   seg_q = packed_segments(rng, batch, q_len)
@@ -106,20 +103,14 @@ def attention_cases(rng, batch: int, q_len: int, kv_len: int):
   valid, seg_q, seg_kv = jnp.asarray(valid), jnp.asarray(seg_q), jnp.asarray(seg_kv)
   causal = causal_mask(q_len)
   return [
-      ("no mask", q_len, q_len, None, False),
-      ("padding", q_len, q_len, padding_mask(valid, valid), False),
-      ("causal + padding", q_len, q_len, combine_masks(causal, padding_mask(valid, valid)),
-       False),
-      ("causal + padding, kernel told", q_len, q_len,
-       combine_masks(causal, padding_mask(valid, valid)), True),
-      ("packed self, kernel told causal", q_len, q_len,
-       combine_masks(causal, segment_mask(seg_q, seg_q)), True),
-      ("packed cross", q_len, kv_len, segment_mask(seg_q, seg_kv), False),
-      ("cross, no mask", q_len, kv_len, None, False),
-      ("cross, padding", q_len, kv_len, padding_mask(valid, jnp.ones((batch, kv_len), bool)),
-       False),
-      ("packed cross, equal lengths", q_len, q_len, segment_mask(seg_q, seg_kv[:, :q_len]),
-       False),
+      ("no mask", q_len, q_len, None),
+      ("padding", q_len, q_len, padding_mask(valid, valid)),
+      ("causal + padding", q_len, q_len, combine_masks(causal, padding_mask(valid, valid))),
+      ("packed self (causal)", q_len, q_len, combine_masks(causal, segment_mask(seg_q, seg_q))),
+      ("packed cross", q_len, kv_len, segment_mask(seg_q, seg_kv)),
+      ("cross, no mask", q_len, kv_len, None),
+      ("cross, padding", q_len, kv_len, padding_mask(valid, jnp.ones((batch, kv_len), bool))),
+      ("packed cross, equal lengths", q_len, q_len, segment_mask(seg_q, seg_kv[:, :q_len])),
   ]
 
 
@@ -134,10 +125,6 @@ def _reference(q, k, v, mask):
 def _xla(q, k, v, mask):
   out, _ = scaled_dot_product_attention(*(x.swapaxes(1, 2) for x in (q, k, v)), mask=mask)
   return out.swapaxes(1, 2)
-
-
-def _fused(cfg, q, k, v, mask, causal):
-  return layers.fused_attention(cfg, q, k, v, mask, causal=causal)
 
 
 def _value_and_grads(fn, mask, cot, qkv, dtype):
@@ -157,9 +144,11 @@ def check_attention(cfg, rng, batch: int, q_len: int, kv_len: int, tolerance: fl
   """One row per mask of `attention_cases` (printed as it comes)."""
   heads, depth = cfg.num_heads, cfg.head_dim
 
+  def fused(q, k, v, mask):
+    return layers.fused_attention(cfg, q, k, v, mask)
+
   results = []
-  for name, tq, tk, mask, causal in attention_cases(rng, batch, q_len, kv_len):
-    fused = functools.partial(_fused, cfg, causal=causal)
+  for name, tq, tk, mask in attention_cases(rng, batch, q_len, kv_len):
     keys = jax.random.split(jax.random.key(int(rng.integers(1 << 30))), 4)
     q = jax.random.normal(keys[0], (batch, tq, heads, depth), jnp.float32)
     k = jax.random.normal(keys[1], (batch, tk, heads, depth), jnp.float32)
