@@ -6,7 +6,7 @@
 #   bash scripts/benchmark_gpu.sh /tmp/gpu_bench [deadline_seconds] [group[,group...]]
 #
 # groups: all (= check,train,extra,decode), check, train, extra, decode, now (the tree as it
-# stands: check, base and big with every fast path), scale (larger batches per step), flags (XLA flags that
+# stands: check, base and big with every fast path), precision (needs PRECISION_BATCHES), scale (larger batches per step), flags (XLA flags that
 # may fuse more), compare (needs BASELINE_TREE), profile, ablation.
 # Environment:
 #   STEPS          timed steps (default 30)
@@ -15,6 +15,9 @@
 #                  persistent compilation cache (one untimed step each, GPU memory not
 #                  preallocated), so the timed runs one after another load their programs instead
 #                  of compiling them: compilation (27-47 s a run on an H100) is most of a lease
+#   PRECISION_BATCHES  an .npz of real batches (compare_precision.py --save_batches) for the
+#                  precision group: 200 steps of configs/locale.py:ende in float32 and in bf16
+#                  with cuDNN attention (attention dropout off in both: cuDNN's path has none)
 #   BASELINE_TREE  another checkout (an earlier commit) whose base and big steps the compare
 #                  group times interleaved with this tree's, in the same minutes
 # Runs that would start after the deadline (default 540 s from the start) are skipped and listed,
@@ -49,7 +52,7 @@ timed() {  # timed NAME ARGS...: run it now, log, summary and JSON lines to OUT_
      && timeout "$left" ${PRE:-} $PY "$@") > "$OUT_DIR/$name.log" 2>&1
   local rc=$?
   grep '^{"what"' "$OUT_DIR/$name.log" | sed "s/^{/{\"run\": \"$name\", /" >> "$OUT_DIR/results.jsonl"
-  grep -v '^{' "$OUT_DIR/$name.log" | grep -E 'step time|target tokens/s|MFU|peak memory|compilations|first step|batch time|sentences/s|^  [a-z(]|%  |PASS|FAIL' \
+  grep -v '^{' "$OUT_DIR/$name.log" | grep -E 'step time|target tokens/s|MFU|peak memory|compilations|first step|batch time|sentences/s|^  [a-z(]|%  |PASS|FAIL|mean loss' \
     | head -45 | tee -a "$OUT_DIR/summary.txt"
   (( rc == 0 )) || { echo "!!! $name exited $rc"; tail -25 "$OUT_DIR/$name.log"; } | tee -a "$OUT_DIR/summary.txt"
   touch "$OUT_DIR/$name.done"
@@ -84,6 +87,14 @@ BIG="$B --config configs/wmt14_ende.py:big"
 plan() {
   if has check || has now; then
     run check scripts/check_accelerator.py --size "${CHECK_SIZE:-base}" --json "$OUT_DIR/check.json"
+  fi
+  if has precision; then  # bf16 + cuDNN against float32 over real batches carried over
+    [[ -f ${PRECISION_BATCHES:-} ]] || { echo "precision: PRECISION_BATCHES is not a file" \
+      "(write one with scripts/compare_precision.py --save_batches)" >&2; exit 2; }
+    run precision scripts/compare_precision.py --config configs/locale.py:ende \
+      --steps "${PRECISION_STEPS:-200}" --batches_file "$PRECISION_BATCHES" \
+      --variant model.dtype=bfloat16 --variant model.attention_impl=cudnn \
+      --config.model.attention_dropout_rate=0.0 --json "$OUT_DIR/precision.json"
   fi
   if has now; then
     run base_now $BASE $FAST

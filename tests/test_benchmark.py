@@ -420,9 +420,13 @@ def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_pat
   out = tmp_path / "out"
   env = {k: v for k, v in os.environ.items()
          if k not in ("JAX_COMPILATION_CACHE_DIR", "XLA_PYTHON_CLIENT_PREALLOCATE")}
-  env.update(PYTHON=str(fake), PRECOMPILE="2", BASELINE_TREE=str(baseline), STEPS="3")
+  batches = tmp_path / "b.npz"
+  batches.write_bytes(b"")
+  env.update(PYTHON=str(fake), PRECOMPILE="2", BASELINE_TREE=str(baseline), STEPS="3",
+             PRECISION_BATCHES=str(batches))
   r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(out), "100",
-                      "now,compare"], env=env, capture_output=True, text=True, timeout=60)
+                      "now,compare,precision"], env=env, capture_output=True, text=True,
+                     timeout=60)
   assert r.returncode == 0, r.stderr
   calls = [c.split("|") for c in log.read_text().splitlines()]
   compiles = [c for c in calls if c[4].endswith("--steps 1 --warmup 1")]
@@ -437,14 +441,15 @@ def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_pat
   # package of the tree it runs in.
   names = [ln[4:].split(":")[0] for ln in (out / "summary.txt").read_text().splitlines()
            if ln.startswith("=== ")]
-  assert names == ["check", "base_now", "big_now", "base_baseline", "big_baseline",
+  assert names == ["check", "precision", "base_now", "big_now", "base_baseline", "big_baseline",
                    "base_again", "big_again"]
-  assert [c[0] for c in timed] == [str(repo)] * 3 + [str(baseline)] * 2 + [str(repo)] * 2
+  assert [c[0] for c in timed] == [str(repo)] * 4 + [str(baseline)] * 2 + [str(repo)] * 2
   assert all(c[1].split(":")[0] == c[0] for c in timed)
-  assert all("--steps 3 --warmup 5" in c[4] for c in timed[1:])
+  assert f"--batches_file {batches}" in timed[1][4] and "attention_impl=cudnn" in timed[1][4]
+  assert all("--steps 3 --warmup 5" in c[4] for c in timed[2:])
   # Timed runs preallocate as usual and load from the same cache.
-  assert all(c[2] == str(out / "jax_cache") and c[3] == "" for c in timed[1:])
-  assert len((out / "results.jsonl").read_text().splitlines()) == 7
+  assert all(c[2] == str(out / "jax_cache") and c[3] == "" for c in timed[2:])
+  assert len((out / "results.jsonl").read_text().splitlines()) == 8
 
 
 def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
@@ -460,3 +465,67 @@ def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
                       "100", "compare"], env=dict(os.environ, PYTHON=str(fake)),
                      capture_output=True, text=True, timeout=60)
   assert r.returncode == 2 and "BASELINE_TREE" in r.stderr
+  r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "out3"),
+                      "100", "precision"], env=dict(os.environ, PYTHON=str(fake)),
+                     capture_output=True, text=True, timeout=60)
+  assert r.returncode == 2 and "PRECISION_BATCHES is not a file" in r.stderr
+
+
+def _batches_file(tmp_path, count: int, name="b.npz"):
+  """Synthetic batches of the tiny config saved as compare_precision.py saves real ones."""
+  from transformer_jax.bench import common, precision
+  c = tiny_config.get_config()
+  path = str(tmp_path / name)
+  ids = {"vocab_size": c.data.vocab_size, "pad_id": 0, "bos_id": 2, "eos_id": 3}
+  precision.save(path, common.synthetic_batches(c, c.data.vocab_size, count), ids)
+  return path
+
+
+def test_compare_precision_same_setting_is_identical_and_bf16_close(tmp_path, capsys):
+  from transformer_jax.bench import precision
+  path = _batches_file(tmp_path, 5)
+  batches, ids = precision.load(path, 5)
+  assert len(batches) == 5 and ids == {"vocab_size": 200, "pad_id": 0, "bos_id": 2, "eos_id": 3}
+  assert batches[0]["inputs"].shape == (8, 32) and batches[0]["inputs"].dtype == np.int32
+  # A variant that changes nothing: the same curve to the bit, parameters equal.
+  same = precision.run(tiny_config.get_config(), precision.PrecisionOptions(
+      steps=5, variant=(("model.dtype", "float32"),), batches_file=path), log=lambda m: None)
+  assert same["passed"] and same["curves"]["reference"] == same["curves"]["variant"]
+  assert same["figures"]["params_rel_diff"] == 0.0 and same["figures"]["tail_steps"] == 1
+  assert len(same["curves"]["reference"]) == 5
+  # bfloat16: close, not equal; a tolerance below its difference fails.
+  script = load_script("compare_precision")
+  code = script.main(["--config", TINY, "--steps", "5", "--batches_file", path,
+                      "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")])
+  out = capsys.readouterr().out
+  bf16 = last_json_line(out)
+  assert code == 0 and bf16["passed"] and bf16["variant"] == {"model.dtype": "bfloat16"}
+  assert "variant: bfloat16 compute, xla attention, 5 steps" in out and "PASS" in out
+  f = bf16["figures"]
+  assert 0 < f["tail_rel_diff"] < 0.02 and 0 < f["params_rel_diff"] < 0.05
+  assert bf16["curves"]["reference"] == same["curves"]["reference"]  # the same reference run
+  assert json.load(open(tmp_path / "r.json"))["figures"] == f
+  assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+  tight = f["tail_rel_diff"] / 2
+  assert script.main(["--config", TINY, "--steps", "5", "--batches_file", path,
+                      "--tolerance", str(tight)]) == 1
+  assert "FAIL" in capsys.readouterr().out
+
+
+def test_compare_precision_says_what_is_wrong(tmp_path, capsys):
+  script = load_script("compare_precision")
+  path = _batches_file(tmp_path, 2)
+  cases = [
+      (["--steps", "3", "--batches_file", path], f"{path} holds 2 batches; 3 steps need 3"),
+      (["--variant", "model.dtype=bfloat17"], "config.model.dtype='bfloat17': expected one of"),
+      (["--variant", "model.dtpe=bfloat16"], "no field 'model.dtpe'"),
+      (["--variant", "dtype"], "--variant 'dtype': expected FIELD=VALUE"),
+      (["--batches_file", path, "--save_batches", str(tmp_path / "x.npz")],
+       "read the batches or save them, not both"),
+  ]
+  np.savez(tmp_path / "other.npz", a=np.zeros(3))
+  cases.append((["--batches_file", str(tmp_path / "other.npz")],
+                "not a batches file of compare_precision.py"))
+  for args, message in cases:
+    assert script.main(["--config", TINY, "--steps", "2", *args]) == 2, args
+    assert message in capsys.readouterr().err, args

@@ -1,0 +1,181 @@
+"""Training with a faster numeric setting against float32: two loss curves over the same batches.
+
+`run(config, PrecisionOptions(...)) -> dict` trains the config's model `steps` steps twice, from
+the same initial parameters, with the same dropout masks and the same batches: once as the config
+says (the reference: float32 unless the config says otherwise), once with `variant`'s overrides
+(by default bfloat16 compute). It reports both loss curves (the smoothed loss per target token of
+each step), how far apart they are, and how far apart the parameters ended.
+
+What it shows that `accelerator.check_model` (one forward and backward pass) cannot: whether the
+rounding compounds over many updates. The pass rule: every loss finite, and the mean loss of the
+last tenth of the steps within `tolerance` (relative) of the reference's. The curves are noisy
+step to step, so single steps are reported, not judged.
+
+Batches: the configured dataset's first `steps` training batches, or those saved earlier with
+`save_batches` (an `.npz` with the tokenizer's ids), which needs neither tensorflow-datasets nor
+grain: a GPU machine without the data stack can run the curve on real batches carried over.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from transformer_jax import sharding
+from transformer_jax.bench.accelerator import tree_rel_err
+from transformer_jax.experiment import transformer_config
+from transformer_jax.steps import TrainSetup
+from transformer_jax.sweeps.spec import validated_configs
+
+TOKENIZER_IDS = ("vocab_size", "pad_id", "bos_id", "eos_id")
+
+
+class BatchesFileError(ValueError):
+  """A batches file that is not one, or holds too few batches."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionOptions:
+  steps: int = 200                   # train steps of each curve, one batch each
+  variant: tuple = (("model.dtype", "bfloat16"),)   # (field, value) overrides of the variant
+  tolerance: float = 0.02            # relative difference of the last tenth's mean loss
+  workdir: str | None = None         # the dataset's tokenizer (real batches)
+  batches_file: str | None = None    # read the batches from this .npz instead of the dataset
+  save_batches: str | None = None    # write the batches read to this .npz
+
+  def __post_init__(self):
+    if self.steps < 1:
+      raise ValueError(f"steps={self.steps}: must be >= 1")
+    if not self.tolerance > 0:
+      raise ValueError(f"tolerance={self.tolerance}: must be > 0")
+    if self.batches_file and self.save_batches:
+      raise ValueError("batches_file and save_batches: read the batches or save them, not both")
+
+
+def dataset_batches(config, workdir: str, count: int) -> tuple[list[dict], dict]:
+  """The first `count` training batches of the configured dataset and the tokenizer's ids."""
+  from transformer_jax.bench.train import real_batches  # the data stack, only when asked for
+  batches, tok = real_batches(config, workdir, count)
+  return batches, {k: int(getattr(tok, k)) for k in TOKENIZER_IDS}
+
+
+def save(path: str, batches: list[dict], ids: dict) -> None:
+  arrays = {f"{i}/{k}": v for i, b in enumerate(batches) for k, v in b.items()}
+  np.savez_compressed(path, **arrays, **{f"tokenizer/{k}": v for k, v in ids.items()})
+
+
+def load(path: str, count: int) -> tuple[list[dict], dict]:
+  """Batches saved by `save`; an error naming the file if it holds fewer than `count`."""
+  with np.load(path) as f:
+    names = list(f.keys())
+    missing = [k for k in TOKENIZER_IDS if f"tokenizer/{k}" not in names]
+    if missing:
+      raise BatchesFileError(f"{path}: not a batches file of compare_precision.py (no tokenizer "
+                       f"{', '.join(missing)}); write one with --save_batches")
+    ids = {k: int(f[f"tokenizer/{k}"]) for k in TOKENIZER_IDS}
+    held = len({n.split("/")[0] for n in names if not n.startswith("tokenizer/")})
+    if held < count:
+      raise BatchesFileError(f"{path} holds {held} batches; {count} steps need {count}: save more "
+                       f"with --save_batches and --steps, or pass --steps <= {held}")
+    batches = [{n.split("/", 1)[1]: f[n] for n in names if n.split("/")[0] == str(i)}
+               for i in range(count)]
+  return batches, ids
+
+
+def _curve(config, model_cfg, host_batches) -> tuple[list[float], object, float]:
+  """Per-step smoothed loss per target token, the final parameters, seconds."""
+  setup = TrainSetup(config, model_cfg)
+  losses = []
+  start = time.perf_counter()
+  with setup.context():
+    state = setup.init_state(jax.random.key(config.seed))
+    for b in host_batches:
+      state, metrics = setup.train_step(state, sharding.global_batch(b, setup.batch_sharding))
+      losses.append(float(metrics["loss"] / metrics["tokens"]))
+  return losses, jax.device_get(state.params), time.perf_counter() - start
+
+
+def run(config, options: PrecisionOptions = PrecisionOptions(), log=print) -> dict:
+  """Both curves and their comparison (see the module docstring)."""
+  variant = dict(options.variant)
+  (variant_config,) = validated_configs(config, [variant], label="variant", first=1)
+  if options.batches_file:
+    host_batches, ids = load(options.batches_file, options.steps)
+  else:
+    from transformer_jax.bench.common import default_workdir
+    host_batches, ids = dataset_batches(config, options.workdir or default_workdir(),
+                                        options.steps)
+    if options.save_batches:
+      save(options.save_batches, host_batches, ids)
+      log(f"saved {len(host_batches)} batches to {options.save_batches}")
+  curves, params, seconds = {}, {}, {}
+  for name, c in (("reference", config), ("variant", variant_config)):
+    model_cfg = transformer_config(c, ids["vocab_size"], ids["pad_id"], ids["bos_id"],
+                                   ids["eos_id"])
+    log(f"{name}: {model_cfg.dtype} compute, {model_cfg.attention_impl} attention, "
+        f"{options.steps} steps")
+    curves[name], params[name], seconds[name] = _curve(c, model_cfg, host_batches)
+  ref, var = np.array(curves["reference"]), np.array(curves["variant"])
+  tail = max(1, len(ref) // 10)
+  tail_ref, tail_var = float(ref[-tail:].mean()), float(var[-tail:].mean())
+  rel = np.abs(var - ref) / np.abs(ref)
+  finite = bool(np.isfinite(ref).all() and np.isfinite(var).all())
+  figures = {
+      "steps": len(ref),
+      "tail_steps": tail,
+      "reference_tail_loss": tail_ref,
+      "variant_tail_loss": tail_var,
+      "tail_rel_diff": abs(tail_var - tail_ref) / abs(tail_ref),
+      "max_step_rel_diff": float(rel.max()),
+      "median_step_rel_diff": float(np.median(rel)),
+      "params_rel_diff": tree_rel_err(params["variant"], params["reference"]),
+      "reference_seconds": round(seconds["reference"], 2),
+      "variant_seconds": round(seconds["variant"], 2),
+  }
+  passed = finite and figures["tail_rel_diff"] < options.tolerance
+  _print(curves, figures, options, passed, log)
+  return {"what": "compare_precision", "variant": variant, "tolerance": options.tolerance,
+          "batches": options.batches_file or "dataset", "device_kind": jax.devices()[0].device_kind,
+          "jax_version": jax.__version__, "passed": passed, "figures": figures,
+          "curves": {k: [round(x, 6) for x in v] for k, v in curves.items()}}
+
+
+def plot(result: dict, path: str) -> str:
+  """Both loss curves and their relative difference per step (PNG), from `run`'s result."""
+  from matplotlib.figure import Figure  # only when a plot is asked for
+  ref, var = (np.array(result["curves"][k]) for k in ("reference", "variant"))
+  steps = np.arange(1, len(ref) + 1)
+  fig = Figure(figsize=(9, 3.2))
+  loss_ax, diff_ax = fig.subplots(1, 2)
+  variant = ", ".join(f"{k}={v}" for k, v in result["variant"].items())
+  loss_ax.plot(steps, ref, label="reference")
+  loss_ax.plot(steps, var, label=variant, alpha=0.8)
+  loss_ax.set_xlabel("step")
+  loss_ax.set_ylabel("loss per target token")
+  loss_ax.legend(fontsize=7)
+  diff_ax.plot(steps, np.abs(var - ref) / np.abs(ref))
+  diff_ax.axhline(result["tolerance"], color="grey", ls="--", lw=0.8)
+  diff_ax.set_yscale("log")
+  diff_ax.set_xlabel("step")
+  diff_ax.set_ylabel("relative difference")
+  for ax in (loss_ax, diff_ax):
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  return path
+
+
+def _print(curves, figures, options, passed, log) -> None:
+  ref, var = curves["reference"], curves["variant"]
+  shown = sorted({0, len(ref) - 1, *range(0, len(ref), max(1, len(ref) // 10))})
+  log(f"{'step':>6} {'reference':>10} {'variant':>10} {'rel diff':>9}")
+  for i in shown:
+    log(f"{i + 1:>6} {ref[i]:>10.4f} {var[i]:>10.4f} {abs(var[i] - ref[i]) / abs(ref[i]):>9.2e}")
+  f = figures
+  log(f"last {f['tail_steps']} steps' mean loss: reference {f['reference_tail_loss']:.4f}, "
+      f"variant {figures['variant_tail_loss']:.4f}, relative difference "
+      f"{figures['tail_rel_diff']:.2e} (tolerance {options.tolerance:g}); largest single step "
+      f"{figures['max_step_rel_diff']:.2e}, parameters apart {figures['params_rel_diff']:.2e}")
+  log("PASS" if passed else "FAIL")
