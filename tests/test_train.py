@@ -738,3 +738,32 @@ def test_checkpointer_details_found_by_mutation_testing(tmp_path, monkeypatch):
   with checkpointing.read_only_manager(str(tmp_path / "absent")) as manager:
     assert manager.all_steps() == []
   assert not os.path.exists(tmp_path / "absent")
+
+
+def test_storage_error_figures_of_a_first_save_and_of_an_earlier_async_save(tmp_path):
+  """The last open survivors of a mutation sample of run/checkpointing.py (docs/testing.md):
+  the size a failed first save reports (the state's bytes, no checkpoint on disk yet) and the
+  step an error without a step path is blamed on (an asynchronous save fails at the next one)."""
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
+  state = {"w": np.zeros((512, 512), np.float32)}  # exactly 1 MiB
+
+  def full(step, args=None, force=False):
+    raise OSError(28, "No space left on device")
+
+  real_save = ckpt.manager.save
+  ckpt.manager.save = full
+  with pytest.raises(checkpointing.StorageError) as e:
+    ckpt.save(5, state)
+  assert "saving checkpoint 5 into" in str(e.value)
+  assert "takes about 1.0 MiB" in str(e.value)
+  assert "There is no earlier checkpoint" in str(e.value)
+  # Step 7 is written; the error surfacing at step 9's save belongs to the save before it.
+  ckpt2 = checkpointing.Checkpointer(str(tmp_path / "ckpt2"), async_save=False)
+  ckpt2.manager.save = lambda step, args=None, force=False: True
+  assert ckpt2.save(7, state)
+  ckpt2.manager.save = full
+  with pytest.raises(checkpointing.StorageError) as e:
+    ckpt2.save(9, state)
+  assert "saving checkpoint 7 into" in str(e.value)
+  ckpt.manager.save = real_save
+  ckpt.close()
