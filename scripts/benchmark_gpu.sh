@@ -6,8 +6,9 @@
 #   bash scripts/benchmark_gpu.sh /tmp/gpu_bench [deadline_seconds] [group[,group...]]
 #
 # groups: all (= check,train,extra,decode), check, train, extra, decode, now (the tree as it
-# stands: check, base and big with every fast path), precision (needs PRECISION_BATCHES), scale (larger batches per step), flags (XLA flags that
-# may fuse more), compare (needs BASELINE_TREE), profile, ablation.
+# stands: check, base and big with every fast path), precision (needs PRECISION_BATCHES), scale
+# (larger batches per step), flags (XLA flags that may fuse more), compare (needs BASELINE_TREE),
+# profile, ablation. An unknown group is an error.
 # Environment:
 #   STEPS          timed steps (default 30)
 #   CHECK_SIZE     model size of the checks (base)
@@ -23,13 +24,37 @@
 # Runs that would start after the deadline (default 540 s from the start) are skipped and listed,
 # so the whole fits a time-limited lease.
 set -u
-OUT_DIR=$(mkdir -p "${1:-/tmp/gpu_bench}" && cd "${1:-/tmp/gpu_bench}" && pwd)
+die() { echo "benchmark_gpu.sh: $*" >&2; exit 2; }
+absolute() { [[ -z $1 || $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
+OUT_DIR=$(mkdir -p "${1:-/tmp/gpu_bench}" && cd "${1:-/tmp/gpu_bench}" && pwd) \
+  || die "cannot create the output directory ${1:-/tmp/gpu_bench}"
 DEADLINE=$(( $(date +%s) + ${2:-540} ))
 GROUPS_=",${3:-all},"
+KNOWN=",all,check,train,extra,decode,now,precision,scale,flags,compare,profile,ablation,"
+for g in ${GROUPS_//,/ }; do
+  [[ $KNOWN == *,$g,* ]] || die "unknown group '$g'; the groups are ${KNOWN:1:-1}"
+done
 [[ $GROUPS_ == *,all,* ]] && GROUPS_="$GROUPS_,check,train,extra,decode,"
+[[ -z ${PRECOMPILE:-} || $PRECOMPILE =~ ^[1-9][0-9]*$ ]] \
+  || die "PRECOMPILE=$PRECOMPILE: expected how many to compile at a time, 1 or more"
+# Paths the runs use are made absolute here: each run changes into the tree it times.
+PY=${PYTHON:-python3}
+[[ $PY == */* ]] && PY=$(absolute "$PY")
+BASELINE_TREE=$(absolute "${BASELINE_TREE:-}")
+PRECISION_BATCHES=$(absolute "${PRECISION_BATCHES:-}")
+if [[ $GROUPS_ == *,compare,* && ! -d $BASELINE_TREE ]]; then
+  die "compare: BASELINE_TREE='$BASELINE_TREE' is not a directory (a checkout of the commit to compare with)"
+fi
+if [[ $GROUPS_ == *,precision,* && ! -f $PRECISION_BATCHES ]]; then
+  die "precision: PRECISION_BATCHES='$PRECISION_BATCHES' is not a file (write one with scripts/compare_precision.py --save_batches)"
+fi
+if [[ -n ${PRECOMPILE:-} ]]; then
+  export JAX_COMPILATION_CACHE_DIR=$(absolute "${JAX_COMPILATION_CACHE_DIR:-$OUT_DIR/jax_cache}")
+  export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+fi
+rm -f "$OUT_DIR"/*.done  # a run of an earlier call into the same directory is run again
 cd "$(dirname "$0")/.."
 HERE=$PWD
-PY=${PYTHON:-python3}
 BF16="--config.model.dtype=bfloat16"
 CUDNN="$BF16 --config.model.attention_impl=cudnn"
 FAST="$CUDNN --config.model.fused_qkv=True"
@@ -37,10 +62,6 @@ STEPS="--steps ${STEPS:-30} --warmup 5"
 MODE=time
 skipped=()
 declare -A compiling=()
-if [[ -n ${PRECOMPILE:-} ]]; then
-  export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$OUT_DIR/jax_cache}
-  export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
-fi
 
 has() { [[ $GROUPS_ == *,$1,* ]]; }
 
@@ -75,6 +96,8 @@ run() {  # [CWD=tree] [PRE=env...] run NAME ARGS...: one run, unless past the de
      && -z ${compiling["$tree ${PRE:-} $*"]:-} ]] || return 0
   compiling["$tree ${PRE:-} $*"]=1
   while (( $(jobs -rp | wc -l) >= PRECOMPILE )); do wait -n; done
+  (( $(date +%s) < DEADLINE )) || return 0   # the timed run compiles it, if it starts at all
+  left=$(( DEADLINE - $(date +%s) + 30 ))
   (cd "$tree" && export PYTHONPATH=$tree${PYTHONPATH:+:$PYTHONPATH} \
      && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$left" ${PRE:-} $PY "$@" \
      --steps 1 --warmup 1 > "$OUT_DIR/compile_$name.log" 2>&1 \
@@ -89,19 +112,16 @@ plan() {
     run check scripts/check_accelerator.py --size "${CHECK_SIZE:-base}" --json "$OUT_DIR/check.json"
   fi
   if has precision; then  # bf16 + cuDNN against float32 over real batches carried over
-    [[ -f ${PRECISION_BATCHES:-} ]] || { echo "precision: PRECISION_BATCHES is not a file" \
-      "(write one with scripts/compare_precision.py --save_batches)" >&2; exit 2; }
     run precision scripts/compare_precision.py --config configs/locale.py:ende \
       --steps "${PRECISION_STEPS:-200}" --batches_file "$PRECISION_BATCHES" \
       --variant model.dtype=bfloat16 --variant model.attention_impl=cudnn \
       --config.model.attention_dropout_rate=0.0 --json "$OUT_DIR/precision.json"
   fi
-  if has now; then
+  if has now || has compare; then
     run base_now $BASE $FAST
     run big_now $BIG $FAST
   fi
-  if has compare; then  # interleaved: this tree, the baseline, this tree again
-    [[ -d ${BASELINE_TREE:-} ]] || { echo "compare: BASELINE_TREE is not a directory" >&2; exit 2; }
+  if has compare; then  # interleaved: this tree (above), the baseline, this tree again
     CWD=$BASELINE_TREE run base_baseline $BASE $FAST
     CWD=$BASELINE_TREE run big_baseline $BIG $FAST
     run base_again $BASE $FAST

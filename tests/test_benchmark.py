@@ -400,16 +400,32 @@ def test_a_throughput_curve_runs_every_point_and_writes_table_plot_and_points(tm
 
 def _fake_python(tmp_path):
   """A stand-in for python that records each run (cwd, PYTHONPATH, the cache dir, arguments)
-  and prints a benchmark-like JSON line, so benchmark_gpu.sh's plumbing runs in a second."""
+  and prints a benchmark-like JSON line, so benchmark_gpu.sh's plumbing runs in seconds. A
+  compile-mode run (`--steps 1 --warmup 1` last) takes 0.5 s and logs its start and end, so a
+  test can count how many ran at once."""
   log = tmp_path / "calls.txt"
   fake = tmp_path / "fakepy"
   fake.write_text(
       "#!/usr/bin/env bash\n"
       f'echo "$PWD|${{PYTHONPATH:-}}|${{JAX_COMPILATION_CACHE_DIR:-}}|'
       f'${{XLA_PYTHON_CLIENT_PREALLOCATE:-}}|$*" >> {log}\n'
+      'if [[ "$*" == *"--steps 1 --warmup 1" ]]; then\n'
+      f'  echo "start $(date +%s.%N)" >> {log}.times; sleep 0.5;'
+      f' echo "end $(date +%s.%N)" >> {log}.times\n'
+      'fi\n'
       'echo \'{"what": "train"}\'\n')
   fake.chmod(0o755)
   return fake, log
+
+
+def _most_at_once(times_file) -> int:
+  events = sorted((float(t), kind == "start") for kind, t in
+                  (line.split() for line in times_file.read_text().splitlines()))
+  running = most = 0
+  for _, start in events:
+    running += 1 if start else -1
+    most = max(most, running)
+  return most
 
 
 def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_path):
@@ -450,6 +466,8 @@ def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_pat
   # Timed runs preallocate as usual and load from the same cache.
   assert all(c[2] == str(out / "jax_cache") and c[3] == "" for c in timed[2:])
   assert len((out / "results.jsonl").read_text().splitlines()) == 8
+  # PRECOMPILE=2: two compilations at a time, never more.
+  assert _most_at_once(tmp_path / "calls.txt.times") == 2
 
 
 def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
@@ -468,7 +486,16 @@ def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
   r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "out3"),
                       "100", "precision"], env=dict(os.environ, PYTHON=str(fake)),
                      capture_output=True, text=True, timeout=60)
-  assert r.returncode == 2 and "PRECISION_BATCHES is not a file" in r.stderr
+  assert r.returncode == 2 and "PRECISION_BATCHES='' is not a file" in r.stderr
+  for args, env_extra, message in [
+      (["100", "now,flag"], {}, "unknown group 'flag'"),
+      (["100", "now"], {"PRECOMPILE": "0"}, "PRECOMPILE=0: expected how many"),
+  ]:
+    r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "o"),
+                        *args], env=dict(os.environ, PYTHON=str(fake), **env_extra),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+  assert not log.exists()
 
 
 def _batches_file(tmp_path, count: int, name="b.npz"):
@@ -524,8 +551,14 @@ def test_compare_precision_says_what_is_wrong(tmp_path, capsys):
        "read the batches or save them, not both"),
   ]
   np.savez(tmp_path / "other.npz", a=np.zeros(3))
-  cases.append((["--batches_file", str(tmp_path / "other.npz")],
-                "not a batches file of compare_precision.py"))
+  (tmp_path / "empty.npz").write_bytes(b"")
+  (tmp_path / "text.npz").write_text("not numpy\n")
+  for bad in ("other.npz", "empty.npz", "text.npz"):
+    cases.append((["--batches_file", str(tmp_path / bad)],
+                  "not a batches file of compare_precision.py"))
+  cases.append((["--batches_file", path, "--config.data.batch_size=4"],
+                "holds batches of {'inputs': (8, 32), 'targets': (8, 32)}, the config's are "
+                "{'inputs': (4, 32), 'targets': (4, 32)}"))
   for args, message in cases:
     assert script.main(["--config", TINY, "--steps", "2", *args]) == 2, args
     assert message in capsys.readouterr().err, args

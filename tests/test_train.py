@@ -757,13 +757,16 @@ def test_storage_error_figures_of_a_first_save_and_of_an_earlier_async_save(tmp_
   assert "saving checkpoint 5 into" in str(e.value)
   assert "takes about 1.0 MiB" in str(e.value)
   assert "There is no earlier checkpoint" in str(e.value)
-  # Step 7 is written; the error surfacing at step 9's save belongs to the save before it.
-  ckpt2 = checkpointing.Checkpointer(str(tmp_path / "ckpt2"), async_save=False)
-  ckpt2.manager.save = lambda step, args=None, force=False: True
-  assert ckpt2.save(7, state)
-  ckpt2.manager.save = full
-  with pytest.raises(checkpointing.StorageError) as e:
-    ckpt2.save(9, state)
-  assert "saving checkpoint 7 into" in str(e.value)
+  # Asynchronous saves: step 7 is written; an error without a step path surfacing at step 9's
+  # save belongs to the save before it. A synchronous save's error is its own.
+  for async_save, blamed in ((True, 7), (False, 9)):
+    other = checkpointing.Checkpointer(str(tmp_path / f"ckpt_{async_save}"),
+                                       async_save=async_save)
+    other.manager.save = lambda step, args=None, force=False: True
+    assert other.save(7, state)
+    other.manager.save = full
+    with pytest.raises(checkpointing.StorageError) as e:
+      other.save(9, state)
+    assert f"saving checkpoint {blamed} into" in str(e.value), async_save
   ckpt.manager.save = real_save
   ckpt.close()

@@ -17,8 +17,10 @@ grain: a GPU machine without the data stack can run the curve on real batches ca
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+import zipfile
 
 import jax
 import numpy as np
@@ -66,21 +68,38 @@ def save(path: str, batches: list[dict], ids: dict) -> None:
   np.savez_compressed(path, **arrays, **{f"tokenizer/{k}": v for k, v in ids.items()})
 
 
-def load(path: str, count: int) -> tuple[list[dict], dict]:
-  """Batches saved by `save`; an error naming the file if it holds fewer than `count`."""
-  with np.load(path) as f:
-    names = list(f.keys())
-    missing = [k for k in TOKENIZER_IDS if f"tokenizer/{k}" not in names]
-    if missing:
-      raise BatchesFileError(f"{path}: not a batches file of compare_precision.py (no tokenizer "
-                       f"{', '.join(missing)}); write one with --save_batches")
-    ids = {k: int(f[f"tokenizer/{k}"]) for k in TOKENIZER_IDS}
-    held = len({n.split("/")[0] for n in names if not n.startswith("tokenizer/")})
-    if held < count:
-      raise BatchesFileError(f"{path} holds {held} batches; {count} steps need {count}: save more "
-                       f"with --save_batches and --steps, or pass --steps <= {held}")
-    batches = [{n.split("/", 1)[1]: f[n] for n in names if n.split("/")[0] == str(i)}
-               for i in range(count)]
+def load(path: str, count: int, config=None) -> tuple[list[dict], dict]:
+  """Batches saved by `save`; a BatchesFileError naming the file if it is not such a file, holds
+  fewer than `count` batches, or (with `config`) holds batches of another shape than the
+  config's `data.batch_size` rows of `max_source_len` / `max_target_len` tokens."""
+  try:
+    with np.load(path) as f:
+      names = list(f.keys())
+      missing = [k for k in TOKENIZER_IDS if f"tokenizer/{k}" not in names]
+      if missing:
+        raise BatchesFileError(f"{path}: not a batches file of compare_precision.py (no "
+                               f"tokenizer {', '.join(missing)}); write one with --save_batches")
+      ids = {k: int(f[f"tokenizer/{k}"]) for k in TOKENIZER_IDS}
+      held = len({n.split("/")[0] for n in names if not n.startswith("tokenizer/")})
+      if held < count:
+        raise BatchesFileError(f"{path} holds {held} batches; {count} steps need {count}: save "
+                               f"more with --save_batches and --steps, or pass --steps <= {held}")
+      batches = [{n.split("/", 1)[1]: f[n] for n in names if n.split("/")[0] == str(i)}
+                 for i in range(count)]
+  except (OSError, EOFError, ValueError, zipfile.BadZipFile, AttributeError) as e:
+    if isinstance(e, BatchesFileError):
+      raise
+    raise BatchesFileError(f"{path}: not a batches file of compare_precision.py ({e}); write "
+                           "one with --save_batches") from None
+  if config is not None:
+    d = config.data
+    want = {"inputs": (d.batch_size, d.max_source_len), "targets": (d.batch_size, d.max_target_len)}
+    have = {k: tuple(batches[0][k].shape) for k in want if k in batches[0]}
+    if have != want:
+      raise BatchesFileError(
+          f"{path} holds batches of {have}, the config's are {want} (data.batch_size, "
+          "max_source_len, max_target_len): save them again with this config, or pass the "
+          "config they were saved with")
   return batches, ids
 
 
@@ -102,7 +121,7 @@ def run(config, options: PrecisionOptions = PrecisionOptions(), log=print) -> di
   variant = dict(options.variant)
   (variant_config,) = validated_configs(config, [variant], label="variant", first=1)
   if options.batches_file:
-    host_batches, ids = load(options.batches_file, options.steps)
+    host_batches, ids = load(options.batches_file, options.steps, config)
   else:
     from transformer_jax.bench.common import default_workdir
     host_batches, ids = dataset_batches(config, options.workdir or default_workdir(),
@@ -114,9 +133,13 @@ def run(config, options: PrecisionOptions = PrecisionOptions(), log=print) -> di
   for name, c in (("reference", config), ("variant", variant_config)):
     model_cfg = transformer_config(c, ids["vocab_size"], ids["pad_id"], ids["bos_id"],
                                    ids["eos_id"])
-    log(f"{name}: {model_cfg.dtype} compute, {model_cfg.attention_impl} attention, "
-        f"{options.steps} steps")
-    curves[name], params[name], seconds[name] = _curve(c, model_cfg, host_batches)
+    # Float32 matmuls at full precision: by default GPUs run them in TF32 (a 10-bit
+    # mantissa), and a float32 reference would be one for nothing.
+    highest = model_cfg.dtype == "float32"
+    log(f"{name}: {model_cfg.dtype} compute{' (matmuls at highest precision)' * highest}, "
+        f"{model_cfg.attention_impl} attention, {options.steps} steps")
+    with jax.default_matmul_precision("highest") if highest else contextlib.nullcontext():
+      curves[name], params[name], seconds[name] = _curve(c, model_cfg, host_batches)
   ref, var = np.array(curves["reference"]), np.array(curves["variant"])
   tail = max(1, len(ref) // 10)
   tail_ref, tail_var = float(ref[-tail:].mean()), float(var[-tail:].mean())

@@ -163,6 +163,7 @@ class Checkpointer:
         enable_async_checkpointing=async_save, create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
     self.max_to_keep, self.keep_period = max_to_keep, keep_period or None
+    self.async_save = async_save
     self.restored_step: int | None = None   # the step restore_latest resumed from
     self.failed = False
     self._last_requested: int | None = None
@@ -181,12 +182,15 @@ class Checkpointer:
                               data=ocp.args.JsonSave(data_state or {}),
                               meta=ocp.args.JsonSave(meta or {}))
     self._state_bytes = self._state_bytes or tree_bytes(state)
-    # An asynchronous save that failed in the background raises here, at the next save.
+    # An asynchronous save that failed in the background raises here, at the next save: an
+    # error that names no step path is then blamed on the save before (a synchronous save's
+    # error is its own).
     previous, self._last_requested = self._last_requested, int(step)
     try:
       return self.manager.save(int(step), args=args, force=force)
     except Exception as e:  # noqa: BLE001 - storage failures are reported, the rest re-raised
-      self._storage_failure(e, previous if previous is not None else int(step))
+      blamed = previous if self.async_save and previous is not None else int(step)
+      self._storage_failure(e, blamed)
 
   def checkpoint_bytes(self, state_shapes=None) -> int:
     """What one checkpoint takes: the newest on disk, else the state's array bytes."""
