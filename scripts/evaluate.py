@@ -31,9 +31,12 @@ Empty source or reference lines are counted in the result (`empty_sources`,
 `empty_references`) and warned about: sacreBLEU's chrF leaves out pairs with an empty reference.
 
 BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the raw references;
-the signatures are in the output. `tokenized_bleu` is the paper's kind of BLEU, for comparing with
-published tables: both sides Moses-tokenized for the run's target language, hyphenated compounds
-split, multi-bleu.perl's formula (docs/decoding.md). `sentences_per_sec` and
+the signatures are in the output, and `bleu_ci95` is the half-width of its 95% bootstrap
+interval (1,000 resamples of the sentences, sacreBLEU's fixed seed). A grid's closing table adds
+each search's paired bootstrap p-value against the best one (`sacrebleu --paired-bs`).
+`tokenized_bleu` is the paper's kind of BLEU, for comparing with published tables: both sides
+Moses-tokenized for the run's target language, hyphenated compounds split, multi-bleu.perl's
+formula (docs/decoding.md). `sentences_per_sec` and
 `target_tokens_per_sec` (output tokens, EOS included) time the compiled search only: each batch
 shape is compiled first on an all-padding batch whose search loop ends at once, and that time is
 `compile_seconds`.
@@ -93,7 +96,8 @@ def body(values, args):
     result = evaluation.copy_baseline(pairs, name, output_dir, values.examples, values.workdir,
                                       extra=extra, origin=origin,
                                       lang=evaluation.target_lang(run))
-    print(f"evaluate: {name}: baseline {values.baseline}: BLEU {result['bleu']:.2f}, "
+    print(f"evaluate: {name}: baseline {values.baseline}: BLEU {result['bleu']:.2f} +- "
+          f"{result['bleu_ci95']:.2f}, "
           f"chrF {result['chrf']:.2f} (tokenized BLEU {result['tokenized_bleu']:.2f}) on "
           f"{result['sentences']} sentences", file=sys.stderr)
   else:
@@ -106,7 +110,8 @@ def body(values, args):
       result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,
                                    pairs=pairs, extra=extra, origin=origin, quiet=n > 0)
       print(f"evaluate: {name}: {evaluation.search_name(translator)}: BLEU "
-            f"{result['bleu']:.2f}, chrF {result['chrf']:.2f} (tokenized BLEU "
+            f"{result['bleu']:.2f} +- {result['bleu_ci95']:.2f}, chrF {result['chrf']:.2f} "
+            f"(tokenized BLEU "
             f"{result['tokenized_bleu']:.2f}) on {result['sentences']} sentences; "
             f"{translator_lib.throughput_line(translator.stats)}; hypotheses in "
             f"{result['hypotheses']}", file=sys.stderr)
@@ -114,7 +119,9 @@ def body(values, args):
         print(json.dumps(result), flush=True)
       results.append(result)
     if len(results) > 1:
-      print(evaluation.grid_table(name, results), file=sys.stderr)
+      references = [t for _, t in (pairs if pairs is not None else data.raw_examples(name))]
+      p_values = evaluation.grid_p_values(results, references)
+      print(evaluation.grid_table(name, results, p_values), file=sys.stderr)
       return 0
   print(json.dumps(result), flush=True)
   return 0

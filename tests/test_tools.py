@@ -17,6 +17,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+import sacrebleu
 
 from transformer_jax import bleu
 from transformer_jax.data import get_data
@@ -674,10 +675,19 @@ def test_evaluate_searches_a_grid_of_beams_and_alphas_as_separate_commands_would
     with open(r["hypotheses"], encoding="utf-8") as f:
       hypotheses.append(f.read())
   table = err[err.index("evaluate: test: 3 searches"):].splitlines()
-  assert len(table) == 5 and table[2].split()[:2] == ["1", "-"], err
+  differ = len({r["bleu"] for r in grid}) > 1
+  assert len(table) == 5 + differ and table[2].split()[:2] == ["1", "-"], err
   top = max(r["bleu"] for r in grid)
-  if len({r["bleu"] for r in grid}) > 1:
-    assert [line.startswith("*") for line in table[2:]] == [r["bleu"] == top for r in grid], err
+  if differ:
+    assert [line.startswith("*") for line in table[2:5]] == [r["bleu"] == top for r in grid], err
+    # The p-value column: "-" on the first best row, a probability on the others.
+    first_best = [r["bleu"] for r in grid].index(top)
+    cells = [line.split()[-1] for line in table[2:5]]
+    assert cells[first_best] == "-" and all(
+        0 < float(c) <= 1 for i, c in enumerate(cells) if i != first_best), table
+    assert table[5].startswith("p vs best: paired bootstrap (1,000 resamples"), table
+  assert all(r["bleu_ci95"] >= 0 for r in grid) and all(
+      "bs:1000" in r["bleu_ci95_signature"] for r in grid)
   assert err.count("evaluate: test: beam 2, alpha 0.6: BLEU") == 1, err
   grid_warnings = [line for line in err.splitlines() if line.startswith("warning:")]
   timing = ("time", "sentences_per_sec", "target_tokens_per_sec", "search_seconds",
@@ -751,6 +761,21 @@ def test_tokenized_bleu_takes_the_runs_target_language_and_tokenized_references_
                                             "--reference", str(ref2)], capsys)
   assert rc == 0 and f"held the result for reference_file {ref}; it is replaced by this one for " \
       f"{ref2}" in err, err
+
+
+def test_bleu_interval_and_paired_bootstrap_are_sacrebleus():
+  bleu_lib = bleu
+  refs = [f"the {w} sat on the mat number {i}" for i, w in enumerate(["cat", "dog"] * 40)]
+  good = [r if i % 3 else r.replace("mat", "rug") for i, r in enumerate(refs)]
+  bad = [r.replace("sat on", "was near") if i % 2 else r for i, r in enumerate(good)]
+  half, signature = bleu_lib.bleu_interval(good, refs)
+  # The same figure as sacreBLEU's own bootstrap (`sacrebleu --confidence`), seed included.
+  metric = sacrebleu.metrics.BLEU()
+  assert half == pytest.approx(metric.corpus_score(good, [refs], n_bootstrap=1000)._ci)
+  assert 0 < half < 10 and "bs:1000" in signature and "seed:" in signature
+  p = bleu_lib.paired_bootstrap([good, bad, good], refs)
+  assert p[0] is None and p[1] < 0.01 and p[2] == 1.0, p  # worse by far; the same system
+  assert bleu_lib.paired_bootstrap([good], refs) == [None]
 
 
 def test_a_grid_marks_every_best_row_and_none_when_all_are_the_same():

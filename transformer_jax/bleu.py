@@ -21,6 +21,42 @@ def corpus_bleu(hypotheses: list[str], references: list[str]) -> tuple[float, st
   return score.score, str(metric.get_signature())
 
 
+# Resamples of the sentences for the confidence interval and the paired test (sacreBLEU's
+# default for --paired-bs; its seed is fixed, SACREBLEU_SEED or 12345, and in the signature).
+BOOTSTRAP_SAMPLES = 1000
+
+
+def bleu_interval(hypotheses: list[str], references: list[str],
+                  samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, str]:
+  """(half-width, signature) of the 95% confidence interval of `corpus_bleu` by bootstrap
+  resampling of the sentences (Koehn 2004), as `sacrebleu --confidence` computes it: how much
+  the score could move on another test set of the same kind and size."""
+  from sacrebleu.significance import PairedTest  # numpy and multiprocessing: only here
+  metric = sacrebleu.metrics.BLEU()
+  signatures, results = PairedTest([("system", hypotheses)], {"BLEU": metric}, [references],
+                                   test_type="bs", n_samples=samples)()
+  return float(results["BLEU"][0].ci), str(signatures["BLEU"])
+
+
+def paired_bootstrap(systems: list[list[str]], references: list[str],
+                     samples: int = BOOTSTRAP_SAMPLES) -> list[float | None]:
+  """Paired bootstrap resampling (Koehn 2004; `sacrebleu --paired-bs`) of every system's BLEU
+  against the first's, on the same resampled sentences: one p-value per system, None for the
+  first. A small p (below 0.05, say) says the difference would hold on other samples of such
+  sentences; a large one, that it is within what the choice of sentences moves."""
+  from sacrebleu.significance import PairedTest
+  if len(systems) < 2:
+    return [None] * len(systems)
+  named = [(str(i), list(h)) for i, h in enumerate(systems)]
+  _, results = PairedTest(named, {"BLEU": sacrebleu.metrics.BLEU()}, [references],
+                          test_type="bs", n_samples=samples)()
+  first, rest = results["BLEU"][0], results["BLEU"][1:]
+  # sacreBLEU counts resampled differences strictly above the observed one, so a system with
+  # the very same score (two searches that agree on every sentence, say) gets its smallest
+  # p-value, 1/(samples + 1): "significant". No difference is none: p = 1.
+  return [None] + [1.0 if r.score == first.score else float(r.p_value) for r in rest]
+
+
 def corpus_chrf(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
   metric = sacrebleu.metrics.CHRF()
   score = metric.corpus_score(hypotheses, [references])

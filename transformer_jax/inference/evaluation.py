@@ -54,13 +54,16 @@ def nonempty(pairs: list[tuple[str, str]], split: str) -> list[tuple[str, str]]:
 
 def scores(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> dict:
   """sacreBLEU and chrF of detokenized hypotheses, and the paper's tokenized BLEU (Moses
-  tokenizer for the target language `lang`, compounds split), each with its signature."""
+  tokenizer for the target language `lang`, compounds split), each with its signature; and
+  `bleu_ci95`, the half-width of sacreBLEU's 95% bootstrap interval (1,000 resamples of the
+  sentences): BLEU 32.1 with `bleu_ci95` 0.9 reads 32.1 +- 0.9."""
   bleu, bleu_signature = bleu_lib.corpus_bleu(hypotheses, references)
+  interval, interval_signature = bleu_lib.bleu_interval(hypotheses, references)
   chrf, chrf_signature = bleu_lib.corpus_chrf(hypotheses, references)
   tokenized, tokenized_signature = bleu_lib.tokenized_bleu(hypotheses, references, lang)
-  return {"bleu": bleu, "chrf": chrf, "tokenized_bleu": tokenized,
-          "bleu_signature": bleu_signature, "chrf_signature": chrf_signature,
-          "tokenized_bleu_signature": tokenized_signature}
+  return {"bleu": bleu, "bleu_ci95": interval, "chrf": chrf, "tokenized_bleu": tokenized,
+          "bleu_signature": bleu_signature, "bleu_ci95_signature": interval_signature,
+          "chrf_signature": chrf_signature, "tokenized_bleu_signature": tokenized_signature}
 
 
 def target_lang(run: dict) -> str:
@@ -99,22 +102,54 @@ def search_name(translator: Translator) -> str:
   return f"beam {translator.beam_size}, alpha {translator.alpha:g}"
 
 
-def grid_table(split: str, results: Sequence[dict]) -> str:
+def read_hypotheses(path: str) -> list[str]:
+  """The lines of a `hypotheses.*.txt` file as `evaluate` wrote them (one per pair; split on line
+  feeds only, as they were joined)."""
+  with open(path, encoding="utf-8", newline="") as f:
+    text = f.read()
+  return text.split("\n")[:-1]
+
+
+def grid_p_values(results: Sequence[dict], references: Sequence[str]) -> list[float | None]:
+  """Paired bootstrap p-values of every search in a grid against the first best one (the first
+  row with the top sacreBLEU, None there), from their hypotheses files."""
+  top = max(range(len(results)), key=lambda i: (results[i]["bleu"], -i))
+  order = [top] + [i for i in range(len(results)) if i != top]
+  p = bleu_lib.paired_bootstrap([read_hypotheses(results[i]["hypotheses"]) for i in order],
+                                list(references))
+  out: list[float | None] = [None] * len(results)
+  for i, value in zip(order, p):
+    out[i] = value
+  return out
+
+
+def grid_table(split: str, results: Sequence[dict],
+               p_values: Sequence[float | None] | None = None) -> str:
   """evaluate.py's closing table for several searches (`--beam_size 1,4 --alpha 0.6,1.0`): one
   row each, in the order searched, the best BLEU marked, every row that has it (the paper chose
-  beam and alpha on the development set)."""
+  beam and alpha on the development set); with `p_values` (`grid_p_values`), a column of each
+  search's paired bootstrap p-value against the first best one."""
   top = max(r["bleu"] for r in results)
   same = all(r["bleu"] == top for r in results)
+  show_p = p_values is not None and not same
   rows = [f"evaluate: {split}: {len(results)} searches "
           + ("(all the same sacreBLEU)" if same else "(the best sacreBLEU marked *)"),
-          f"  {'beam':>4}  {'alpha':>5}  {'BLEU':>6}  {'chrF':>6}  {'tokenized BLEU':>14}  "
-          f"{'sentences/s':>11}"]
-  for r in results:
+          f"  {'beam':>4}  {'alpha':>5}  {'BLEU':>6}  {'+-95%':>5}  {'chrF':>6}  "
+          f"{'tokenized BLEU':>14}  {'sentences/s':>11}" + ("  p vs best" if show_p else "")]
+  for i, r in enumerate(results):
     alpha = "-" if r["alpha"] is None else f"{r['alpha']:g}"
     best = r["bleu"] == top and not same
+    ci = f"{r['bleu_ci95']:>5.2f}" if "bleu_ci95" in r else f"{'':>5}"
+    p = ""
+    if show_p:
+      p = "  " + ("-" if p_values[i] is None else f"{p_values[i]:.3f}").rjust(10)
     rows.append(f"{'*' if best else ' '} {r['beam_size']:>4}  {alpha:>5}  {r['bleu']:>6.2f}  "
-                f"{r['chrf']:>6.2f}  {r['tokenized_bleu']:>14.2f}  "
-                f"{r['sentences_per_sec']:>11.1f}")
+                f"{ci}  {r['chrf']:>6.2f}  {r['tokenized_bleu']:>14.2f}  "
+                f"{r['sentences_per_sec']:>11.1f}{p}")
+  if show_p:
+    rows.append(f"p vs best: paired bootstrap ({bleu_lib.BOOTSTRAP_SAMPLES:,} resamples, "
+                "sacreBLEU's --paired-bs) against the row marked - ; above 0.05 the "
+                "difference is within what the choice of sentences moves")
   winners = [r for r in results if r["bleu"] == top]
   if split == "validation" and len(winners) == 1:
     w = winners[0]
