@@ -9,6 +9,7 @@ import os
 import re
 
 import pytest
+import sacrebleu
 
 from transformer_jax import bleu
 
@@ -71,3 +72,23 @@ def test_no_warning_that_the_input_is_tokenized(caplog):
   with caplog.at_level(logging.WARNING):
     assert bleu.tokenized_bleu(lines, lines, "de")[0] == pytest.approx(100.0)
   assert not caplog.records, caplog.text
+
+
+def test_bleu_interval_and_paired_bootstrap_are_sacrebleus():
+  """evaluate.py's `bleu_ci95` and a grid's `p vs best` (docs/decoding.md)."""
+  bleu_lib = bleu
+  refs = [f"the {w} sat on the mat number {i}" for i, w in enumerate(["cat", "dog"] * 40)]
+  good = [r if i % 3 else r.replace("mat", "rug") for i, r in enumerate(refs)]
+  bad = [r.replace("sat on", "was near") if i % 2 else r for i, r in enumerate(good)]
+  half, signature = bleu_lib.bleu_interval(good, refs)
+  # The same figure as sacreBLEU's own bootstrap (`sacrebleu --confidence`), seed included.
+  metric = sacrebleu.metrics.BLEU()
+  assert half == pytest.approx(metric.corpus_score(good, [refs], n_bootstrap=1000)._ci)
+  assert 0 < half < 10 and "bs:1000" in signature and "seed:" in signature
+  p = bleu_lib.paired_bootstrap([good, bad, good], refs)
+  assert p[0] is None and p[1] < 0.01 and p[2] == 1.0, p  # worse by far; the same system
+  assert bleu_lib.paired_bootstrap([good], refs) == [None]
+  # Two sentences of 80 changed: a small difference, well within the resampling's spread.
+  near = [r.replace("number", "no.") if i in (5, 6) else r for i, r in enumerate(good)]
+  (p_near,) = bleu_lib.paired_bootstrap([good, near], refs)[1:]
+  assert 0.05 < p_near < 1.0, p_near
