@@ -35,7 +35,8 @@ def bleu_interval(hypotheses: list[str], references: list[str],
   metric = sacrebleu.metrics.BLEU()
   signatures, results = PairedTest([("system", hypotheses)], {"BLEU": metric}, [references],
                                    test_type="bs", n_samples=samples)()
-  return float(results["BLEU"][0].ci), str(signatures["BLEU"])
+  (result,) = results["BLEU"]
+  return float(result.ci), str(signatures["BLEU"])
 
 
 def paired_bootstrap(systems: list[list[str]], references: list[str],
@@ -45,8 +46,6 @@ def paired_bootstrap(systems: list[list[str]], references: list[str],
   first. A small p (below 0.05, say) says the difference would hold on other samples of such
   sentences; a large one, that it is within what the choice of sentences moves."""
   from sacrebleu.significance import PairedTest
-  if len(systems) < 2:
-    return [None] * len(systems)
   named = [(str(i), list(h)) for i, h in enumerate(systems)]
   _, results = PairedTest(named, {"BLEU": sacrebleu.metrics.BLEU()}, [references],
                           test_type="bs", n_samples=samples)()
