@@ -32,8 +32,9 @@ Empty source or reference lines are counted in the result (`empty_sources`,
 
 BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the raw references;
 the signatures are in the output, and `bleu_ci95` is the half-width of its 95% bootstrap
-interval (1,000 resamples of the sentences, sacreBLEU's fixed seed). A grid's closing table adds
-each search's paired bootstrap p-value against the best one (`sacrebleu --paired-bs`).
+interval (1,000 resamples of the sentences, sacreBLEU's fixed seed; null above 20,000
+sentences). A grid's closing table adds each search's paired bootstrap p-value against the best
+one (`sacrebleu --paired-bs`).
 `tokenized_bleu` is the paper's kind of BLEU, for comparing with published tables: both sides
 Moses-tokenized for the run's target language, hyphenated compounds split, multi-bleu.perl's
 formula (docs/decoding.md). `sentences_per_sec` and
@@ -96,8 +97,7 @@ def body(values, args):
     result = evaluation.copy_baseline(pairs, name, output_dir, values.examples, values.workdir,
                                       extra=extra, origin=origin,
                                       lang=evaluation.target_lang(run))
-    print(f"evaluate: {name}: baseline {values.baseline}: BLEU {result['bleu']:.2f} +- "
-          f"{result['bleu_ci95']:.2f}, "
+    print(f"evaluate: {name}: baseline {values.baseline}: {evaluation.bleu_text(result)}, "
           f"chrF {result['chrf']:.2f} (tokenized BLEU {result['tokenized_bleu']:.2f}) on "
           f"{result['sentences']} sentences", file=sys.stderr)
   else:
@@ -109,9 +109,8 @@ def body(values, args):
     for n, translator in enumerate(translators):
       result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,
                                    pairs=pairs, extra=extra, origin=origin, quiet=n > 0)
-      print(f"evaluate: {name}: {evaluation.search_name(translator)}: BLEU "
-            f"{result['bleu']:.2f} +- {result['bleu_ci95']:.2f}, chrF {result['chrf']:.2f} "
-            f"(tokenized BLEU "
+      print(f"evaluate: {name}: {evaluation.search_name(translator)}: "
+            f"{evaluation.bleu_text(result)}, chrF {result['chrf']:.2f} (tokenized BLEU "
             f"{result['tokenized_bleu']:.2f}) on {result['sentences']} sentences; "
             f"{translator_lib.throughput_line(translator.stats)}; hypotheses in "
             f"{result['hypotheses']}", file=sys.stderr)

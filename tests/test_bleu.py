@@ -74,7 +74,7 @@ def test_no_warning_that_the_input_is_tokenized(caplog):
   assert not caplog.records, caplog.text
 
 
-def test_bleu_interval_and_paired_bootstrap_are_sacrebleus():
+def test_bleu_interval_and_paired_bootstrap_are_sacrebleus(monkeypatch):
   """evaluate.py's `bleu_ci95` and a grid's `p vs best` (docs/decoding.md)."""
   bleu_lib = bleu
   refs = [f"the {w} sat on the mat number {i}" for i, w in enumerate(["cat", "dog"] * 40)]
@@ -88,6 +88,18 @@ def test_bleu_interval_and_paired_bootstrap_are_sacrebleus():
   p = bleu_lib.paired_bootstrap([good, bad, good], refs)
   assert p[0] is None and p[1] < 0.01 and p[2] == 1.0, p  # worse by far; the same system
   assert bleu_lib.paired_bootstrap([good], refs) == [None]
+  # The same score from other sentences is sacreBLEU's p, not 1: two sentences with the same
+  # reference trade their translations.
+  dup_refs = refs + [refs[0], refs[0]]
+  base = good + [refs[0], "the cat"]
+  swapped = good + ["the cat", refs[0]]
+  (p_swap,) = bleu_lib.paired_bootstrap([base, swapped], dup_refs)[1:]
+  assert 0.001 < p_swap < 1.0, p_swap
+  # Too many sentences to resample in memory: no interval, no p-values, said.
+  monkeypatch.setattr(bleu_lib, "BOOTSTRAP_MAX_SENTENCES", 10)
+  assert bleu_lib.bleu_interval(good, refs) == (None, "not computed: over 10 sentences")
+  assert bleu_lib.paired_bootstrap([good, bad], refs) == [None, None]
+  monkeypatch.undo()
   # Two sentences of 80 changed: a small difference, well within the resampling's spread.
   near = [r.replace("number", "no.") if i in (5, 6) else r for i, r in enumerate(good)]
   (p_near,) = bleu_lib.paired_bootstrap([good, near], refs)[1:]

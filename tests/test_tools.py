@@ -762,6 +762,19 @@ def test_tokenized_bleu_takes_the_runs_target_language_and_tokenized_references_
       f"{ref2}" in err, err
 
 
+def test_bleu_text_and_a_grid_without_intervals_or_p_values():
+  assert evaluation.bleu_text({"bleu": 32.123, "bleu_ci95": 3.577}) == "BLEU 32.12 +- 3.58"
+  assert evaluation.bleu_text({"bleu": 32.123, "bleu_ci95": None}) == "BLEU 32.12"
+  assert evaluation.bleu_text({"bleu": 32.123}) == "BLEU 32.12"  # a result from before
+  rows = [dict(beam_size=1, alpha=None, bleu=20.0, chrf=50.0, tokenized_bleu=21.0,
+               sentences_per_sec=10.0, bleu_ci95=None),
+          dict(beam_size=4, alpha=0.6, bleu=22.5, chrf=51.0, tokenized_bleu=23.0,
+               sentences_per_sec=5.0, bleu_ci95=None)]
+  table = evaluation.grid_table("test", rows, [None, None]).splitlines()
+  assert "p vs best" not in "\n".join(table) and len(table) == 4, table
+  assert table[3].split() == ["*", "4", "0.6", "22.50", "51.00", "23.00", "5.0"], table
+
+
 def test_a_grid_marks_every_best_row_and_none_when_all_are_the_same():
   results = [dict(beam_size=1, alpha=None, bleu=20.0, chrf=50.0, tokenized_bleu=21.0,
                   sentences_per_sec=10.0),

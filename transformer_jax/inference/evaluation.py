@@ -110,6 +110,13 @@ def read_hypotheses(path: str) -> list[str]:
   return text.split("\n")[:-1]
 
 
+def bleu_text(result: dict) -> str:
+  """`BLEU 32.12 +- 3.58` (the 95% bootstrap interval), or `BLEU 32.12` where it was not
+  computed (too many sentences, or a result from before it existed)."""
+  ci = result.get("bleu_ci95")
+  return f"BLEU {result['bleu']:.2f}" + ("" if ci is None else f" +- {ci:.2f}")
+
+
 def grid_p_values(results: Sequence[dict], references: Sequence[str]) -> list[float | None]:
   """Paired bootstrap p-values of every search in a grid against the first best one (the first
   row with the top sacreBLEU, None there), from their hypotheses files."""
@@ -131,7 +138,7 @@ def grid_table(split: str, results: Sequence[dict],
   search's paired bootstrap p-value against the first best one."""
   top = max(r["bleu"] for r in results)
   same = all(r["bleu"] == top for r in results)
-  show_p = p_values is not None and not same
+  show_p = p_values is not None and not same and any(p is not None for p in p_values)
   rows = [f"evaluate: {split}: {len(results)} searches "
           + ("(all the same sacreBLEU)" if same else "(the best sacreBLEU marked *)"),
           f"  {'beam':>4}  {'alpha':>5}  {'BLEU':>6}  {'+-95%':>5}  {'chrF':>6}  "
@@ -139,7 +146,7 @@ def grid_table(split: str, results: Sequence[dict],
   for i, r in enumerate(results):
     alpha = "-" if r["alpha"] is None else f"{r['alpha']:g}"
     best = r["bleu"] == top and not same
-    ci = f"{r['bleu_ci95']:>5.2f}" if "bleu_ci95" in r else f"{'':>5}"
+    ci = f"{r['bleu_ci95']:>5.2f}" if r.get("bleu_ci95") is not None else f"{'':>5}"
     p = ""
     if show_p:
       p = "  " + ("-" if p_values[i] is None else f"{p_values[i]:.3f}").rjust(10)
