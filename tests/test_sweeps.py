@@ -361,7 +361,7 @@ def test_report_sorts_by_the_scores_of_evaluate_py(tmp_path, capsys):
   results = {1.0: [{"split": "test", "bleu": 30.0, "chrf": 50.0},
                    {"split": "test", "bleu": 31.0, "chrf": 51.0,   # the latest counts
                     "tokenized_bleu": 32.5, "beam_size": 4, "alpha": 0.6, "step": 3,
-                    "averaged_steps": [2, 3]}],
+                    "averaged_steps": [2, 3], "bleu_ci95": 1.25}],
              2.0: [{"split": "test", "bleu": 35.0, "chrf": 55.0},
                    {"split": "test", "baseline": "copy", "bleu": 90.0, "chrf": 90.0},
                    {"split": "newstest", "bleu": 12.5, "chrf": 40.0}]}
@@ -382,7 +382,9 @@ def test_report_sorts_by_the_scores_of_evaluate_py(tmp_path, capsys):
   # Which checkpoint and search each figure is of, beside it in the table.
   assert out["rows"][1]["test_search"] == "beam 4, alpha 0.6, average of 2 to step 3"
   header = [c.strip() for c in out["markdown"].splitlines()[0].strip("|").split("|")]
-  assert header[header.index("test_bleu") + 1] == "test_search", header
+  assert header[header.index("test_bleu") + 1:header.index("test_bleu") + 3] == [
+      "test_bleu_ci95", "test_search"], header
+  assert out["rows"][1]["test_bleu_ci95"] == 1.25 and "test_bleu_ci95" not in out["rows"][0]
   assert " test_bleu " in out["markdown"].splitlines()[0]   # a column of the table
   assert os.path.exists(tmp_path / "report_test_bleu.png")
 

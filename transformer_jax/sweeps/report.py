@@ -43,7 +43,8 @@ def evaluated(workdir: str) -> dict:
   """`<split>_bleu`, `<split>_chrf` and `<split>_tokenized_bleu` (`test_bleu`, `newstest_chrf`)
   of the latest scripts/evaluate.py result per split or test set in
   `<workdir>/eval/results.jsonl`, whatever its checkpoint and search (evaluate every point
-  alike), and `<split>_search`, which they were (`_search`); copy baselines left out."""
+  alike), `<split>_bleu_ci95` (its BLEU's 95% bootstrap interval) and `<split>_search`, which
+  they were (`_search`); copy baselines left out."""
   out: dict = {}
   path = os.path.join(workdir, EVAL, EVAL_LOG)
   if not os.path.exists(path):
@@ -56,9 +57,11 @@ def evaluated(workdir: str) -> dict:
         continue
       if not isinstance(result, dict) or result.get("baseline") or "split" not in result:
         continue
-      for score in ("bleu", "chrf", "tokenized_bleu"):
+      for score in ("bleu", "bleu_ci95", "chrf", "tokenized_bleu"):
         if isinstance(result.get(score), (int, float)):
           out[f"{result['split']}_{score}"] = result[score]
+        else:  # a later result without it (too many sentences, an older run's) has none
+          out.pop(f"{result['split']}_{score}", None)
       out[f"{result['split']}_search"] = _search(result)
   return out
 
@@ -100,11 +103,15 @@ def sort_rows(rows: list[dict], metric: str, lower: bool | None = None) -> list[
 def _columns(rows: list[dict], fields: list[str], metric: str) -> list[str]:
   preferred = ["name", *fields, "status", "step", metric, "bleu", "test_bleu", "eval_loss",
                "eval_accuracy", "train_loss", "log"]
-  # An evaluate.py score is followed by the search it is of (`test_bleu`, `test_search`).
+  # An evaluate.py score is followed by its interval (BLEU) and the search it is of
+  # (`test_bleu`, `test_bleu_ci95`, `test_search`).
   for score in (metric, "test_bleu"):
     split = _EVALUATED.fullmatch(score)
     if split:
-      preferred.insert(preferred.index(score) + 1, f"{split.group(1)}_search")
+      after = [f"{split.group(1)}_bleu_ci95"] * score.endswith("_bleu") + [
+          f"{split.group(1)}_search"]
+      at = preferred.index(score) + 1
+      preferred[at:at] = after
   cols = []
   for c in preferred:
     if c not in cols and any(c in r for r in rows):
