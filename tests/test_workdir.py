@@ -284,9 +284,22 @@ def test_too_little_free_space_for_the_kept_checkpoints_is_warned_at_start(run, 
   assert needs > 0
   usage = shutil.disk_usage(ckpt.directory)
   monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=3 * needs))
-  assert "keep_checkpoints" in ckpt.space_warning(3, None)
+  warning = ckpt.space_warning(3, None)
+  assert "less than the " in warning and (
+      "that 4 checkpoints of this run take (keep_checkpoints=3, plus the one being written)"
+      in warning), warning
   assert ckpt.space_warning(2, None) is None
   ckpt.close()
+
+
+def test_a_checkpointer_keeps_the_newest_three_unless_told(tmp_path):
+  """The default of `Checkpointer(max_to_keep=3)`, for code that builds one itself (the Trainer
+  passes `keep_checkpoints`): a mutation sample found no test of it (docs/testing.md)."""
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "run"), async_save=False)
+  for step in (1, 2, 3, 4):
+    ckpt.save(step, {"w": np.full(3, step, np.float32)})
+  ckpt.close()
+  assert checkpointing.checkpoint_steps(ckpt.directory) == [2, 3, 4]
 
 
 def _mount_tmpfs(path, size: int) -> bool:
