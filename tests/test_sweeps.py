@@ -811,10 +811,13 @@ def test_killing_the_driver_stops_its_points(tmp_path):
     driver.kill()
     driver.wait()
     deadline = time.time() + 20
-    while not os.path.exists(os.path.join(point, "stopped")):
+    stopped = os.path.join(point, "stopped")
+    # Until the signal's name is in it: the file exists from its open, before the write (a run
+    # on 2026-11-26 read it empty).
+    while not (os.path.exists(stopped) and open(stopped).read()):
       assert time.time() < deadline, "the point ran on after its driver was killed"
       time.sleep(0.1)
-    with open(os.path.join(point, "stopped")) as f:
+    with open(stopped) as f:
       assert f.read() == "SIGTERM"
   finally:
     if driver.poll() is None:
