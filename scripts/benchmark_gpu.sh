@@ -65,12 +65,17 @@ declare -A compiling=()
 
 has() { [[ $GROUPS_ == *,$1,* ]]; }
 
+in_tree() {  # [CWD=tree] [PRE=env...] in_tree ARGS...: python in the tree, its package first,
+  # stopped 30 s past the deadline
+  local tree=${CWD:-$HERE}
+  (cd "$tree" && export PYTHONPATH=$tree${PYTHONPATH:+:$PYTHONPATH} \
+     && timeout "$(( DEADLINE - $(date +%s) + 30 ))" ${PRE:-} $PY "$@")
+}
+
 timed() {  # timed NAME ARGS...: run it now, log, summary and JSON lines to OUT_DIR
   local name=$1; shift
-  local left=$(( DEADLINE - $(date +%s) + 30 )) tree=${CWD:-$HERE}
   echo "=== $name: ${CWD:+(in $CWD) }${PRE:+$PRE }$*" | tee -a "$OUT_DIR/summary.txt"
-  (cd "$tree" && export PYTHONPATH=$tree${PYTHONPATH:+:$PYTHONPATH} \
-     && timeout "$left" ${PRE:-} $PY "$@") > "$OUT_DIR/$name.log" 2>&1
+  in_tree "$@" > "$OUT_DIR/$name.log" 2>&1
   local rc=$?
   grep '^{"what"' "$OUT_DIR/$name.log" | sed "s/^{/{\"run\": \"$name\", /" >> "$OUT_DIR/results.jsonl"
   grep -v '^{' "$OUT_DIR/$name.log" | grep -E 'step time|target tokens/s|MFU|peak memory|compilations|first step|batch time|sentences/s|^  [a-z(]|%  |PASS|FAIL|mean loss' \
@@ -82,7 +87,6 @@ timed() {  # timed NAME ARGS...: run it now, log, summary and JSON lines to OUT_
 run() {  # [CWD=tree] [PRE=env...] run NAME ARGS...: one run, unless past the deadline
   local name=$1; shift
   if (( $(date +%s) >= DEADLINE )); then [[ $MODE == time ]] && skipped+=("$name"); return; fi
-  local left=$(( DEADLINE - $(date +%s) + 30 )) tree=${CWD:-$HERE}
   if [[ $MODE == time ]]; then
     [[ -e $OUT_DIR/$name.done ]] || timed "$name" "$@"
     return 0
@@ -92,15 +96,14 @@ run() {  # [CWD=tree] [PRE=env...] run NAME ARGS...: one run, unless past the de
     XLA_PYTHON_CLIENT_PREALLOCATE=false timed "$name" "$@" &
     return 0
   fi
-  [[ " $* " == *" --what train "* && " $* " != *" --profile_dir "* \
-     && -z ${compiling["$tree ${PRE:-} $*"]:-} ]] || return 0
-  compiling["$tree ${PRE:-} $*"]=1
+  local key="${CWD:-$HERE} ${PRE:-} $*"
+  [[ " $* " == *" --what train "* && " $* " != *" --profile_dir "* && -z ${compiling[$key]:-} ]] \
+    || return 0
+  compiling[$key]=1
   while (( $(jobs -rp | wc -l) >= PRECOMPILE )); do wait -n; done
   (( $(date +%s) < DEADLINE )) || return 0   # the timed run compiles it, if it starts at all
-  left=$(( DEADLINE - $(date +%s) + 30 ))
-  (cd "$tree" && export PYTHONPATH=$tree${PYTHONPATH:+:$PYTHONPATH} \
-     && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$left" ${PRE:-} $PY "$@" \
-     --steps 1 --warmup 1 > "$OUT_DIR/compile_$name.log" 2>&1 \
+  (XLA_PYTHON_CLIENT_PREALLOCATE=false in_tree "$@" --steps 1 --warmup 1 \
+     > "$OUT_DIR/compile_$name.log" 2>&1 \
      || echo "!!! compile $name exited $? (the timed run compiles it)" >> "$OUT_DIR/summary.txt") &
 }
 

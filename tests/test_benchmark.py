@@ -553,7 +553,9 @@ def test_compare_precision_says_what_is_wrong(tmp_path, capsys):
   np.savez(tmp_path / "other.npz", a=np.zeros(3))
   (tmp_path / "empty.npz").write_bytes(b"")
   (tmp_path / "text.npz").write_text("not numpy\n")
-  for bad in ("other.npz", "empty.npz", "text.npz"):
+  np.savez(tmp_path / "stray.npz", **{f"tokenizer/{k}": 1 for k in
+                                     ("vocab_size", "pad_id", "bos_id", "eos_id")}, extra=[1])
+  for bad in ("other.npz", "empty.npz", "text.npz", "stray.npz"):
     cases.append((["--batches_file", str(tmp_path / bad)],
                   "not a batches file of compare_precision.py"))
   cases.append((["--batches_file", path, "--config.data.batch_size=4"],

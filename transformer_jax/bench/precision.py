@@ -74,23 +74,28 @@ def load(path: str, count: int, config=None) -> tuple[list[dict], dict]:
   config's `data.batch_size` rows of `max_source_len` / `max_target_len` tokens."""
   try:
     with np.load(path) as f:
-      names = list(f.keys())
-      missing = [k for k in TOKENIZER_IDS if f"tokenizer/{k}" not in names]
-      if missing:
-        raise BatchesFileError(f"{path}: not a batches file of compare_precision.py (no "
-                               f"tokenizer {', '.join(missing)}); write one with --save_batches")
-      ids = {k: int(f[f"tokenizer/{k}"]) for k in TOKENIZER_IDS}
-      held = len({n.split("/")[0] for n in names if not n.startswith("tokenizer/")})
-      if held < count:
-        raise BatchesFileError(f"{path} holds {held} batches; {count} steps need {count}: save "
-                               f"more with --save_batches and --steps, or pass --steps <= {held}")
-      batches = [{n.split("/", 1)[1]: f[n] for n in names if n.split("/")[0] == str(i)}
-                 for i in range(count)]
+      arrays = {name: f[name] for name in f.keys()}
   except (OSError, EOFError, ValueError, zipfile.BadZipFile, AttributeError) as e:
-    if isinstance(e, BatchesFileError):
-      raise
     raise BatchesFileError(f"{path}: not a batches file of compare_precision.py ({e}); write "
                            "one with --save_batches") from None
+  missing = [k for k in TOKENIZER_IDS if f"tokenizer/{k}" not in arrays]
+  if missing:
+    raise BatchesFileError(f"{path}: not a batches file of compare_precision.py (no "
+                           f"tokenizer {', '.join(missing)}); write one with --save_batches")
+  ids = {k: int(arrays.pop(f"tokenizer/{k}")) for k in TOKENIZER_IDS}
+  strange = [n for n in arrays if not n.split("/")[0].isdigit() or "/" not in n]
+  if strange:
+    raise BatchesFileError(f"{path}: not a batches file of compare_precision.py (arrays "
+                           f"{strange[:3]} are not <batch>/<key>); write one with --save_batches")
+  held = len({n.split("/")[0] for n in arrays})
+  if held < count:
+    raise BatchesFileError(f"{path} holds {held} batches; {count} steps need {count}: save "
+                           f"more with --save_batches and --steps, or pass --steps <= {held}")
+  batches = [{} for _ in range(count)]
+  for name, array in arrays.items():
+    i, key = name.split("/", 1)
+    if int(i) < count:
+      batches[int(i)][key] = array
   if config is not None:
     d = config.data
     want = {"inputs": (d.batch_size, d.max_source_len), "targets": (d.batch_size, d.max_target_len)}
@@ -198,7 +203,7 @@ def _print(curves, figures, options, passed, log) -> None:
     log(f"{i + 1:>6} {ref[i]:>10.4f} {var[i]:>10.4f} {abs(var[i] - ref[i]) / abs(ref[i]):>9.2e}")
   f = figures
   log(f"last {f['tail_steps']} steps' mean loss: reference {f['reference_tail_loss']:.4f}, "
-      f"variant {figures['variant_tail_loss']:.4f}, relative difference "
-      f"{figures['tail_rel_diff']:.2e} (tolerance {options.tolerance:g}); largest single step "
-      f"{figures['max_step_rel_diff']:.2e}, parameters apart {figures['params_rel_diff']:.2e}")
+      f"variant {f['variant_tail_loss']:.4f}, relative difference {f['tail_rel_diff']:.2e} "
+      f"(tolerance {options.tolerance:g}); largest single step {f['max_step_rel_diff']:.2e}, "
+      f"parameters apart {f['params_rel_diff']:.2e}")
   log("PASS" if passed else "FAIL")
