@@ -9,7 +9,8 @@ r"""Train a config twice on the same batches, as configured and with a faster nu
         --batches_file /tmp/ende_200.npz --variant model.dtype=bfloat16 \
         --variant model.attention_impl=cudnn --config.model.attention_dropout_rate=0.0
 
-Both runs start from the same parameters with the same dropout masks. Prints every tenth step of
+Both runs start from the same parameters with the same dropout masks; a float32 run's matmuls
+run at `highest` precision (GPUs would use TF32 otherwise). Prints every tenth step of
 both curves, the relative difference of the last tenth's mean loss (the pass rule:
 below --tolerance, every loss finite), the largest single-step difference and how far apart
 the parameters ended, then one JSON line; exits 1 when the comparison fails. `--batches_file`
