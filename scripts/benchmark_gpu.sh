@@ -19,8 +19,10 @@
 #   PRECISION_BATCHES  an .npz of real batches (compare_precision.py --save_batches) for the
 #                  precision group: 200 steps of configs/locale.py:ende in float32 and in bf16
 #                  with cuDNN attention (attention dropout off in both: cuDNN's path has none)
-#   BASELINE_TREE  another checkout (an earlier commit) whose base and big steps the compare
-#                  group times interleaved with this tree's, in the same minutes
+#   BASELINE_TREE  other checkouts (earlier commits, or a change left out), comma-separated,
+#                  whose base and big steps the compare group times interleaved with this
+#                  tree's, in the same minutes: runs base_NAME and big_NAME, NAME the folder's
+#                  name
 # Runs that would start after the deadline (default 540 s from the start) are skipped and listed,
 # so the whole fits a time-limited lease.
 set -u
@@ -35,17 +37,28 @@ for g in ${GROUPS_//,/ }; do
   [[ $KNOWN == *,$g,* ]] || die "unknown group '$g'; the groups are ${KNOWN:1:-1}"
 done
 [[ $GROUPS_ == *,all,* ]] && GROUPS_="$GROUPS_,check,train,extra,decode,"
+has() { [[ $GROUPS_ == *,$1,* ]]; }
 [[ -z ${PRECOMPILE:-} || $PRECOMPILE =~ ^[1-9][0-9]*$ ]] \
   || die "PRECOMPILE=$PRECOMPILE: expected how many to compile at a time, 1 or more"
 # Paths the runs use are made absolute here: each run changes into the tree it times.
 PY=${PYTHON:-python3}
 [[ $PY == */* ]] && PY=$(absolute "$PY")
-BASELINE_TREE=$(absolute "${BASELINE_TREE:-}")
+baselines=()
+IFS=, read -ra trees <<< "${BASELINE_TREE:-}"
+for tree in "${trees[@]}"; do baselines+=("$(absolute "$tree")"); done
 PRECISION_BATCHES=$(absolute "${PRECISION_BATCHES:-}")
-if [[ $GROUPS_ == *,compare,* && ! -d $BASELINE_TREE ]]; then
-  die "compare: BASELINE_TREE='$BASELINE_TREE' is not a directory (a checkout of the commit to compare with)"
+if has compare; then
+  (( ${#baselines[@]} )) || die "compare: BASELINE_TREE is not set (checkouts of the commits to compare with, comma-separated)"
+  declare -A seen=()
+  for tree in "${baselines[@]}"; do
+    [[ -d $tree ]] || die "compare: BASELINE_TREE: '$tree' is not a directory (a checkout of the commit to compare with)"
+    name=$(basename "$tree")
+    [[ $name =~ ^[A-Za-z0-9_.-]+$ && -z ${seen[$name]:-} ]] \
+      || die "compare: BASELINE_TREE: the folders' names name the runs: '$name' is used twice or has other characters than letters, digits, _ . -"
+    seen[$name]=1
+  done
 fi
-if [[ $GROUPS_ == *,precision,* && ! -f $PRECISION_BATCHES ]]; then
+if has precision && [[ ! -f $PRECISION_BATCHES ]]; then
   die "precision: PRECISION_BATCHES='$PRECISION_BATCHES' is not a file (write one with scripts/compare_precision.py --save_batches)"
 fi
 if [[ -n ${PRECOMPILE:-} ]]; then
@@ -62,8 +75,6 @@ STEPS="--steps ${STEPS:-30} --warmup 5"
 MODE=time
 skipped=()
 declare -A compiling=()
-
-has() { [[ $GROUPS_ == *,$1,* ]]; }
 
 in_tree() {  # [CWD=tree] [PRE=env...] in_tree ARGS...: python in the tree, its package first,
   # stopped 30 s past the deadline
@@ -91,8 +102,8 @@ run() {  # [CWD=tree] [PRE=env...] run NAME ARGS...: one run, unless past the de
     [[ -e $OUT_DIR/$name.done ]] || timed "$name" "$@"
     return 0
   fi
-  # Compile mode. The correctness check runs now, beside the compilations: it is not timed.
-  if [[ $name == check ]]; then
+  # Compile mode. The correctness checks run now, beside the compilations: they are not timed.
+  if [[ $name == check || $name == precision ]]; then
     XLA_PYTHON_CLIENT_PREALLOCATE=false timed "$name" "$@" &
     return 0
   fi
@@ -125,8 +136,10 @@ plan() {
     run big_now $BIG $FAST
   fi
   if has compare; then  # interleaved: this tree (above), the baseline, this tree again
-    CWD=$BASELINE_TREE run base_baseline $BASE $FAST
-    CWD=$BASELINE_TREE run big_baseline $BIG $FAST
+    for tree in "${baselines[@]}"; do
+      CWD=$tree run "base_$(basename "$tree")" $BASE $FAST
+      CWD=$tree run "big_$(basename "$tree")" $BIG $FAST
+    done
     run base_again $BASE $FAST
     run big_again $BIG $FAST
   fi

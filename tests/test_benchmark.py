@@ -431,14 +431,15 @@ def _most_at_once(times_file) -> int:
 def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_path):
   repo = Path(__file__).resolve().parents[1]
   fake, log = _fake_python(tmp_path)
-  baseline = tmp_path / "baseline"
+  baseline, other = tmp_path / "baseline", tmp_path / "other.tree"
   baseline.mkdir()
+  other.mkdir()
   out = tmp_path / "out"
   env = {k: v for k, v in os.environ.items()
          if k not in ("JAX_COMPILATION_CACHE_DIR", "XLA_PYTHON_CLIENT_PREALLOCATE")}
   batches = tmp_path / "b.npz"
   batches.write_bytes(b"")
-  env.update(PYTHON=str(fake), PRECOMPILE="2", BASELINE_TREE=str(baseline), STEPS="3",
+  env.update(PYTHON=str(fake), PRECOMPILE="2", BASELINE_TREE=f"{baseline},{other}", STEPS="3",
              PRECISION_BATCHES=str(batches))
   r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(out), "100",
                       "now,compare,precision"], env=env, capture_output=True, text=True,
@@ -447,25 +448,29 @@ def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_pat
   calls = [c.split("|") for c in log.read_text().splitlines()]
   compiles = [c for c in calls if c[4].endswith("--steps 1 --warmup 1")]
   timed = [c for c in calls if not c[4].endswith("--steps 1 --warmup 1")]
-  # Four distinct train programs (base and big, in this tree and the baseline's), compiled once
-  # each, without preallocating GPU memory, into the shared cache; the check runs beside them.
-  assert len(compiles) == 4
+  # Six distinct train programs (base and big, in this tree and the two baselines), compiled
+  # once each, without preallocating GPU memory, into the shared cache; the checks run beside.
+  assert len(compiles) == 6
   assert {(c[0], "configs/wmt14_ende.py:big" in c[4]) for c in compiles} == {
-      (str(repo), False), (str(repo), True), (str(baseline), False), (str(baseline), True)}
+      (str(tree), big) for tree in (repo, baseline, other) for big in (False, True)}
   assert all(c[2] == str(out / "jax_cache") and c[3] == "false" for c in compiles)
-  # Timed: the check once, then this tree, the baseline, this tree again; each run imports the
-  # package of the tree it runs in.
+  # Timed: the checks once, then this tree, each baseline, this tree again; each run imports
+  # the package of the tree it runs in.
   names = [ln[4:].split(":")[0] for ln in (out / "summary.txt").read_text().splitlines()
            if ln.startswith("=== ")]
-  assert names == ["check", "precision", "base_now", "big_now", "base_baseline", "big_baseline",
-                   "base_again", "big_again"]
-  assert [c[0] for c in timed] == [str(repo)] * 4 + [str(baseline)] * 2 + [str(repo)] * 2
+  # (the two checks run at once, beside the compilations, in either order)
+  assert sorted(names[:2]) == ["check", "precision"]
+  assert names[2:] == ["base_now", "big_now", "base_baseline", "big_baseline",
+                       "base_other.tree", "big_other.tree", "base_again", "big_again"]
+  assert [c[0] for c in timed] == ([str(repo)] * 4 + [str(baseline)] * 2 + [str(other)] * 2
+                                   + [str(repo)] * 2)
   assert all(c[1].split(":")[0] == c[0] for c in timed)
-  assert f"--batches_file {batches}" in timed[1][4] and "attention_impl=cudnn" in timed[1][4]
+  (precision,) = [c[4] for c in timed[:2] if "compare_precision.py" in c[4]]
+  assert f"--batches_file {batches}" in precision and "attention_impl=cudnn" in precision
   assert all("--steps 3 --warmup 5" in c[4] for c in timed[2:])
   # Timed runs preallocate as usual and load from the same cache.
   assert all(c[2] == str(out / "jax_cache") and c[3] == "" for c in timed[2:])
-  assert len((out / "results.jsonl").read_text().splitlines()) == 8
+  assert len((out / "results.jsonl").read_text().splitlines()) == 10
   # PRECOMPILE=2: two compilations at a time, never more.
   assert _most_at_once(tmp_path / "calls.txt.times") == 2
 
@@ -482,7 +487,14 @@ def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
   r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "out2"),
                       "100", "compare"], env=dict(os.environ, PYTHON=str(fake)),
                      capture_output=True, text=True, timeout=60)
-  assert r.returncode == 2 and "BASELINE_TREE" in r.stderr
+  assert r.returncode == 2 and "BASELINE_TREE is not set" in r.stderr
+  for trees, message in [(f"{tmp_path}/nowhere", "/nowhere' is not a directory"),
+                         (f"{tmp_path},{tmp_path}", "is used twice")]:
+    r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "out2"),
+                        "100", "compare"], env=dict(os.environ, PYTHON=str(fake),
+                                                    BASELINE_TREE=trees),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
   r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "out3"),
                       "100", "precision"], env=dict(os.environ, PYTHON=str(fake)),
                      capture_output=True, text=True, timeout=60)

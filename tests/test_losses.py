@@ -1,4 +1,5 @@
 """The sums the train and eval steps report: loss, nll, correct predictions and token count."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,3 +29,24 @@ def test_loss_sums_count_correct_tokens_and_weights(dtype):
   nll = -(np.take_along_axis(logp, targets[..., None], -1)[..., 0] * weights).sum()
   assert float(out["nll"]) == pytest.approx(nll, rel=1e-5)
   assert float(out["loss"]) == pytest.approx(nll, rel=1e-5)   # no smoothing: the nll
+
+
+def test_bfloat16_reductions_read_the_logits_twice_and_agree_with_float32():
+  # The 16-bit path takes the maximum, then sum(exp(x - max)) and sum(x) in one variadic
+  # reduction: two reads of the [tokens, vocab] logits, where separate reductions were four on an
+  # H100 (docs/benchmarks.md). Its values are the float32 path's on the same (exact) inputs.
+  rng = np.random.default_rng(1)
+  logits = jnp.asarray(rng.normal(size=(3, 5, 11)) * 4, jnp.bfloat16)
+  targets = jnp.asarray(rng.integers(0, 11, (3, 5)))
+  out = losses.vocab_reductions(logits, targets)
+  ref = losses.vocab_reductions(logits.astype(jnp.float32), targets)
+  for a, b, name in zip(out, ref, ("lse", "label", "total", "max")):
+    assert a.dtype == jnp.float32, name
+    np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=name)
+  jaxpr = jax.make_jaxpr(losses._two_pass_reductions)(logits, targets)
+  reads = [e.primitive.name for e in jaxpr.eqns
+           if e.primitive.name.startswith("reduce") and e.invars[0].aval.shape == logits.shape]
+  assert sorted(reads) == ["reduce", "reduce_max"], reads
+  # A row of -inf (a fully masked vocabulary) gives lse -inf, not NaN, as jax.nn.logsumexp.
+  masked = logits.at[0, 0].set(-jnp.inf)
+  assert float(losses.vocab_reductions(masked, targets)[0][0, 0]) == -np.inf

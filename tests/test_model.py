@@ -244,6 +244,39 @@ def test_fused_attention_never_gives_the_kernel_an_empty_row(monkeypatch):
   assert all(np.isfinite(np.asarray(g)).all() for g in grads)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_attention_module_matches_reference_on_rows_that_attend_nowhere(bias):
+  # The fused path replaces a dead row (a query that may attend nowhere) after the output
+  # projection, with the projection of zeros: the bias, or zero. Its output and every gradient
+  # must be the reference's, which zeroes the row before the projection.
+  cfg = tj.model_config("tiny", attention_bias=bias, attention_dropout_rate=0.0,
+                        deterministic=True)
+  x = jax.random.normal(jax.random.key(0), (2, 5, cfg.d_model))
+  kv = jax.random.normal(jax.random.key(1), (2, 7, cfg.d_model))
+  mask = tj.segment_mask(jnp.array([[1, 1, 2, 0, 0], [1, 2, 2, 2, 0]]),
+                         jnp.array([[1, 2, 2, 0, 0, 0, 0], [1, 1, 1, 2, 2, 2, 0]]))
+  ref = tj.layers.MultiHeadAttention(cfg, cache="cross")
+  fused = tj.layers.MultiHeadAttention(cfg.replace(attention_impl="cudnn"), cache="cross")
+  params = nn.meta.unbox(ref.init(jax.random.key(2), x, kv, mask)["params"])
+  if bias:  # nonzero biases, so a dead row's output is not zero by accident
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, p: p + 0.5 if path[-1].key == "bias" else p, params)
+  cot = jax.random.normal(jax.random.key(3), x.shape)
+
+  def value_and_grads(module):
+    out, vjp = jax.vjp(lambda p, x, kv: module.apply({"params": p}, x, kv, mask), params, x, kv)
+    return out, vjp(cot)
+
+  (ref_out, ref_grads), (out, grads) = value_and_grads(ref), value_and_grads(fused)
+  dead = np.array([[0, 0, 0, 1, 1], [0, 0, 0, 0, 1]], bool)
+  expected = np.broadcast_to(params["out"]["bias"] if bias else 0.0, out[dead].shape)
+  np.testing.assert_allclose(out[dead], expected, atol=1e-6)
+  np.testing.assert_allclose(out, ref_out, atol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  assert np.abs(np.asarray(grads[1])[dead]).max() == 0.0   # no gradient reaches a dead query
+
+
 def test_bfloat16_compute_stays_close_to_float32(setup):
   cfg, _, params, apply = setup
   model = tj.Transformer(cfg.replace(deterministic=True, dtype="bfloat16"))

@@ -208,10 +208,11 @@ class MultiHeadAttention(nn.Module):
     dropout_rng = None
     if not cfg.deterministic and cfg.attention_dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
+    live = None  # fused attention: which rows may attend somewhere, when not all may
     if cfg.attention_impl == "cudnn":
       if head_major:
         k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
-      x = fused_attention(cfg, q, k, v, mask)
+      x, live = fused_attention_rows(cfg, q, k, v, mask)
     else:
       # [batch, length, heads, kv] -> [batch, heads, length, kv] for the head-batched formula.
       if not head_major:
@@ -223,8 +224,13 @@ class MultiHeadAttention(nn.Module):
       x = x.swapaxes(1, 2)
     # Grouped beams ([sources, beams, ...]) back to one row per hypothesis; otherwise a no-op.
     x = x.reshape(inputs_q.shape[:2] + x.shape[2:])
-    x = self.out(_constrain_heads(x))
-    return constrain(x, ("batch", "length", "embed"))
+    y = self.out(_constrain_heads(x))
+    if live is not None:
+      # A row that attends nowhere projects a zero attention output, as the reference: the
+      # projection of zeros is the bias (or zero). Its gradient is zero, as the reference's.
+      y = jnp.where(live.reshape(inputs_q.shape[:2] + (1,)), y,
+                    self.out(jnp.zeros(x.shape[2:], x.dtype)))
+    return constrain(y, ("batch", "length", "embed"))
 
   def _append_to_cache(self, inputs_q, k, v):
     """Decoder self-attention in decode mode: (all keys, all values, mask, head-major) after
@@ -298,23 +304,35 @@ def _split_heads(y, num: int):
 def fused_attention(cfg: TransformerConfig, q, k, v, mask):
   """`jax.nn.dot_product_attention`: cuDNN's fused kernel on GPUs for 16-bit inputs, else XLA.
 
-  The `attention_impl="cudnn"` path of `MultiHeadAttention`, on `[batch, length, heads, kv]`
-  arrays; `scripts/check_accelerator.py` checks it against the float32 reference on GPUs.
+  On `[batch, length, heads, kv]` arrays; a query that may attend nowhere (padding) gets a zero
+  output, as `scaled_dot_product_attention`'s. `scripts/check_accelerator.py` checks it against
+  the float32 reference on GPUs.
+  """
+  x, live = fused_attention_rows(cfg, q, k, v, mask)
+  return x if live is None else jnp.where(live, x, 0)
+
+
+def fused_attention_rows(cfg: TransformerConfig, q, k, v, mask):
+  """(`fused_attention` without its zeroing, which query rows are live `[batch, q_len, 1, 1]`
+  or None when all are): the output of a row that may attend nowhere is then the average of all
+  values, for the caller to replace. `MultiHeadAttention` does so after its output projection,
+  where XLA fuses the select into the residual's kernel (before it, the select was a pass of its
+  own over the attention output, forward and backward: 0.66 ms of a 42 ms transformer-base step
+  on an H100, docs/benchmarks.md).
   """
   implementation = None
   if jax.default_backend() == "gpu" and cfg.compute_dtype in (jnp.bfloat16, jnp.float16):
     implementation = "cudnn"
   if mask is None:
-    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+    return jax.nn.dot_product_attention(q, k, v, implementation=implementation), None
   mask = jnp.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
   live = jnp.any(mask, axis=-1, keepdims=True)
-  # A query that may attend nowhere (padding) gets an all-allowed row, so no softmax row is
-  # empty inside the kernel, and its output is set to zeros afterwards, as the reference does
-  # (its gradient is then zero too).
+  # A query that may attend nowhere gets an all-allowed row, so no softmax row is empty inside
+  # the kernel (cuDNN's backward gave NaN for such rows on an H100).
   x = jax.nn.dot_product_attention(q, k, v, mask=mask | ~live, implementation=implementation)
   # live [batch, 1, q_len, 1] -> [batch, q_len, 1, 1] against x [batch, q_len, heads, kv]
   # (squeeze, not [:, 0]: JAX clamps an out-of-range index, so [:, 1] would pass unnoticed).
-  return jnp.where(live.squeeze(1)[..., None], x, 0)
+  return x, live.squeeze(1)[..., None]
 
 
 class Dropout(nn.Module):
