@@ -161,8 +161,8 @@ def test_two_processes_refuse_a_mesh_that_gives_both_the_same_rows(tmp_path):
   assert not os.path.exists(workdir / "checkpoints")
 
 
-def test_two_processes_prune_old_checkpoints_before_their_first_save(tmp_path):
-  # A resume with a lower keep_checkpoints deletes the oldest steps before its first save
+def test_two_processes_prune_old_checkpoints_when_they_resume(tmp_path):
+  # A resume with a lower keep_checkpoints deletes the oldest steps before it writes anything
   # (Checkpointer.prune: Orbax deletes on its primary process). Both processes must come
   # through it together and leave only the steps kept.
   data_dir, workdir = tmp_path / "tfds", tmp_path / "run"
@@ -182,7 +182,7 @@ def test_two_processes_prune_old_checkpoints_before_their_first_save(tmp_path):
   assert codes == [0, 0]
   first, second = (_summary(o) for o in outputs)
   assert first["step"] == second["step"] == STEPS + 1
-  # Steps 1 and 2 before the save of step 4 (3, the step resumed from, stays until Orbax
+  # Steps 1 and 2 at the start (3, the step resumed from, stays until Orbax
   # deletes it after that save); said once, by process 0.
   said = "deleted checkpoint(s) [1, 2] from"
   assert said in outputs[0] and said not in outputs[1], outputs[0][-3000:]

@@ -1,4 +1,5 @@
 """Training: the schedule, the loss, accumulation, config errors, checkpoints, resume, signals."""
+import errno
 import json
 import logging
 import os
@@ -656,14 +657,29 @@ def _mount_tmpfs(path, size: int) -> bool:
                         capture_output=True).returncode == 0
 
 
+def _fill(path) -> None:
+  """Write `path` until the filesystem holds no free page."""
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+  try:
+    for chunk in (1 << 20, 4096, 1):
+      try:
+        while True:
+          os.write(fd, b"\0" * chunk)
+      except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+  finally:
+    os.close(fd)
+
+
 def test_a_full_disk_run_resumes_with_a_lower_keep_checkpoints(tmp_path, data_dir):
   """The storage error's advice: lower --config.keep_checkpoints and run the command again.
-  On a real full filesystem (a small tmpfs, which needs root: skipped elsewhere)."""
+  On a real full filesystem (a small tmpfs, which needs root: skipped elsewhere), filled to the
+  last byte before the resume: the resume deletes the old checkpoints before it writes anything
+  (metrics.jsonl cut back to the resumed step, its changed config), or those writes fail."""
   def command(workdir, *flags):
     return [sys.executable, os.path.join(REPO, "scripts", "train.py"), "--config",
             os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", workdir,
-            f"--config.data.data_dir={data_dir}", "--config.checkpoint_every_steps=1",
-            "--config.async_checkpointing=true", *flags]
+            f"--config.data.data_dir={data_dir}", "--config.checkpoint_every_steps=1", *flags]
 
   # The sizes of this command's files (one process: not the 8 devices of this one's tests).
   sized = str(tmp_path / "sized")
@@ -672,26 +688,35 @@ def test_a_full_disk_run_resumes_with_a_lower_keep_checkpoints(tmp_path, data_di
   one = checkpointing.directory_bytes(os.path.join(sized, "checkpoints", "1"))
   others = checkpointing.directory_bytes(sized) - one
   disk = tmp_path / "disk"
-  # Room for the run's files and a few checkpoints (an asynchronous save takes several times
+  # Room for the run's files and several checkpoints (an asynchronous save takes several times
   # its final size while it writes): a later save cannot be written.
-  if not _mount_tmpfs(disk, others + 7 * one + 64 * 1024):
+  if not _mount_tmpfs(disk, others + 10 * one + 64 * 1024):
     pytest.skip("cannot mount a tmpfs here (needs root): the full-disk test needs one")
   try:
+    run = disk / "run"
     # More steps than the room holds checkpoints, whatever a save takes while it writes.
-    cmd = command(str(disk / "run"), "--config.num_train_steps=30")
-    failed = subprocess.run(cmd + ["--config.keep_checkpoints=20"], capture_output=True,
-                            text=True, timeout=300)
+    failed = subprocess.run(command(str(run), "--config.num_train_steps=30",
+                                    "--config.async_checkpointing=true",
+                                    "--config.keep_checkpoints=20"),
+                            capture_output=True, text=True, timeout=300)
     assert failed.returncode == 1 and "No space left on device" in failed.stderr, \
         failed.stderr[-3000:]
-    good = checkpointing.checkpoint_steps(str(disk / "run" / "checkpoints"))
-    assert len(good) >= 2, failed.stderr[-3000:]
-    resumed = subprocess.run(cmd + ["--config.keep_checkpoints=1"], capture_output=True,
-                             text=True, timeout=300)
+    good = checkpointing.checkpoint_steps(str(run / "checkpoints"))
+    # Two checkpoints deleted or more: room for the one the resume saves (synchronously, at
+    # its final size) and the small files.
+    assert len(good) >= 3, failed.stderr[-3000:]
+    _fill(disk / "filler")
+    last = good[-1] + 1
+    resumed = subprocess.run(command(str(run), f"--config.num_train_steps={last}",
+                                     "--config.async_checkpointing=false",
+                                     "--config.keep_checkpoints=1"),
+                             capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     said = resumed.stdout + resumed.stderr
     assert f"resumed from step {good[-1]}" in said, said[-3000:]
     assert f"deleted checkpoint(s) {good[:-1]} from " in said, said[-3000:]
-    assert checkpointing.checkpoint_steps(str(disk / "run" / "checkpoints")) == [30]
+    assert checkpointing.checkpoint_steps(str(run / "checkpoints")) == [last]
+    assert (run / f"config.{good[-1]}.json").exists()   # the changes, recorded after the pruning
   finally:
     subprocess.run(["umount", str(disk)], capture_output=True)
 

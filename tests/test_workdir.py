@@ -4,6 +4,7 @@ Each case is a mistake a user makes on a real workdir: re-running with another m
 tokenizer config, launching the same command twice, a full disk. None of them may leave the
 workdir unusable, and each must say what happened and what to do.
 """
+import errno
 import json
 import logging
 import os
@@ -238,6 +239,26 @@ def test_a_killed_run_leaves_no_stale_lock(tmp_path):
   finally:
     if holder.poll() is None:
       holder.kill()
+
+
+def test_the_lock_holds_on_a_full_disk_without_its_note(tmp_path, monkeypatch):
+  # The holder's note (host, pid, command) needs a page the full disk may not have; the resume
+  # that frees space (a lower keep_checkpoints) must still take the lock.
+  os.makedirs(tmp_path / "w")
+  def full(fd, data, offset):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(workdir_lib.os, "pwrite", full)
+  lock = workdir_lib.Lock(str(tmp_path / "w"))
+  assert lock.acquire() is None
+  try:
+    busy = workdir_lib.Lock(str(tmp_path / "w")).acquire()
+    assert busy == {}                           # held, by a holder that left no note
+    assert "is in use by another run (its process 0 holds" in workdir_lib.busy_message("w", busy)
+  finally:
+    lock.release()
+  again = workdir_lib.Lock(str(tmp_path / "w"))
+  assert again.acquire() is None
+  again.release()
 
 
 # ---------------------------------------------------------------- storage failures

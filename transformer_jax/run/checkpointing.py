@@ -214,9 +214,9 @@ class Checkpointer:
   def prune(self) -> list[int]:
     """Delete the oldest steps beyond `max_to_keep` now; returns them. Orbax deletes them only
     after the next save is complete, so a run resumed with a lower keep_checkpoints on a full
-    disk needed room for all the old steps plus the new one. Called before a session's first
-    save: the step resumed from, the newest `max_to_keep` and every `keep_period`-th step stay.
-    (Orbax deletes on its primary process and syncs the others.)"""
+    disk needed room for all the old steps plus the new one. Called when a session starts,
+    before it writes anything: the step resumed from, the newest `max_to_keep` and every
+    `keep_period`-th step stay. (Orbax deletes on its primary process and syncs the others.)"""
     steps = self.all_steps()
     kept = set(steps[-self.max_to_keep:]) if self.max_to_keep else set(steps)
     kept |= {s for s in steps if self.keep_period and s % self.keep_period == 0}
@@ -244,7 +244,7 @@ class Checkpointer:
     reason = f"{cause} ({first_line[:200]}...)" if cause else first_line[:400]
     resume = (f"The last good checkpoint is step {good[-1]}, untouched: free space, or lower "
               "--config.keep_checkpoints (a resume deletes the oldest steps beyond it before "
-              "its first save), and run the same command to resume from it."
+              "it writes anything), and run the same command to resume from it."
               if good else "There is no earlier checkpoint: run the same command again once "
               "there is space, and training starts from step 0.")
     raise StorageError(

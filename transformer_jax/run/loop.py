@@ -139,11 +139,20 @@ class _Run:
     # Past num_train_steps with the final evaluation done: nothing trains or evaluates.
     self.finished = (self.step >= self.config.num_train_steps
                      and self._final_evaluation_done())
-    self.pruned = False  # the oldest checkpoints beyond keep_checkpoints, before the 1st save
+    # The oldest checkpoints beyond keep_checkpoints go first, before this command writes
+    # anything (metrics.jsonl cut back to the resumed step, TensorBoard, a changed config):
+    # Orbax would delete them only after the next save, and a full disk, the reason to lower
+    # keep_checkpoints, held no page for any of those writes. Every process calls it.
+    gone = [] if self.finished else trainer.checkpointer.prune()
     # Records past the resumed step (logged before a crash, from steps that are now run again)
     # are dropped, so every step appears once in metrics.jsonl and TensorBoard.
     self.writer = metrics_lib.MetricsWriter(workdir, enabled=main, resume_step=self.step)
     self.progress = metrics_lib.Progress(self.config.num_train_steps, self.step, enabled=main)
+    if gone and main:
+      self.progress.write(
+          f"deleted checkpoint(s) {gone} from {trainer.checkpointer.directory}: "
+          f"keep_checkpoints={self.config.keep_checkpoints} (Orbax would delete them after the "
+          "next save, which a full disk cannot hold)")
     peak, peak_source = flops.peak_flops(trainer.model_cfg.dtype,
                                           n=self.config.cpu_peak_matmul_size)
     # On CPU the measured peak is the whole host's (fake devices share its cores).
@@ -236,14 +245,6 @@ class _Run:
     # Saved before evaluating: an evaluation that fails loses no training, and the
     # asynchronous save writes while the evaluation runs.
     if save:
-      if not self.pruned:
-        self.pruned = True
-        gone = trainer.checkpointer.prune()
-        if gone and distributed.is_main():
-          self.progress.write(
-              f"deleted checkpoint(s) {gone} from {trainer.checkpointer.directory} before "
-              f"saving step {step}: keep_checkpoints={self.config.keep_checkpoints} (Orbax would "
-              "delete them after the save, which a full disk cannot hold)")
       # on_cadence: a save forced by a signal falls between the run's evenly spaced ones, and
       # the paper's averaging of the last N checkpoints leaves it out (run/averaging.py).
       meta = {"step": step, "origin": self.origin, "on_cadence": cadence.save(step)}

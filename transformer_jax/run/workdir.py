@@ -23,6 +23,7 @@ command did makes a workdir unusable.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import filecmp
@@ -107,11 +108,18 @@ def config_json(config, model_cfg) -> dict:
 
 
 def write_config(workdir: str, config, model_cfg, name: str = CONFIG) -> str:
-  """Write (atomically) the config a run uses; returns the path."""
+  """Write (atomically) the config a run uses; returns the path. A failed write (a full disk)
+  leaves no partial file and names the file it was writing."""
   path = os.path.join(workdir, name)
-  with open(path + ".tmp", "w") as f:
-    json.dump(config_json(config, model_cfg), f, indent=2)
-  os.replace(path + ".tmp", path)
+  try:
+    with open(path + ".tmp", "w") as f:
+      json.dump(config_json(config, model_cfg), f, indent=2)
+    os.replace(path + ".tmp", path)
+  except OSError as e:
+    with contextlib.suppress(OSError):
+      os.remove(path + ".tmp")
+    raise RunError(f"writing {path} failed: {e.strerror or e}. Nothing of the run changed: "
+                   f"free space in {workdir} and run the same command again") from None
   return path
 
 
@@ -220,8 +228,14 @@ class Lock:
       return holder
     holder = {"host": socket.gethostname(), "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(holder).encode(), 0)
+    try:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, json.dumps(holder).encode(), 0)
+    except OSError:
+      # A full disk (no page for these bytes): the lock holds without the note, and a second
+      # run is told only that the workdir is in use. Failing here would stop the resume that
+      # frees space (a lower keep_checkpoints deletes old checkpoints first, run/loop.py).
+      pass
     self._fd = fd
     return None
 
