@@ -261,6 +261,18 @@ def test_the_lock_holds_on_a_full_disk_without_its_note(tmp_path, monkeypatch):
   again.release()
 
 
+def test_a_config_that_cannot_be_written_is_one_error_naming_the_file(tmp_path, monkeypatch):
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(workdir_lib.json, "dump", full)
+  monkeypatch.setattr(workdir_lib, "config_json", lambda config, model_cfg: {})
+  with pytest.raises(workdir_lib.RunError) as e:
+    workdir_lib.write_config(str(tmp_path), tiny_config.get_config(), None, "config.7.json")
+  assert str(e.value).startswith(f"writing {tmp_path}/config.7.json failed: No space left on "
+                                 "device. Nothing of the run changed: free space in ")
+  assert os.listdir(tmp_path) == []          # no half-written file, no .tmp left
+
+
 # ---------------------------------------------------------------- storage failures
 
 
