@@ -19,7 +19,7 @@ def _two_pass_reductions(logits, targets):
   as it reads (exact for bfloat16): the maximum, then the sum of exp(x - max) and the sum of x
   in one variadic reduction. As separate reductions XLA:GPU read the 1.8 GB logits of
   transformer-base four times (the accuracy's bfloat16 max, the log-sum-exp's float32 max, the
-  two sums; docs/benchmarks.md).
+  two sums); two reads made its step 1.4 ms (3%) faster on an H100 (docs/benchmarks.md).
   """
   x = logits.astype(jnp.float32)
   peak = jnp.max(x, axis=-1)
