@@ -45,16 +45,16 @@ PY=${PYTHON:-python3}
 [[ $PY == */* ]] && PY=$(absolute "$PY")
 baselines=()
 IFS=, read -ra trees <<< "${BASELINE_TREE:-}"
-for tree in "${trees[@]}"; do baselines+=("$(absolute "$tree")"); done
+for tree in ${trees[@]+"${trees[@]}"}; do baselines+=("$(absolute "$tree")"); done
 PRECISION_BATCHES=$(absolute "${PRECISION_BATCHES:-}")
 if has compare; then
   (( ${#baselines[@]} )) || die "compare: BASELINE_TREE is not set (checkouts of the commits to compare with, comma-separated)"
-  declare -A seen=()
+  declare -A seen=([now]=1 [again]=1)   # this tree's runs: base_now, base_again
   for tree in "${baselines[@]}"; do
     [[ -d $tree ]] || die "compare: BASELINE_TREE: '$tree' is not a directory (a checkout of the commit to compare with)"
     name=$(basename "$tree")
-    [[ $name =~ ^[A-Za-z0-9_.-]+$ && -z ${seen[$name]:-} ]] \
-      || die "compare: BASELINE_TREE: the folders' names name the runs: '$name' is used twice or has other characters than letters, digits, _ . -"
+    [[ $name =~ ^[A-Za-z0-9_.-]+$ && $name =~ [A-Za-z0-9] && -z ${seen[$name]:-} ]] \
+      || die "compare: BASELINE_TREE: the folders' names name the runs (base_NAME): '$name' is used twice, is 'now' or 'again' (this tree's), or is not letters, digits, _ . -"
     seen[$name]=1
   done
 fi
@@ -75,6 +75,15 @@ STEPS="--steps ${STEPS:-30} --warmup 5"
 MODE=time
 skipped=()
 declare -A compiling=()
+compile_pids=()   # the compilations running beside the checks; only they count against N
+
+compilations_running() {
+  local n=0 pid
+  for pid in ${compile_pids[@]+"${compile_pids[@]}"}; do
+    kill -0 "$pid" 2>/dev/null && n=$(( n + 1 ))
+  done
+  echo "$n"
+}
 
 in_tree() {  # [CWD=tree] [PRE=env...] in_tree ARGS...: python in the tree, its package first,
   # stopped 30 s past the deadline
@@ -111,11 +120,12 @@ run() {  # [CWD=tree] [PRE=env...] run NAME ARGS...: one run, unless past the de
   [[ " $* " == *" --what train "* && " $* " != *" --profile_dir "* && -z ${compiling[$key]:-} ]] \
     || return 0
   compiling[$key]=1
-  while (( $(jobs -rp | wc -l) >= PRECOMPILE )); do wait -n; done
+  while (( $(compilations_running) >= PRECOMPILE )); do wait -n; done
   (( $(date +%s) < DEADLINE )) || return 0   # the timed run compiles it, if it starts at all
   (XLA_PYTHON_CLIENT_PREALLOCATE=false in_tree "$@" --steps 1 --warmup 1 \
      > "$OUT_DIR/compile_$name.log" 2>&1 \
      || echo "!!! compile $name exited $? (the timed run compiles it)" >> "$OUT_DIR/summary.txt") &
+  compile_pids+=($!)
 }
 
 B="scripts/benchmark.py --what train $STEPS"
@@ -136,7 +146,7 @@ plan() {
     run big_now $BIG $FAST
   fi
   if has compare; then  # interleaved: this tree (above), the baseline, this tree again
-    for tree in "${baselines[@]}"; do
+    for tree in ${baselines[@]+"${baselines[@]}"}; do
       CWD=$tree run "base_$(basename "$tree")" $BASE $FAST
       CWD=$tree run "big_$(basename "$tree")" $BIG $FAST
     done

@@ -402,7 +402,8 @@ def _fake_python(tmp_path):
   """A stand-in for python that records each run (cwd, PYTHONPATH, the cache dir, arguments)
   and prints a benchmark-like JSON line, so benchmark_gpu.sh's plumbing runs in seconds. A
   compile-mode run (`--steps 1 --warmup 1` last) takes 0.5 s and logs its start and end, so a
-  test can count how many ran at once."""
+  test can count how many ran at once; a check (accelerator or precision) takes 1.5 s and logs
+  its end."""
   log = tmp_path / "calls.txt"
   fake = tmp_path / "fakepy"
   fake.write_text(
@@ -412,6 +413,8 @@ def _fake_python(tmp_path):
       'if [[ "$*" == *"--steps 1 --warmup 1" ]]; then\n'
       f'  echo "start $(date +%s.%N)" >> {log}.times; sleep 0.5;'
       f' echo "end $(date +%s.%N)" >> {log}.times\n'
+      'elif [[ "$*" == *check_accelerator.py* || "$*" == *compare_precision.py* ]]; then\n'
+      f'  sleep 1.5; echo "end $(date +%s.%N)" >> {log}.checks\n'
       'fi\n'
       'echo \'{"what": "train"}\'\n')
   fake.chmod(0o755)
@@ -471,8 +474,14 @@ def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_pat
   # Timed runs preallocate as usual and load from the same cache.
   assert all(c[2] == str(out / "jax_cache") and c[3] == "" for c in timed[2:])
   assert len((out / "results.jsonl").read_text().splitlines()) == 10
-  # PRECOMPILE=2: two compilations at a time, never more.
+  # PRECOMPILE=2: two compilations at a time, never more, beside the checks: the two checks
+  # (1.5 s each, started first) take no compilation's place.
   assert _most_at_once(tmp_path / "calls.txt.times") == 2
+  starts = sorted(float(line.split()[1]) for line in
+                  (tmp_path / "calls.txt.times").read_text().splitlines() if line[:5] == "start")
+  check_ends = [float(line.split()[1])
+                for line in (tmp_path / "calls.txt.checks").read_text().splitlines()]
+  assert len(check_ends) == 2 and starts[1] < min(check_ends), (starts, check_ends)
 
 
 def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
@@ -488,8 +497,12 @@ def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
                       "100", "compare"], env=dict(os.environ, PYTHON=str(fake)),
                      capture_output=True, text=True, timeout=60)
   assert r.returncode == 2 and "BASELINE_TREE is not set" in r.stderr
+  (tmp_path / "now").mkdir()
+  (tmp_path / "..x").mkdir()
   for trees, message in [(f"{tmp_path}/nowhere", "/nowhere' is not a directory"),
-                         (f"{tmp_path},{tmp_path}", "is used twice")]:
+                         (f"{tmp_path},{tmp_path}", "is used twice"),
+                         (f"{tmp_path}/now", "'now' is used twice, is 'now' or 'again'"),
+                         (f"{tmp_path}/..x,{tmp_path}/..", "'..' is used twice")]:
     r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "out2"),
                         "100", "compare"], env=dict(os.environ, PYTHON=str(fake),
                                                     BASELINE_TREE=trees),

@@ -259,6 +259,15 @@ def test_the_lock_holds_on_a_full_disk_without_its_note(tmp_path, monkeypatch):
   again = workdir_lib.Lock(str(tmp_path / "w"))
   assert again.acquire() is None
   again.release()
+  # Any other failure to write the note is an error, as before.
+  def broken(fd, data, offset):
+    raise OSError(errno.EIO, "Input/output error")
+  monkeypatch.setattr(workdir_lib.os, "pwrite", broken)
+  with pytest.raises(OSError, match="Input/output error"):
+    workdir_lib.Lock(str(tmp_path / "w")).acquire()
+  monkeypatch.undo()
+  assert again.acquire() is None               # and it let go of the lock it had taken
+  again.release()
 
 
 def test_a_config_that_cannot_be_written_is_one_error_naming_the_file(tmp_path, monkeypatch):
@@ -269,7 +278,8 @@ def test_a_config_that_cannot_be_written_is_one_error_naming_the_file(tmp_path, 
   with pytest.raises(workdir_lib.RunError) as e:
     workdir_lib.write_config(str(tmp_path), tiny_config.get_config(), None, "config.7.json")
   assert str(e.value).startswith(f"writing {tmp_path}/config.7.json failed: No space left on "
-                                 "device. Nothing of the run changed: free space in ")
+                                 "device. The run's checkpoints and its earlier configs are "
+                                 "kept: free space in ")
   assert os.listdir(tmp_path) == []          # no half-written file, no .tmp left
 
 

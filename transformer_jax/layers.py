@@ -226,10 +226,12 @@ class MultiHeadAttention(nn.Module):
     x = x.reshape(inputs_q.shape[:2] + x.shape[2:])
     y = self.out(_constrain_heads(x))
     if live is not None:
-      # A row that attends nowhere projects a zero attention output, as the reference: the
-      # projection of zeros is the bias (or zero). Its gradient is zero, as the reference's.
-      y = jnp.where(live.reshape(inputs_q.shape[:2] + (1,)), y,
-                    self.out(jnp.zeros(x.shape[2:], x.dtype)))
+      # A row that attends nowhere gets what the reference's zero attention output projects
+      # to: the bias (0 @ W^O + b rounds to b exactly), or zero. No gradient reaches its query.
+      fill = 0.0
+      if cfg.attention_bias:
+        fill = jnp.asarray(nn.unbox(self.out.variables["params"]["bias"]), y.dtype)
+      y = jnp.where(live.reshape(inputs_q.shape[:2] + (1,)), y, fill)
     return constrain(y, ("batch", "length", "embed"))
 
   def _append_to_cache(self, inputs_q, k, v):
@@ -314,8 +316,8 @@ def fused_attention(cfg: TransformerConfig, q, k, v, mask):
 
 def fused_attention_rows(cfg: TransformerConfig, q, k, v, mask):
   """(`fused_attention` without its zeroing, which query rows are live `[batch, q_len, 1, 1]`
-  or None when all are): the output of a row that may attend nowhere is then the average of all
-  values, for the caller to replace. `MultiHeadAttention` does so after its output projection,
+  or None when all are): the output of a row that may attend nowhere is then its attention over
+  all keys, for the caller to replace. `MultiHeadAttention` does so after its output projection,
   where XLA fuses the select into the residual's kernel (before it, the select was a pass of its
   own over the attention output, forward and backward: 0.66 ms of a 42 ms transformer-base step
   on an H100, docs/benchmarks.md).

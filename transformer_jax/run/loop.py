@@ -142,8 +142,10 @@ class _Run:
     # The oldest checkpoints beyond keep_checkpoints go first, before this command writes
     # anything (metrics.jsonl cut back to the resumed step, TensorBoard, a changed config):
     # Orbax would delete them only after the next save, and a full disk, the reason to lower
-    # keep_checkpoints, held no page for any of those writes. Every process calls it.
-    gone = [] if self.finished else trainer.checkpointer.prune()
+    # keep_checkpoints, held no page for any of those writes. Only when this command trains
+    # (a save follows); every process calls it.
+    trains = self.step < self.config.num_train_steps
+    gone = trainer.checkpointer.prune() if trains else []
     # Records past the resumed step (logged before a crash, from steps that are now run again)
     # are dropped, so every step appears once in metrics.jsonl and TensorBoard.
     self.writer = metrics_lib.MetricsWriter(workdir, enabled=main, resume_step=self.step)

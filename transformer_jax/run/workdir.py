@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import filecmp
 import functools
@@ -118,8 +119,9 @@ def write_config(workdir: str, config, model_cfg, name: str = CONFIG) -> str:
   except OSError as e:
     with contextlib.suppress(OSError):
       os.remove(path + ".tmp")
-    raise RunError(f"writing {path} failed: {e.strerror or e}. Nothing of the run changed: "
-                   f"free space in {workdir} and run the same command again") from None
+    raise RunError(f"writing {path} failed: {e.strerror or e}. The run's checkpoints and its "
+                   f"earlier configs are kept: free space in {workdir} and run the same command "
+                   "again") from None
   return path
 
 
@@ -231,11 +233,13 @@ class Lock:
     try:
       os.ftruncate(fd, 0)
       os.pwrite(fd, json.dumps(holder).encode(), 0)
-    except OSError:
+    except OSError as e:
       # A full disk (no page for these bytes): the lock holds without the note, and a second
       # run is told only that the workdir is in use. Failing here would stop the resume that
       # frees space (a lower keep_checkpoints deletes old checkpoints first, run/loop.py).
-      pass
+      if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        os.close(fd)
+        raise
     self._fd = fd
     return None
 
