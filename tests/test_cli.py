@@ -88,3 +88,26 @@ def test_a_config_of_ones_own_starts_from_the_checkouts_configs(tmp_path):
   # Loaded: its own value is what validation refuses.
   assert proc.returncode == 1, proc.stderr[-2000:]
   assert proc.stderr.endswith("error: config.num_train_steps=0: must be >= 1\n"), proc.stderr
+
+
+def test_an_os_error_that_names_no_file_says_where_it_was_raised(tmp_path, capsys, monkeypatch):
+  # A write to a file already open fails with "[Errno 28] No space left on device" alone: the
+  # error line adds the innermost frame of this checkout, so the user knows what was written.
+  from transformer_jax.run import workdir as workdir_lib
+
+  def full_disk(workdir, config):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(workdir_lib, "check_config", full_disk)
+  assert train.main(["--config", TINY, "--workdir", str(tmp_path / "run")]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith("error: [Errno 28] No space left on device (in tests/test_cli.py:"), err
+  assert err.rstrip().endswith(", full_disk)") and err.count("\n") == 1, err
+  # An error that names its file needs no place.
+  def missing(workdir, config):
+    raise FileNotFoundError(2, "No such file or directory", "/nowhere/x")
+
+  monkeypatch.setattr(workdir_lib, "check_config", missing)
+  assert train.main(["--config", TINY, "--workdir", str(tmp_path / "run")]) == 1
+  assert capsys.readouterr().err == ("error: [Errno 2] No such file or directory: "
+                                     "'/nowhere/x'\n")

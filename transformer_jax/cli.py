@@ -65,6 +65,21 @@ def run(body: Callable[[flags.FlagValues, list[str]], int | None],
     return 1
 
 
+def _where(error: BaseException) -> str:
+  """Where in this checkout an OSError that names no file was raised: a write to a file already
+  open says only "[Errno 28] No space left on device", which leaves the user guessing what was
+  being written. Empty for errors that name their file."""
+  if not isinstance(error, OSError) or error.filename:
+    return ""
+  ours = [frame for frame in traceback.extract_tb(error.__traceback__)
+          if not os.path.relpath(frame.filename, REPO).startswith((os.pardir, ".venv"))
+          and "site-packages" not in frame.filename]
+  if not ours:
+    return ""
+  frame = ours[-1]
+  return f" (in {os.path.relpath(frame.filename, REPO)}:{frame.lineno}, {frame.name})"
+
+
 def _run(body, argv, doc, define, config, config_help, positional, absl_level) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script"
@@ -115,7 +130,7 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
   try:
     return int(body(values, rest[1:]) or 0)
   except USER_ERRORS as e:
-    print(f"error: {e}", file=sys.stderr)
+    print(f"error: {e}{_where(e)}", file=sys.stderr)
     return 1
   except Exception as e:
     if not out_of_memory(e):
