@@ -111,3 +111,10 @@ def test_an_os_error_that_names_no_file_says_where_it_was_raised(tmp_path, capsy
   assert train.main(["--config", TINY, "--workdir", str(tmp_path / "run")]) == 1
   assert capsys.readouterr().err == ("error: [Errno 2] No such file or directory: "
                                      "'/nowhere/x'\n")
+  # Nor one whose message says what it is (a flag's file, inference/flags.py).
+  def worded(workdir, config):
+    raise FileNotFoundError("--source x.en: No such file or directory")
+
+  monkeypatch.setattr(workdir_lib, "check_config", worded)
+  assert train.main(["--config", TINY, "--workdir", str(tmp_path / "run")]) == 1
+  assert capsys.readouterr().err == "error: --source x.en: No such file or directory\n"

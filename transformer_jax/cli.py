@@ -68,8 +68,9 @@ def run(body: Callable[[flags.FlagValues, list[str]], int | None],
 def _where(error: BaseException) -> str:
   """Where in this checkout an OSError that names no file was raised: a write to a file already
   open says only "[Errno 28] No space left on device", which leaves the user guessing what was
-  being written. Empty for errors that name their file."""
-  if not isinstance(error, OSError) or error.filename:
+  being written. Empty for errors that name their file or carry a message of their own."""
+  if (not isinstance(error, OSError) or error.filename or error.errno is None
+      or str(error) != f"[Errno {error.errno}] {error.strerror}"):
     return ""
   ours = [frame for frame in traceback.extract_tb(error.__traceback__)
           if not os.path.relpath(frame.filename, REPO).startswith((os.pardir, ".venv"))
