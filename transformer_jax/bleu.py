@@ -30,6 +30,16 @@ BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_MAX_SENTENCES = 20_000
 
 
+def _bootstrap(systems: list[list[str]], references: list[str], samples: int) -> tuple[str, list]:
+  """sacreBLEU's bootstrap test of BLEU (`PairedTest`, `test_type="bs"`) over `systems`, the
+  first the baseline: (signature, one result per system, with `.ci` and `.p_value`)."""
+  from sacrebleu.significance import PairedTest  # numpy and multiprocessing: only here
+  named = [(str(i), list(h)) for i, h in enumerate(systems)]
+  signatures, results = PairedTest(named, {"BLEU": sacrebleu.metrics.BLEU()}, [references],
+                                   test_type="bs", n_samples=samples)()
+  return str(signatures["BLEU"]), results["BLEU"]
+
+
 def bleu_interval(hypotheses: list[str], references: list[str],
                   samples: int = BOOTSTRAP_SAMPLES) -> tuple[float | None, str]:
   """(half-width, signature) of the 95% confidence interval of `corpus_bleu` by bootstrap
@@ -38,12 +48,8 @@ def bleu_interval(hypotheses: list[str], references: list[str],
   `BOOTSTRAP_MAX_SENTENCES`."""
   if len(hypotheses) > BOOTSTRAP_MAX_SENTENCES:
     return None, f"not computed: over {BOOTSTRAP_MAX_SENTENCES:,} sentences"
-  from sacrebleu.significance import PairedTest  # numpy and multiprocessing: only here
-  metric = sacrebleu.metrics.BLEU()
-  signatures, results = PairedTest([("system", hypotheses)], {"BLEU": metric}, [references],
-                                   test_type="bs", n_samples=samples)()
-  (result,) = results["BLEU"]
-  return float(result.ci), str(signatures["BLEU"])
+  signature, (result,) = _bootstrap([hypotheses], references, samples)
+  return float(result.ci), signature
 
 
 def paired_bootstrap(systems: list[list[str]], references: list[str],
@@ -55,15 +61,12 @@ def paired_bootstrap(systems: list[list[str]], references: list[str],
   All None above `BOOTSTRAP_MAX_SENTENCES`."""
   if len(references) > BOOTSTRAP_MAX_SENTENCES:
     return [None] * len(systems)
-  from sacrebleu.significance import PairedTest
-  named = [(str(i), list(h)) for i, h in enumerate(systems)]
-  _, results = PairedTest(named, {"BLEU": sacrebleu.metrics.BLEU()}, [references],
-                          test_type="bs", n_samples=samples)()
+  _, results = _bootstrap(systems, references, samples)
   # sacreBLEU counts resampled differences strictly above the observed one, so a system with
   # the same translation of every sentence as the first (two searches that agree everywhere)
   # gets its smallest p-value, 1/(samples + 1): "significant". No difference is none: p = 1.
   return [None] + [1.0 if list(h) == list(systems[0]) else float(r.p_value)
-                   for h, r in zip(systems[1:], results["BLEU"][1:])]
+                   for h, r in zip(systems[1:], results[1:])]
 
 
 def corpus_chrf(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
