@@ -56,15 +56,13 @@ def block_rows(rows: int, d: int) -> int:
 
 
 def residual_norm(x, y, keep, scale, bias, *, keep_prob: float = 1.0, eps: float = 1e-6,
-                  dtype=jnp.float32, interpret: bool | None = None, rows_per_block: int = 0,
-                  num_warps: int = 4):
+                  dtype=jnp.float32, interpret: bool | None = None):
   """LayerNorm(x + Dropout(y)) over the last axis, fused.
 
   x, y: [..., d] (the residual stream and the sublayer's output); keep: boolean [..., d] or None
   (no dropout); scale, bias: [d]; keep_prob: the probability `keep` was drawn with (kept values
   are scaled by its inverse); dtype: the output's. `interpret` defaults to compiling on a GPU
-  and interpreting elsewhere. `rows_per_block` (0: `block_rows`'s choice; a power of two
-  dividing the rows) and `num_warps` tune the Triton programs (scripts/benchmark_norm.py).
+  and interpreting elsewhere.
   """
   d = x.shape[-1]
   if x.shape != y.shape or (keep is not None and keep.shape != x.shape):
@@ -80,18 +78,14 @@ def residual_norm(x, y, keep, scale, bias, *, keep_prob: float = 1.0, eps: float
   lead = x.shape[:-1]
   rows = x.size // d
   keep2 = None if keep is None else keep.reshape(rows, d).astype(jnp.int8)
-  br = rows_per_block or block_rows(rows, d)
-  if br & (br - 1) or rows % br:
-    raise ValueError(f"residual_norm: rows_per_block={br} must be a power of two dividing the "
-                     f"{rows} rows")
-  static = _Static(float(keep_prob), float(eps), jnp.dtype(dtype), bool(interpret), br,
-                   int(num_warps))
+  static = _Static(float(keep_prob), float(eps), jnp.dtype(dtype), bool(interpret),
+                   block_rows(rows, d))
   out = _fused(x.reshape(rows, d), y.reshape(rows, d), keep2, scale, bias, static)
   return out.reshape(*lead, d)
 
 
 class _Static(tuple):
-  """(keep_prob, eps, dtype, interpret, rows, num_warps): the hashable non-array arguments."""
+  """(keep_prob, eps, dtype, interpret, block_rows): the hashable non-array arguments."""
 
   def __new__(cls, *values):
     return super().__new__(cls, values)
@@ -101,7 +95,6 @@ class _Static(tuple):
   dtype = property(lambda self: self[2])
   interpret = property(lambda self: self[3])
   rows = property(lambda self: self[4])
-  num_warps = property(lambda self: self[5])
 
 
 def _dropped(y, keep_ref, keep_prob):
@@ -156,10 +149,10 @@ def _backward_kernel(*refs, has_keep: bool, keep_prob: float, eps: float):
   dbias_ref[...] = jnp.sum(g, axis=0)[None, :]
 
 
-def _triton(static: _Static):
+def _triton():
   # Triton, not Mosaic GPU (Pallas's other GPU backend, whose copies take at most 256 elements
   # along an axis): a row-wise kernel needs nothing Triton lacks.
-  return pltriton.CompilerParams(num_warps=static.num_warps, num_stages=1)
+  return pltriton.CompilerParams(num_warps=4, num_stages=1)
 
 
 def _row_spec(br, d):
@@ -184,7 +177,7 @@ def _forward(x, y, keep, scale, bias, static: _Static):
       out_specs=[_row_spec(br, d), _row_spec(br, d)],
       out_shape=[jax.ShapeDtypeStruct((rows, d), static.dtype),
                  jax.ShapeDtypeStruct((rows, d), s_dtype)],
-      compiler_params=_triton(static), interpret=static.interpret, name="residual_norm_forward")(*operands)
+      compiler_params=_triton(), interpret=static.interpret, name="residual_norm_forward")(*operands)
   return out, s
 
 
@@ -218,7 +211,7 @@ def _fused_bwd(static, residuals, g):
                  jax.ShapeDtypeStruct((rows, d), y_like.dtype),
                  jax.ShapeDtypeStruct((blocks, d), jnp.float32),
                  jax.ShapeDtypeStruct((blocks, d), jnp.float32)],
-      compiler_params=_triton(static), interpret=static.interpret, name="residual_norm_backward")(*operands)
+      compiler_params=_triton(), interpret=static.interpret, name="residual_norm_backward")(*operands)
   return (dx, dy, None, dscale.sum(0).astype(scale.dtype), dbias.sum(0).astype(bias_like.dtype))
 
 
