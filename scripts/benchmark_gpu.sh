@@ -8,10 +8,7 @@
 # groups: all (= check,train,extra,decode), check, train, extra, decode, now (the tree as it
 # stands: check, base and big with every fast path), precision (needs PRECISION_BATCHES), scale
 # (larger batches per step), flags (XLA flags that may fuse more), compare (needs BASELINE_TREE),
-# norm (the fused LayerNorm kernel, norm_impl=pallas, interleaved with the XLA path; with
-# PRECISION_BATCHES also its 200-step curve against float32), uncached (base compiled in the
-# timed run itself, no persistent cache: whether the precompilation's contention changed the
-# kernels chosen), profile, ablation. An unknown group is an error.
+# profile, ablation. An unknown group is an error.
 # Environment:
 #   STEPS          timed steps (default 30)
 #   CHECK_SIZE     model size of the checks (base)
@@ -35,7 +32,7 @@ OUT_DIR=$(mkdir -p "${1:-/tmp/gpu_bench}" && cd "${1:-/tmp/gpu_bench}" && pwd) \
   || die "cannot create the output directory ${1:-/tmp/gpu_bench}"
 DEADLINE=$(( $(date +%s) + ${2:-540} ))
 GROUPS_=",${3:-all},"
-KNOWN=",all,check,train,extra,decode,now,precision,scale,flags,compare,norm,uncached,profile,ablation,"
+KNOWN=",all,check,train,extra,decode,now,precision,scale,flags,compare,profile,ablation,"
 for g in ${GROUPS_//,/ }; do
   [[ $KNOWN == *,$g,* ]] || die "unknown group '$g'; the groups are ${KNOWN:1:-1}"
 done
@@ -52,12 +49,12 @@ for tree in ${trees[@]+"${trees[@]}"}; do baselines+=("$(absolute "$tree")"); do
 PRECISION_BATCHES=$(absolute "${PRECISION_BATCHES:-}")
 if has compare; then
   (( ${#baselines[@]} )) || die "compare: BASELINE_TREE is not set (checkouts of the commits to compare with, comma-separated)"
-  declare -A seen=([now]=1 [again]=1 [norm]=1 [norm_again]=1 [uncached]=1)   # this tree's runs
+  declare -A seen=([now]=1 [again]=1)   # this tree's runs: base_now, base_again
   for tree in "${baselines[@]}"; do
     [[ -d $tree ]] || die "compare: BASELINE_TREE: '$tree' is not a directory (a checkout of the commit to compare with)"
     name=$(basename "$tree")
     [[ $name =~ ^[A-Za-z0-9_.-]+$ && $name =~ [A-Za-z0-9] && -z ${seen[$name]:-} ]] \
-      || die "compare: BASELINE_TREE: the folders' names name the runs (base_NAME): '$name' is used twice, is one of this tree's (now, again, norm, norm_again, uncached), or is not letters, digits, _ . -"
+      || die "compare: BASELINE_TREE: the folders' names name the runs (base_NAME): '$name' is used twice, is 'now' or 'again' (this tree's), or is not letters, digits, _ . -"
     seen[$name]=1
   done
 fi
@@ -74,7 +71,6 @@ HERE=$PWD
 BF16="--config.model.dtype=bfloat16"
 CUDNN="$BF16 --config.model.attention_impl=cudnn"
 FAST="$CUDNN --config.model.fused_qkv=True"
-NORM="--config.model.norm_impl=pallas"
 STEPS="--steps ${STEPS:-30} --warmup 5"
 MODE=time
 skipped=()
@@ -116,11 +112,10 @@ run() {  # [CWD=tree] [PRE=env...] run NAME ARGS...: one run, unless past the de
     return 0
   fi
   # Compile mode. The correctness checks run now, beside the compilations: they are not timed.
-  if [[ $name == check || $name == precision* ]]; then
+  if [[ $name == check || $name == precision ]]; then
     XLA_PYTHON_CLIENT_PREALLOCATE=false timed "$name" "$@" &
     return 0
   fi
-  [[ $name == *_uncached ]] && return 0   # compiled in its timed run, by design
   local key="${CWD:-$HERE} ${PRE:-} $*"
   [[ " $* " == *" --what train "* && " $* " != *" --profile_dir "* && -z ${compiling[$key]:-} ]] \
     || return 0
@@ -157,26 +152,6 @@ plan() {
     done
     run base_again $BASE $FAST
     run big_again $BIG $FAST
-  fi
-  if has norm; then  # the fused LayerNorm against XLA's, interleaved: A B A B
-    if [[ -f $PRECISION_BATCHES ]]; then
-      run precision_norm scripts/compare_precision.py --config configs/locale.py:ende \
-        --steps "${PRECISION_STEPS:-200}" --batches_file "$PRECISION_BATCHES" \
-        --variant model.dtype=bfloat16 --variant model.attention_impl=cudnn \
-        --variant model.norm_impl=pallas \
-        --config.model.attention_dropout_rate=0.0 --json "$OUT_DIR/precision_norm.json"
-    fi
-    run base_now $BASE $FAST
-    run base_norm $BASE $FAST $NORM
-    run big_now $BIG $FAST
-    run big_norm $BIG $FAST $NORM
-    run base_again $BASE $FAST
-    run base_norm_again $BASE $FAST $NORM
-    run big_again $BIG $FAST
-    run big_norm_again $BIG $FAST $NORM
-  fi
-  if has uncached; then  # compiled in the timed run, alone on the machine
-    PRE="env -u JAX_COMPILATION_CACHE_DIR" run base_uncached $BASE $FAST
   fi
   if has decode; then
     run decode_base scripts/benchmark.py --what decode --config configs/wmt14_ende.py:base \

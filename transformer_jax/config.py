@@ -20,7 +20,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("float32", "bfloat16", "float16"),
     "param_dtype": ("float32", "bfloat16"),
     "attention_impl": ("xla", "cudnn"),
-    "norm_impl": ("xla", "pallas"),
     "remat": ("none", "layer"),
 }
 
@@ -65,7 +64,6 @@ class TransformerConfig:
   dtype: str = "float32"               # compute dtype
   param_dtype: str = "float32"
   attention_impl: str = "xla"          # "xla": our einsum; "cudnn": jax.nn.dot_product_attention
-  norm_impl: str = "xla"               # "pallas": post-LN's residual + dropout + LayerNorm fused
   remat: str = "none"                  # "layer": recompute each layer's activations backward
   fused_qkv: bool = False              # one [embed, 3, heads, kv] matmul for Q, K, V (cross: K, V)
   pad_id: int = 0
@@ -103,11 +101,6 @@ class TransformerConfig:
       raise ValueError(
           "TransformerConfig.attention_impl='cudnn' has no attention-weight dropout: set "
           "attention_dropout_rate=0.0 or attention_impl='xla'")
-    if self.norm_impl == "pallas" and self.norm_position != "post":
-      raise ValueError(
-          "TransformerConfig.norm_impl='pallas' fuses the paper's LayerNorm(x + Dropout(y)), "
-          f"which norm_position={self.norm_position!r} does not compute: set "
-          "norm_position='post' or norm_impl='xla'")
     if self.position_encoding == "sinusoidal" and self.d_model % 2:
       raise ValueError(f"TransformerConfig.d_model={self.d_model}: sinusoidal encoding needs it "
                        "even (sine and cosine pairs); or position_encoding='learned'")

@@ -12,8 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import fused_norm
-from transformer_jax.attention import dropout, keep_mask, scaled_dot_product_attention
+from transformer_jax.attention import dropout, scaled_dot_product_attention
 from transformer_jax.config import TransformerConfig
 
 
@@ -352,13 +351,6 @@ class Dropout(nn.Module):
       return x
     return dropout(self.make_rng("dropout"), self.rate, x)
 
-  def keep_mask(self, shape, deterministic: bool):
-    """(the mask `__call__` would apply to an array of `shape`, its keep probability), from
-    the same RNG draw; (None, 1.0) when nothing is dropped."""
-    if deterministic or self.rate == 0.0:
-      return None, 1.0
-    return keep_mask(self.make_rng("dropout"), self.rate, shape)
-
 
 # config.CHOICES["activation"] names these (a test checks the two agree): a name added there
 # alone is a KeyError here, never another activation in its place. "gelu" is flax's default,
@@ -401,59 +393,20 @@ class LayerNorm(nn.Module):
         name="norm")(x)
 
 
-class _NormParams(nn.Module):
-  """The scale and bias of `nn.LayerNorm`, under its names, for the fused kernel."""
-
-  config: TransformerConfig
-
-  @nn.compact
-  def __call__(self):
-    cfg = self.config
-
-    def param(name, init):
-      return self.param(name, nn.with_logical_partitioning(init, ("embed",)), (cfg.d_model,),
-                        cfg.params_dtype)
-
-    return param("scale", nn.initializers.ones), param("bias", nn.initializers.zeros)
-
-
-class FusedLayerNorm(nn.Module):
-  """LayerNorm(x + Dropout(y)) in one kernel each way (`fused_norm`), with `LayerNorm`'s
-  parameters under the same path (`norm/scale`, `norm/bias`): checkpoints work either way."""
-
-  config: TransformerConfig
-
-  @nn.compact
-  def __call__(self, x, y, keep, keep_prob: float):
-    cfg = self.config
-    scale, bias = _NormParams(cfg, name="norm")()
-    if keep is not None and keep_prob == 0.0:  # everything dropped
-      y, keep = jnp.zeros_like(y), None
-    return fused_norm.residual_norm(x, y, keep, scale, bias, keep_prob=keep_prob,
-                                    eps=cfg.layer_norm_epsilon, dtype=cfg.compute_dtype)
-
-
 class Residual(nn.Module):
   """One sublayer with dropout, residual and LayerNorm in the configured position.
 
   post (the paper): LayerNorm(x + Dropout(Sublayer(x)));  pre: x + Dropout(Sublayer(LayerNorm(x))).
-  With `norm_impl="pallas"` (post only) the post-LN step runs as `FusedLayerNorm`, with the
-  same dropout mask (drawn from the same module's RNG).
   """
 
   config: TransformerConfig
 
   def setup(self):
-    cfg = self.config
-    self.norm = FusedLayerNorm(cfg) if cfg.norm_impl == "pallas" else LayerNorm(cfg)
-    self.dropout = Dropout(cfg.dropout_rate)
+    self.norm = LayerNorm(self.config)
+    self.dropout = Dropout(self.config.dropout_rate)
 
   def __call__(self, x, sublayer):
     cfg = self.config
     if cfg.norm_position == "pre":
       return x + self.dropout(sublayer(self.norm(x)), deterministic=cfg.deterministic)
-    if cfg.norm_impl == "pallas":
-      y = sublayer(x)
-      keep, keep_prob = self.dropout.keep_mask(y.shape, deterministic=cfg.deterministic)
-      return self.norm(x, y, keep, keep_prob)
     return self.norm(x + self.dropout(sublayer(x), deterministic=cfg.deterministic))

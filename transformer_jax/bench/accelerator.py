@@ -7,12 +7,8 @@ Two groups of checks, each on fresh random inputs:
    `highest` matmul precision: the output and the gradients with respect to Q, K and V, for eight
    masks (`attention_cases`). The XLA path in bfloat16 is measured alongside, so the cuDNN error
    can be read against what bfloat16 itself costs.
-2. The fused post-LN kernel (`fused_norm`, `norm_impl="pallas"`: Triton on a GPU): its output
-   and its four gradients against the unfused computation in float32 on the same (upcast)
-   inputs and dropout mask, in float32 and in bfloat16.
-3. The whole model on a packed batch, dropout off: logits, loss and the parameter gradient of
-   the bfloat16 model (XLA attention, cuDNN, cuDNN with the fused LayerNorm) against the
-   float32 model.
+2. The whole model on a packed batch, dropout off: logits, loss and the parameter gradient of
+   the bfloat16 model (XLA attention, then cuDNN) against the float32 model.
 
 Errors are relative, ||out - ref|| / ||ref||. A check passes below `tolerance` (bfloat16 operands
 land between 1e-3 and 1e-2) and when nothing is NaN. With `require_cudnn` (on a GPU) the compiled
@@ -26,11 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import batch as batch_lib
-from transformer_jax import fused_norm, layers, losses
+from transformer_jax import layers, losses
 from transformer_jax.attention import (
   causal_mask,
   combine_masks,
-  keep_mask,
   padding_mask,
   scaled_dot_product_attention,
   segment_mask,
@@ -39,7 +34,7 @@ from transformer_jax.config import model_config
 from transformer_jax.model import Transformer
 
 CUDNN_KERNEL = "__cudnn$fmha"
-HEADER = (f"{'check':<42} {'kernel':>6} {'output err':>11} {'grad err':>10} "
+HEADER = (f"{'check':<42} {'cuDNN':>5} {'output err':>11} {'grad err':>10} "
           f"{'XLA bf16 out/grad':>20}  ok")
 
 
@@ -85,14 +80,9 @@ def positions_of(segments):
 def line(r: dict) -> str:
   """One check's row under `HEADER`."""
   out = r.get("output_err", r.get("logits_err"))
-  if "xla_bf16_output_err" in r:
-    xla = f"{r['xla_bf16_output_err']:.2e}/{r['xla_bf16_grad_err']:.2e}"
-  elif "loss" in r:
-    xla = f"loss {r['loss']:.5f} vs {r['reference_loss']:.5f}"
-  else:
-    xla = f"(tolerance {r['tolerance']:.0e})"
-  kernel = r["cudnn_kernel"] if "cudnn_kernel" in r else r["triton_kernel"]
-  return (f"{r['check']:<42} {str(kernel):>6} {out:>11.2e} {r['grad_err']:>10.2e} "
+  xla = (f"{r['xla_bf16_output_err']:.2e}/{r['xla_bf16_grad_err']:.2e}"
+         if "xla_bf16_output_err" in r else f"loss {r['loss']:.5f} vs {r['reference_loss']:.5f}")
+  return (f"{r['check']:<42} {str(r['cudnn_kernel']):>5} {out:>11.2e} {r['grad_err']:>10.2e} "
           f"{xla:>20}  {'PASS' if r['passed'] else 'FAIL'}")
 
 
@@ -190,48 +180,6 @@ def check_attention(cfg, rng, batch: int, q_len: int, kv_len: int, tolerance: fl
   return results
 
 
-# ------------------------------------------------------------------------- fused LayerNorm
-TRITON_KERNEL = "__gpu$xla.gpu.triton"
-
-
-def check_fused_norm(rng, rows: int, d: int, tolerance: float, require_triton: bool) -> list[dict]:
-  """LayerNorm(x + Dropout(y)) by the kernel in float32 (tolerance / 1000) and in bfloat16
-  against the unfused computation in float32, the mask drawn once (printed as it comes)."""
-  keys = jax.random.split(jax.random.key(int(rng.integers(1 << 30))), 6)
-  x = jax.random.normal(keys[0], (rows, d), jnp.float32)
-  y = 2.0 * jax.random.normal(keys[1], (rows, d), jnp.float32) + 0.5
-  scale = 1.0 + 0.3 * jax.random.normal(keys[2], (d,))
-  bias = 0.3 * jax.random.normal(keys[3], (d,))
-  cot = jax.random.normal(keys[4], (rows, d), jnp.float32)
-  keep, keep_prob = keep_mask(keys[5], 0.1, (rows, d))
-
-  def value_and_grads(fn, dtype):
-    def loss(x, y, scale, bias):
-      out = fn(x, y, keep, scale, bias, keep_prob=keep_prob, dtype=dtype)
-      return jnp.sum(out.astype(jnp.float32) * cot), out
-    f = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True))
-    args = (x.astype(dtype), y.astype(dtype), scale, bias)
-    (_, out), grads = f(*args)
-    return out, grads, f.lower(*args).as_text()
-
-  with jax.default_matmul_precision("highest"):
-    ref_out, ref_grads, _ = value_and_grads(fused_norm.reference, jnp.float32)
-  results = []
-  for dtype, tol in ((jnp.float32, tolerance / 1000), (jnp.bfloat16, tolerance)):
-    out, grads, text = value_and_grads(fused_norm.residual_norm, dtype)
-    row = {"check": f"fused LayerNorm, dropout 0.1: {jnp.dtype(dtype).name}",
-           "shape": [rows, d], "tolerance": tol,
-           "triton_kernel": TRITON_KERNEL in text,
-           "output_err": rel_err(out, ref_out),
-           "grad_err": max(rel_err(g, r) for g, r in zip(grads, ref_grads))}
-    row["passed"] = bool(all(np.isfinite(e) and e < tol
-                             for e in (row["output_err"], row["grad_err"]))
-                         and (row["triton_kernel"] or not require_triton))
-    results.append(row)
-    print(line(row), flush=True)
-  return results
-
-
 # ------------------------------------------------------------------------------ whole model
 
 
@@ -279,14 +227,8 @@ def check_model(size: str, rng, rows: int, length: int, vocab: int, tolerance: f
     ref_loss, ref_logits, ref_grads, _ = run(base)
   valid = np.asarray(weights, bool)
   results = []
-  variants = [("bfloat16, XLA attention", dict(attention_impl="xla")),
-              ("bfloat16, cuDNN attention", dict(attention_impl="cudnn"))]
-  if not base.d_model & (base.d_model - 1):  # Triton's blocks need a power of two
-    variants.append(("bfloat16, cuDNN, fused LayerNorm",
-                     dict(attention_impl="cudnn", norm_impl="pallas")))
-  for label, changes in variants:
-    impl = changes["attention_impl"]
-    loss, logits, grads, hlo = run(base.replace(dtype="bfloat16", **changes))
+  for label, impl in (("bfloat16, XLA attention", "xla"), ("bfloat16, cuDNN attention", "cudnn")):
+    loss, logits, grads, hlo = run(base.replace(dtype="bfloat16", attention_impl=impl))
     row = {"check": f"model {size}: {label}", "shape": [rows, length],
            "loss": loss, "reference_loss": ref_loss,
            "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
@@ -319,7 +261,6 @@ def run_checks(size: str = "base", *, batch: int = 8, length: int = 256, model_r
         f"{HEADER}", flush=True)
   results = check_attention(cfg, rng, batch, length, length * 5 // 4, tolerance,
                             require_cudnn=on_gpu)
-  results += check_fused_norm(rng, batch * length, cfg.d_model, tolerance, require_triton=on_gpu)
   if not skip_model:
     results += check_model(size, rng, model_rows, length, vocab, tolerance, require_cudnn=on_gpu)
   return {"what": "check_accelerator", "device_kind": device.device_kind,
