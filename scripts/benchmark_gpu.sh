@@ -7,8 +7,10 @@
 #
 # groups: all (= check,train,extra,decode), check, train, extra, decode, now (the tree as it
 # stands: check, base and big with every fast path), precision (needs PRECISION_BATCHES), scale
-# (larger batches per step), flags (XLA flags that may fuse more), compare (needs BASELINE_TREE),
-# profile, ablation. An unknown group is an error.
+# (larger batches per step), flags (XLA flags that may fuse more), graphs (the base step with
+# XLA's command buffers, i.e. CUDA graphs, for every command type, and with none, between two
+# runs as XLA defaults: whether kernel launches make the one-by-one step slower than back to
+# back), compare (needs BASELINE_TREE), profile, ablation. An unknown group is an error.
 # Environment:
 #   STEPS          timed steps (default 30)
 #   CHECK_SIZE     model size of the checks (base)
@@ -32,7 +34,7 @@ OUT_DIR=$(mkdir -p "${1:-/tmp/gpu_bench}" && cd "${1:-/tmp/gpu_bench}" && pwd) \
   || die "cannot create the output directory ${1:-/tmp/gpu_bench}"
 DEADLINE=$(( $(date +%s) + ${2:-540} ))
 GROUPS_=",${3:-all},"
-KNOWN=",all,check,train,extra,decode,now,precision,scale,flags,compare,profile,ablation,"
+KNOWN=",all,check,train,extra,decode,now,precision,scale,flags,graphs,compare,profile,ablation,"
 for g in ${GROUPS_//,/ }; do
   [[ $KNOWN == *,$g,* ]] || die "unknown group '$g'; the groups are ${KNOWN:1:-1}"
 done
@@ -85,16 +87,19 @@ compilations_running() {
   echo "$n"
 }
 
-in_tree() {  # [CWD=tree] [PRE=env...] in_tree ARGS...: python in the tree, its package first,
-  # stopped 30 s past the deadline
+in_tree() {  # [CWD=tree] [PRE=env...] [XFLAGS=...] in_tree ARGS...: python in the tree, its
+  # package first, stopped 30 s past the deadline; XFLAGS becomes XLA_FLAGS whole (PRE is split
+  # into words, so it cannot hold a value with spaces)
   local tree=${CWD:-$HERE}
   (cd "$tree" && export PYTHONPATH=$tree${PYTHONPATH:+:$PYTHONPATH} \
+     && { [[ -z ${XFLAGS:-} ]] || export XLA_FLAGS="$XFLAGS"; } \
      && timeout "$(( DEADLINE - $(date +%s) + 30 ))" ${PRE:-} $PY "$@")
 }
 
 timed() {  # timed NAME ARGS...: run it now, log, summary and JSON lines to OUT_DIR
   local name=$1; shift
-  echo "=== $name: ${CWD:+(in $CWD) }${PRE:+$PRE }$*" | tee -a "$OUT_DIR/summary.txt"
+  echo "=== $name: ${CWD:+(in $CWD) }${PRE:+$PRE }${XFLAGS:+XLA_FLAGS=\"$XFLAGS\" }$*" \
+    | tee -a "$OUT_DIR/summary.txt"
   in_tree "$@" > "$OUT_DIR/$name.log" 2>&1
   local rc=$?
   grep '^{"what"' "$OUT_DIR/$name.log" | sed "s/^{/{\"run\": \"$name\", /" >> "$OUT_DIR/results.jsonl"
@@ -116,7 +121,7 @@ run() {  # [CWD=tree] [PRE=env...] run NAME ARGS...: one run, unless past the de
     XLA_PYTHON_CLIENT_PREALLOCATE=false timed "$name" "$@" &
     return 0
   fi
-  local key="${CWD:-$HERE} ${PRE:-} $*"
+  local key="${CWD:-$HERE} ${PRE:-} ${XFLAGS:-} $*"
   [[ " $* " == *" --what train "* && " $* " != *" --profile_dir "* && -z ${compiling[$key]:-} ]] \
     || return 0
   compiling[$key]=1
@@ -159,6 +164,13 @@ plan() {
   fi
   if has flags; then
     PRE="env XLA_FLAGS=--xla_gpu_enable_cudnn_layer_norm=true" run base_cudnn_ln $BASE $FAST
+  fi
+  if has graphs; then  # XLA's default, all command types in graphs, none, the default again
+    run base_now $BASE $FAST
+    XFLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1" \
+      run base_graphs $BASE $FAST
+    XFLAGS="--xla_gpu_enable_command_buffer=" run base_nographs $BASE $FAST
+    run base_again $BASE $FAST
   fi
   if has scale; then  # MFU against rows per step (96 rows is the paper's 25k tokens)
     run base_192 $BASE $FAST --config.data.batch_size=192

@@ -409,7 +409,7 @@ def _fake_python(tmp_path):
   fake.write_text(
       "#!/usr/bin/env bash\n"
       f'echo "$PWD|${{PYTHONPATH:-}}|${{JAX_COMPILATION_CACHE_DIR:-}}|'
-      f'${{XLA_PYTHON_CLIENT_PREALLOCATE:-}}|$*" >> {log}\n'
+      f'${{XLA_PYTHON_CLIENT_PREALLOCATE:-}}|$*|${{XLA_FLAGS:-}}" >> {log}\n'
       'if [[ "$*" == *"--steps 1 --warmup 1" ]]; then\n'
       f'  echo "start $(date +%s.%N)" >> {log}.times; sleep 0.5;'
       f' echo "end $(date +%s.%N)" >> {log}.times\n'
@@ -482,6 +482,31 @@ def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_pat
   check_ends = [float(line.split()[1])
                 for line in (tmp_path / "calls.txt.checks").read_text().splitlines()]
   assert len(check_ends) == 2 and starts[1] < min(check_ends), (starts, check_ends)
+
+
+def test_benchmark_gpu_graphs_group_sets_the_command_buffer_flags(tmp_path):
+  repo = Path(__file__).resolve().parents[1]
+  fake, log = _fake_python(tmp_path)
+  out = tmp_path / "out"
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR",
+                                                          "XLA_FLAGS")}
+  env.update(PYTHON=str(fake), PRECOMPILE="2", STEPS="3")
+  r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(out), "100", "graphs"],
+                     env=env, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  calls = [c.split("|") for c in log.read_text().splitlines()]
+  # Three programs (the flags change the compiled program): compiled once each, with the
+  # flags of their timed run.
+  compiles = {c[5] for c in calls if c[4].endswith("--steps 1 --warmup 1")}
+  every = ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
+           "CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1")
+  assert compiles == {"", every, "--xla_gpu_enable_command_buffer="}
+  names = [ln[4:].split(":")[0] for ln in (out / "summary.txt").read_text().splitlines()
+           if ln.startswith("=== ")]
+  assert names == ["base_now", "base_graphs", "base_nographs", "base_again"]
+  timed = [c for c in calls if not c[4].endswith("--steps 1 --warmup 1")]
+  assert [c[5] for c in timed] == ["", every, "--xla_gpu_enable_command_buffer=", ""]
+  assert all("configs/wmt14_ende.py:base" in c[4] and "fused_qkv=True" in c[4] for c in timed)
 
 
 def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
