@@ -8,9 +8,10 @@
 # groups: all (= check,train,extra,decode), check, train, extra, decode, now (the tree as it
 # stands: check, base and big with every fast path), precision (needs PRECISION_BATCHES), scale
 # (larger batches per step), flags (XLA flags that may fuse more), graphs (the base step with
-# XLA's command buffers, i.e. CUDA graphs, for every command type, and with none, between two
-# runs as XLA defaults: whether kernel launches make the one-by-one step slower than back to
-# back), compare (needs BASELINE_TREE), profile, ablation. An unknown group is an error.
+# XLA's command buffers, i.e. CUDA graphs, for every single-GPU command type, and with none,
+# between two runs as XLA defaults: whether kernel launches make the one-by-one step slower
+# than back to back), compare (needs BASELINE_TREE), profile, ablation. An unknown group is an
+# error.
 # Environment:
 #   STEPS          timed steps (default 30)
 #   CHECK_SIZE     model size of the checks (base)
@@ -28,6 +29,7 @@
 # Runs that would start after the deadline (default 540 s from the start) are skipped and listed,
 # so the whole fits a time-limited lease.
 set -u
+unset XFLAGS   # set per run below (in_tree), never taken from the caller
 die() { echo "benchmark_gpu.sh: $*" >&2; exit 2; }
 absolute() { [[ -z $1 || $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
 OUT_DIR=$(mkdir -p "${1:-/tmp/gpu_bench}" && cd "${1:-/tmp/gpu_bench}" && pwd) \
@@ -51,12 +53,13 @@ for tree in ${trees[@]+"${trees[@]}"}; do baselines+=("$(absolute "$tree")"); do
 PRECISION_BATCHES=$(absolute "${PRECISION_BATCHES:-}")
 if has compare; then
   (( ${#baselines[@]} )) || die "compare: BASELINE_TREE is not set (checkouts of the commits to compare with, comma-separated)"
-  declare -A seen=([now]=1 [again]=1)   # this tree's runs: base_now, base_again
+  declare -A seen=([now]=1 [again]=1 [cb_default]=1 [cb_all]=1 [cb_none]=1
+                   [cb_default_again]=1)   # this tree's runs: base_now, base_again, ...
   for tree in "${baselines[@]}"; do
     [[ -d $tree ]] || die "compare: BASELINE_TREE: '$tree' is not a directory (a checkout of the commit to compare with)"
     name=$(basename "$tree")
     [[ $name =~ ^[A-Za-z0-9_.-]+$ && $name =~ [A-Za-z0-9] && -z ${seen[$name]:-} ]] \
-      || die "compare: BASELINE_TREE: the folders' names name the runs (base_NAME): '$name' is used twice, is 'now' or 'again' (this tree's), or is not letters, digits, _ . -"
+      || die "compare: BASELINE_TREE: the folders' names name the runs (base_NAME): '$name' is used twice, is one of this tree's (now, again, cb_default, cb_all, cb_none, cb_default_again), or is not letters, digits, _ . -"
     seen[$name]=1
   done
 fi
@@ -88,11 +91,11 @@ compilations_running() {
 }
 
 in_tree() {  # [CWD=tree] [PRE=env...] [XFLAGS=...] in_tree ARGS...: python in the tree, its
-  # package first, stopped 30 s past the deadline; XFLAGS becomes XLA_FLAGS whole (PRE is split
-  # into words, so it cannot hold a value with spaces)
+  # package first, stopped 30 s past the deadline; XFLAGS is added to XLA_FLAGS whole (PRE is
+  # split into words, so it cannot hold a value with spaces)
   local tree=${CWD:-$HERE}
   (cd "$tree" && export PYTHONPATH=$tree${PYTHONPATH:+:$PYTHONPATH} \
-     && { [[ -z ${XFLAGS:-} ]] || export XLA_FLAGS="$XFLAGS"; } \
+     && { [[ -z ${XFLAGS:-} ]] || export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }$XFLAGS"; } \
      && timeout "$(( DEADLINE - $(date +%s) + 30 ))" ${PRE:-} $PY "$@")
 }
 
@@ -121,7 +124,7 @@ run() {  # [CWD=tree] [PRE=env...] run NAME ARGS...: one run, unless past the de
     XLA_PYTHON_CLIENT_PREALLOCATE=false timed "$name" "$@" &
     return 0
   fi
-  local key="${CWD:-$HERE} ${PRE:-} ${XFLAGS:-} $*"
+  local key="${CWD:-$HERE}"$'\x1f'"${PRE:-}"$'\x1f'"${XFLAGS:-}"$'\x1f'"$*"
   [[ " $* " == *" --what train "* && " $* " != *" --profile_dir "* && -z ${compiling[$key]:-} ]] \
     || return 0
   compiling[$key]=1
@@ -166,11 +169,11 @@ plan() {
     PRE="env XLA_FLAGS=--xla_gpu_enable_cudnn_layer_norm=true" run base_cudnn_ln $BASE $FAST
   fi
   if has graphs; then  # XLA's default, all command types in graphs, none, the default again
-    run base_now $BASE $FAST
+    run base_cb_default $BASE $FAST
     XFLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1" \
-      run base_graphs $BASE $FAST
-    XFLAGS="--xla_gpu_enable_command_buffer=" run base_nographs $BASE $FAST
-    run base_again $BASE $FAST
+      run base_cb_all $BASE $FAST
+    XFLAGS="--xla_gpu_enable_command_buffer=" run base_cb_none $BASE $FAST
+    run base_cb_default_again $BASE $FAST
   fi
   if has scale; then  # MFU against rows per step (96 rows is the paper's 25k tokens)
     run base_192 $BASE $FAST --config.data.batch_size=192

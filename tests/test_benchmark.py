@@ -497,16 +497,28 @@ def test_benchmark_gpu_graphs_group_sets_the_command_buffer_flags(tmp_path):
   calls = [c.split("|") for c in log.read_text().splitlines()]
   # Three programs (the flags change the compiled program): compiled once each, with the
   # flags of their timed run.
-  compiles = {c[5] for c in calls if c[4].endswith("--steps 1 --warmup 1")}
+  compiles = sorted(c[5] for c in calls if c[4].endswith("--steps 1 --warmup 1"))
   every = ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
            "CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1")
-  assert compiles == {"", every, "--xla_gpu_enable_command_buffer="}
+  assert compiles == sorted(["", every, "--xla_gpu_enable_command_buffer="])
   names = [ln[4:].split(":")[0] for ln in (out / "summary.txt").read_text().splitlines()
            if ln.startswith("=== ")]
-  assert names == ["base_now", "base_graphs", "base_nographs", "base_again"]
+  assert names == ["base_cb_default", "base_cb_all", "base_cb_none", "base_cb_default_again"]
+  assert f'XLA_FLAGS="{every}" ' in (out / "summary.txt").read_text()
   timed = [c for c in calls if not c[4].endswith("--steps 1 --warmup 1")]
   assert [c[5] for c in timed] == ["", every, "--xla_gpu_enable_command_buffer=", ""]
   assert all("configs/wmt14_ende.py:base" in c[4] and "fused_qkv=True" in c[4] for c in timed)
+  # The caller's XLA_FLAGS go to every run, the group's after them; an XFLAGS of the caller's
+  # goes nowhere.
+  env.update(XLA_FLAGS="--mine", XFLAGS="--stray")
+  log.unlink()
+  r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "out2"),
+                      "100", "graphs"], env=env, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  timed = [c[5] for c in (line.split("|") for line in log.read_text().splitlines())
+           if not c[4].endswith("--steps 1 --warmup 1")]
+  assert timed == ["--mine", f"--mine {every}", "--mine --xla_gpu_enable_command_buffer=",
+                        "--mine"]
 
 
 def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
@@ -526,7 +538,7 @@ def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
   (tmp_path / "..x").mkdir()
   for trees, message in [(f"{tmp_path}/nowhere", "/nowhere' is not a directory"),
                          (f"{tmp_path},{tmp_path}", "is used twice"),
-                         (f"{tmp_path}/now", "'now' is used twice, is 'now' or 'again'"),
+                         (f"{tmp_path}/now", "'now' is used twice, is one of this tree's (now, again"),
                          (f"{tmp_path}/..x,{tmp_path}/..", "'..' is used twice")]:
     r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "out2"),
                         "100", "compare"], env=dict(os.environ, PYTHON=str(fake),
