@@ -538,7 +538,8 @@ def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):
   (tmp_path / "..x").mkdir()
   for trees, message in [(f"{tmp_path}/nowhere", "/nowhere' is not a directory"),
                          (f"{tmp_path},{tmp_path}", "is used twice"),
-                         (f"{tmp_path}/now", "'now' is used twice, is one of this tree's (now, again"),
+                         (f"{tmp_path}/now",
+                          "'now' is used twice, is one of this tree's (now, again"),
                          (f"{tmp_path}/..x,{tmp_path}/..", "'..' is used twice")]:
     r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(tmp_path / "out2"),
                         "100", "compare"], env=dict(os.environ, PYTHON=str(fake),

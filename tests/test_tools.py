@@ -604,6 +604,15 @@ def test_evaluate_writes_hypotheses_and_reports_json(workdir, capsys):
   assert result["hypotheses"] == hyp_path
   with open(hyp_path, encoding="utf-8") as f:
     assert len(f.read().split("\n")) == EVAL_SIZE + 1
+  # The references scored, beside the hypotheses: sacreBLEU's own command gives the same BLEU
+  # from the two files (and compares two evaluations, docs/decoding.md).
+  assert result["references"] == os.path.join(out_dir, "references.test.txt")
+  with open(result["references"], encoding="utf-8") as f:
+    refs = f.read().split("\n")
+  assert len(refs) == EVAL_SIZE + 1 and refs[-1] == "" and all(refs[:-1])
+  cli = subprocess.run([sys.executable, "-m", "sacrebleu", result["references"], "-i", hyp_path,
+                        "-b", "-w", "4"], capture_output=True, text=True, check=True)
+  assert float(cli.stdout) == round(result["bleu"], 4), (cli.stdout, result["bleu"])
   assert "sentences/s" in err
   # 10 pairs drawn at random plus the worst, with their references, in the split's order.
   assert result["examples"] == os.path.join(out_dir, "examples.test.greedy.md")

@@ -236,17 +236,23 @@ def _warn_if_other_files(path: str, result: dict) -> None:
       return
 
 
-def _write(output_dir: str, name: str, hypotheses: Sequence[str], result: dict,
+def _write(output_dir: str, split: str, tag: str, hypotheses: Sequence[str], result: dict,
            pairs: Sequence[tuple[str, str]], num_examples: int, workdir: str | None) -> dict:
   """`hypotheses.<name>.txt` (one line per pair, in the split's order), `eval.<name>.json` and
-  `examples.<name>.md` (`num_examples` drawn at random with seed 0, plus the worst); the result
-  is also appended as one line to `<workdir>/eval/results.jsonl` (unless `workdir` is None),
-  with `time` (Unix seconds, as in metrics.jsonl): two evaluations of the same settings differ."""
+  `examples.<name>.md` (`num_examples` drawn at random with seed 0, plus the worst), `name`
+  being `<split>.<tag>`, and `references.<split>.txt`, the references scored, line by line
+  beside the hypotheses: sacreBLEU's own command compares any two evaluations with them
+  (`sacrebleu references.test.txt -i A B --paired-bs`, docs/decoding.md). The result is also
+  appended as one line to `<workdir>/eval/results.jsonl` (unless `workdir` is None), with
+  `time` (Unix seconds, as in metrics.jsonl): two evaluations of the same settings differ."""
+  name = f"{split}.{tag}"
   os.makedirs(output_dir, exist_ok=True)
   _warn_if_other_files(os.path.join(output_dir, f"eval.{name}.json"), result)
   result["time"] = time.time()
   result["hypotheses"] = os.path.join(output_dir, f"hypotheses.{name}.txt")
   _write_file(result["hypotheses"], "".join(h + "\n" for h in hypotheses))
+  result["references"] = os.path.join(output_dir, f"references.{split}.txt")
+  _write_file(result["references"], "".join(" ".join(r.splitlines()) + "\n" for _, r in pairs))
   if num_examples > 0:
     result["examples"] = os.path.join(output_dir, f"examples.{name}.md")
     _write_file(result["examples"], examples_markdown(examples(pairs, hypotheses, num_examples)))
@@ -457,7 +463,7 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
             "truncated_sources": len(warnings) if translator.truncate else 0, **empty,
             **translator.stats.as_dict(), **(extra or {})}
   tag = search_tag(translator.beam_size, translator.alpha, translator.max_len_margin)
-  return _write(output_dir, f"{split}.{tag}", hypotheses, result, pairs, num_examples,
+  return _write(output_dir, split, tag, hypotheses, result, pairs, num_examples,
                 translator.workdir)
 
 
@@ -474,4 +480,4 @@ def copy_baseline(pairs: list[tuple[str, str]], split: str, output_dir: str,
   hypotheses = [" ".join(s.split()) for s, _ in pairs]
   result = {"split": split, "sentences": len(pairs), "baseline": "copy",
             **scores(hypotheses, [t for _, t in pairs], lang), **empty, **(extra or {})}
-  return _write(output_dir, f"{split}.copy", hypotheses, result, pairs, num_examples, workdir)
+  return _write(output_dir, split, "copy", hypotheses, result, pairs, num_examples, workdir)
