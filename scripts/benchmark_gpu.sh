@@ -53,13 +53,15 @@ for tree in ${trees[@]+"${trees[@]}"}; do baselines+=("$(absolute "$tree")"); do
 PRECISION_BATCHES=$(absolute "${PRECISION_BATCHES:-}")
 if has compare; then
   (( ${#baselines[@]} )) || die "compare: BASELINE_TREE is not set (checkouts of the commits to compare with, comma-separated)"
-  declare -A seen=([now]=1 [again]=1 [cb_default]=1 [cb_all]=1 [cb_none]=1
-                   [cb_default_again]=1)   # this tree's runs: base_now, base_again, ...
+  # The NAMEs of this tree's own runs (base_now, base_again, base_cb_default, ... in plan below)
+  own=(now again cb_default cb_all cb_none cb_default_again)
+  declare -A seen=()
+  for name in "${own[@]}"; do seen[$name]=1; done
   for tree in "${baselines[@]}"; do
     [[ -d $tree ]] || die "compare: BASELINE_TREE: '$tree' is not a directory (a checkout of the commit to compare with)"
     name=$(basename "$tree")
     [[ $name =~ ^[A-Za-z0-9_.-]+$ && $name =~ [A-Za-z0-9] && -z ${seen[$name]:-} ]] \
-      || die "compare: BASELINE_TREE: the folders' names name the runs (base_NAME): '$name' is used twice, is one of this tree's (now, again, cb_default, cb_all, cb_none, cb_default_again), or is not letters, digits, _ . -"
+      || die "compare: BASELINE_TREE: the folders' names name the runs (base_NAME): '$name' is used twice, is one of this tree's ($(IFS=,; echo "${own[*]}" | sed 's/,/, /g')), or is not letters, digits, _ . -"
     seen[$name]=1
   done
 fi
