@@ -11,9 +11,11 @@ r"""Translate a whole split and score it: sacreBLEU, chrF and the paper's tokeni
 Every pair of the split is decoded (nothing dropped or truncated for length: sinusoidal
 positions extend past max_len; with a learned position table sources are cut to max_len - 1
 pieces with a warning). The hypotheses go to `<out>/hypotheses.<split>.<search>.txt`, one line
-per pair in the split's order, and the result, printed as one JSON object on stdout, also to
-`<out>/eval.<split>.<search>.json`, and `--examples` pairs drawn at random (seed 0) plus the one
-with the lowest sentence chrF, as a Markdown table with the references, to
+per pair in the split's order, the references they were scored against to
+`<out>/references.<split>.txt` (so `sacrebleu <out>/references.test.txt -i HYP_A HYP_B
+--paired-bs` compares two evaluations), and the result, printed as one JSON object on
+stdout, also to `<out>/eval.<split>.<search>.json`, and `--examples` pairs drawn at random
+(seed 0) plus the one with the lowest sentence chrF, as a Markdown table with the references, to
 `<out>/examples.<split>.<search>.md`. <out> is `<workdir>/eval/step_<N>` (or
 `averaged_last<k>_<N>` with --averaged, k checkpoints averaged; --output_dir to choose), never
 the checkpoint's own directory, which training deletes when it rotates the step out; <search>
