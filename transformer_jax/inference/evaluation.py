@@ -432,8 +432,9 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
              quiet: bool = False) -> dict:
   """Translate every pair of `split` (nothing dropped or truncated for length), write the
   hypotheses, examples and the result into `output_dir` (default: `default_output_dir`) as
-  `<kind>.<split>.<search tag>.*`, append the result to `<workdir>/eval/results.jsonl` and
-  return the scores, the search settings and the search throughput. With `pairs` (a test set
+  `<kind>.<split>.<search tag>.*` and the references as `references.<split>.txt`, append the
+  result to `<workdir>/eval/results.jsonl` and return the scores, the search settings and the
+  search throughput. With `pairs` (a test set
   of one's own, `file_pairs`), those are scored instead, under the name `split`; `extra`
   fields go into the result (where those came from), and `origin` names them in the warning
   about empty lines (`check_empty`). `quiet`: counted in the result, the data's warnings
