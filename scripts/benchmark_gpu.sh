@@ -10,8 +10,9 @@
 # (larger batches per step), flags (XLA flags that may fuse more), graphs (the base step with
 # XLA's command buffers, i.e. CUDA graphs, for every single-GPU command type, and with none,
 # between two runs as XLA defaults: whether kernel launches make the one-by-one step slower
-# than back to back), compare (needs BASELINE_TREE), profile, ablation. An unknown group is an
-# error.
+# than back to back), lengths (base and big with cuDNN given unpacked rows' padding as sequence
+# lengths, the default, against the dense mask, interleaved), compare (needs BASELINE_TREE),
+# profile, ablation. An unknown group is an error.
 # Environment:
 #   STEPS          timed steps (default 30)
 #   CHECK_SIZE     model size of the checks (base)
@@ -36,7 +37,7 @@ OUT_DIR=$(mkdir -p "${1:-/tmp/gpu_bench}" && cd "${1:-/tmp/gpu_bench}" && pwd) \
   || die "cannot create the output directory ${1:-/tmp/gpu_bench}"
 DEADLINE=$(( $(date +%s) + ${2:-540} ))
 GROUPS_=",${3:-all},"
-KNOWN=",all,check,train,extra,decode,now,precision,scale,flags,graphs,compare,profile,ablation,"
+KNOWN=",all,check,train,extra,decode,now,precision,scale,flags,graphs,lengths,compare,profile,ablation,"
 for g in ${GROUPS_//,/ }; do
   [[ $KNOWN == *,$g,* ]] || die "unknown group '$g'; the groups are ${KNOWN:1:-1}"
 done
@@ -54,7 +55,7 @@ PRECISION_BATCHES=$(absolute "${PRECISION_BATCHES:-}")
 if has compare; then
   (( ${#baselines[@]} )) || die "compare: BASELINE_TREE is not set (checkouts of the commits to compare with, comma-separated)"
   # The NAMEs of this tree's own runs (base_now, base_again, base_cb_default, ... in plan below)
-  own=(now again cb_default cb_all cb_none cb_default_again)
+  own=(now again cb_default cb_all cb_none cb_default_again dense lengths dense_again lengths_again)
   declare -A seen=()
   for name in "${own[@]}"; do seen[$name]=1; done
   for tree in "${baselines[@]}"; do
@@ -169,6 +170,15 @@ plan() {
   fi
   if has flags; then
     PRE="env XLA_FLAGS=--xla_gpu_enable_cudnn_layer_norm=true" run base_cudnn_ln $BASE $FAST
+  fi
+  if has lengths; then  # the padding as lengths (the default) against the dense mask
+    DENSE="--config.model.padding_as_lengths=False"
+    run base_dense $BASE $FAST $DENSE
+    run base_lengths $BASE $FAST
+    run big_dense $BIG $FAST $DENSE
+    run big_lengths $BIG $FAST
+    run base_dense_again $BASE $FAST $DENSE
+    run base_lengths_again $BASE $FAST
   fi
   if has graphs; then  # XLA's default, all command types in graphs, none, the default again
     run base_cb_default $BASE $FAST

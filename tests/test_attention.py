@@ -126,6 +126,27 @@ def test_masks():
                                 [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
 
 
+def test_length_mask_is_the_dense_mask_of_right_padded_rows():
+  valid_q = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], bool)
+  valid_k = jnp.array([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], bool)
+  lq, lk = tj.row_lengths(valid_q), tj.row_lengths(valid_k)
+  np.testing.assert_array_equal(lq, [3, 1, 0])
+  np.testing.assert_array_equal(lk, [2, 5, 0])
+  assert lq.dtype == jnp.int32   # what jax.nn.dot_product_attention takes
+  np.testing.assert_array_equal(tj.LengthMask(lq, lk).dense(4, 5), tj.padding_mask(valid_q, valid_k))
+  causal = tj.LengthMask(lq, lq, causal=True).dense(4, 4)
+  np.testing.assert_array_equal(
+      causal, tj.combine_masks(tj.causal_mask(4), tj.padding_mask(valid_q, valid_q)))
+  # A pad inside a row counts as a real token: one past the last real one.
+  np.testing.assert_array_equal(tj.row_lengths(jnp.array([[1, 0, 1, 0]], bool)), [3])
+  # A pytree whose lengths are traced and whose causal flag stays static (through remat too).
+  leaves, _ = jax.tree_util.tree_flatten(tj.LengthMask(lq, lq, causal=True))
+  assert len(leaves) == 2
+  count = jax.jit(jax.checkpoint(lambda m: m.dense(4, 4).sum()))
+  assert int(count(tj.LengthMask(lq, lq, causal=True))) == 6 + 1
+  assert int(count(tj.LengthMask(lq, lq))) == 9 + 1
+
+
 def test_sinusoidal_position_encoding_formula():
   length, dim, base = 50, 16, 10000.0   # the paper's base is the default
   pe = np.asarray(tj.sinusoidal_position_encoding(length, dim))

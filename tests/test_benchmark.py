@@ -196,7 +196,7 @@ def test_check_accelerator_runs_and_passes_on_cpu(tmp_path):
                                  "--model_rows", "2", "--vocab", "64", "--json", str(out)])
   result = json.loads(out.read_text())
   assert code == 0 and result["passed"], result
-  assert len(result["results"]) == 10
+  assert len(result["results"]) == 14
   # On CPU there is no cuDNN: the fused path is XLA's and must still match the reference.
   assert all(r["output_err" if "output_err" in r else "logits_err"] < 0.05
              for r in result["results"])
@@ -519,6 +519,30 @@ def test_benchmark_gpu_graphs_group_sets_the_command_buffer_flags(tmp_path):
            if not c[4].endswith("--steps 1 --warmup 1")]
   assert timed == ["--mine", f"--mine {every}", "--mine --xla_gpu_enable_command_buffer=",
                         "--mine"]
+
+
+def test_benchmark_gpu_lengths_group_interleaves_the_dense_mask_and_lengths(tmp_path):
+  repo = Path(__file__).resolve().parents[1]
+  fake, log = _fake_python(tmp_path)
+  out = tmp_path / "out"
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR",
+                                                          "XLA_FLAGS")}
+  env.update(PYTHON=str(fake), PRECOMPILE="2", STEPS="3")
+  r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(out), "100",
+                      "lengths"], env=env, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  calls = [c.split("|") for c in log.read_text().splitlines()]
+  compiles = [c[4] for c in calls if c[4].endswith("--steps 1 --warmup 1")]
+  assert len(compiles) == 4   # base and big, each with and without the dense mask
+  names = [ln[4:].split(":")[0] for ln in (out / "summary.txt").read_text().splitlines()
+           if ln.startswith("=== ")]
+  assert names == ["base_dense", "base_lengths", "big_dense", "big_lengths", "base_dense_again",
+                   "base_lengths_again"]
+  timed = [c[4] for c in calls if not c[4].endswith("--steps 1 --warmup 1")]
+  dense = ["padding_as_lengths=False" in c for c in timed]
+  assert dense == [True, False, True, False, True, False]
+  assert ["configs/wmt14_ende.py:big" in c for c in timed] == [False] * 2 + [True] * 2 + [False] * 2
+  assert all("fused_qkv=True" in c and "attention_impl=cudnn" in c for c in timed)
 
 
 def test_benchmark_gpu_skips_what_would_start_after_the_deadline(tmp_path):

@@ -218,6 +218,85 @@ def test_fused_attention_path_matches_reference(setup):
                              atol=0.1)
 
 
+def right_padded(seed, shape, lengths):
+  return jnp.where(jnp.arange(shape[1]) < jnp.array(lengths)[:, None],
+                   random_tokens(seed, shape), 0)
+
+
+def test_padding_as_lengths_gives_the_dense_masks_results(setup):
+  # Unpacked rows reach cuDNN as lengths (LengthMask); everything must be as with the dense
+  # mask: logits everywhere (padding rows too), the loss and every gradient. Row 2 has an empty
+  # source (its cross-attention rows attend nowhere), row 1 no padding at all.
+  cfg, _, params, _ = setup
+  src, tgt = right_padded(30, (3, 9), [6, 9, 0]), right_padded(31, (3, 7), [4, 7, 5])
+  cot = jax.random.normal(jax.random.key(32), (3, 7, VOCAB)) * (tgt != 0)[..., None]
+
+  def run(padding_as_lengths):
+    model = tj.Transformer(cfg.replace(deterministic=True, attention_impl="cudnn",
+                                       padding_as_lengths=padding_as_lengths))
+    logits, vjp = jax.vjp(lambda p: model.apply({"params": p}, src, tgt), params)
+    return logits, vjp(cot)[0]
+
+  (lengths, lengths_grads), (dense, dense_grads) = run(True), run(False)
+  np.testing.assert_allclose(lengths, dense, atol=1e-5)
+  for a, b in zip(jax.tree.leaves(lengths_grads), jax.tree.leaves(dense_grads)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(lengths_grads)) > 0
+
+
+def test_unpacked_rows_reach_the_fused_kernel_as_lengths_and_packed_rows_as_a_mask(monkeypatch):
+  calls = []
+  real = jax.nn.dot_product_attention
+
+  def spy(q, k, v, bias=None, mask=None, **kw):
+    lengths = [kw.get(f"{side}_seq_lengths") for side in ("query", "key_value")]
+    calls.append((mask is None, kw.get("is_causal", False),
+                  *(None if n is None else np.asarray(n).tolist() for n in lengths)))
+    return real(q, k, v, bias, mask, **kw)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+  cfg = tj.model_config("tiny", vocab_size=VOCAB, attention_impl="cudnn", deterministic=True)
+  src, tgt = right_padded(33, (3, 9), [6, 9, 0]), right_padded(34, (3, 7), [4, 7, 5])
+  model = tj.Transformer(cfg)
+  params = model.init(jax.random.key(0), src, tgt)["params"]
+  calls.clear()
+  model.apply({"params": params}, src, tgt)
+  encoder = (True, False, [6, 9, 1], [6, 9, 1])   # no mask; lengths, an empty row given 1
+  decoder_self = (True, True, [4, 7, 5], [4, 7, 5])
+  cross = (True, False, [4, 7, 5], [6, 9, 1])
+  assert calls == [encoder] * 2 + [decoder_self, cross] * 2
+  # The dense mask when asked for, and for packed rows whatever the setting.
+  calls.clear()
+  tj.Transformer(cfg.replace(padding_as_lengths=False)).apply({"params": params}, src, tgt)
+  assert calls == [(False, False, None, None)] * 6
+  calls.clear()
+  seg_s, seg_t = (src != 0).astype(jnp.int32), (tgt != 0).astype(jnp.int32)
+  model.apply({"params": params}, src, tgt, None, None, seg_s, seg_t)
+  assert calls == [(False, False, None, None)] * 6
+
+
+def test_fused_attention_of_lengths_equals_its_dense_mask():
+  # Dead rows (padding queries, and every query of a row with no keys) come out as zeros, and
+  # no gradient is lost or made up elsewhere.
+  cfg = tj.model_config("tiny", attention_impl="cudnn", attention_dropout_rate=0.0)
+  q = jax.random.normal(jax.random.key(0), (3, 5, cfg.num_heads, cfg.head_dim))
+  k = jax.random.normal(jax.random.key(1), (3, 7, cfg.num_heads, cfg.head_dim))
+  v = jax.random.normal(jax.random.key(2), (3, 7, cfg.num_heads, cfg.head_dim))
+  for mask in (tj.LengthMask(jnp.array([5, 2, 3]), jnp.array([7, 4, 0])),
+               tj.LengthMask(jnp.array([5, 2, 0]), jnp.array([5, 2, 0]), causal=True)):
+    kv_len = 5 if mask.causal else 7
+    args = (q, k[:, :kv_len], v[:, :kv_len])
+    out, vjp = jax.vjp(lambda *a: tj.layers.fused_attention(cfg, *a, mask), *args)
+    ref, ref_vjp = jax.vjp(lambda *a: tj.layers.fused_attention(cfg, *a, mask.dense(5, kv_len)),
+                           *args)
+    np.testing.assert_allclose(out, ref, atol=1e-6)
+    live = np.asarray(mask.dense(5, kv_len).any(-1))[:, 0]
+    assert not live.all() and np.all(np.asarray(out)[~live] == 0)
+    cot = jax.random.normal(jax.random.key(3), out.shape)
+    for a, b in zip(vjp(cot), ref_vjp(cot)):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 def test_fused_attention_never_gives_the_kernel_an_empty_row(monkeypatch):
   # cuDNN's backward gave NaN gradients for packed cross-attention with query rows that may
   # attend nowhere (measured on an H100, docs/benchmarks.md); such rows get a full row instead

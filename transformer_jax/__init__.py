@@ -4,9 +4,11 @@ The model, its configuration and the attention equations are importable without 
 (tensorflow-datasets, grain): those live in `transformer_jax.data` and are imported only there.
 """
 from transformer_jax.attention import (
+                                       LengthMask,
                                        causal_mask,
                                        combine_masks,
                                        padding_mask,
+                                       row_lengths,
                                        scaled_dot_product_attention,
                                        segment_mask,
                                        sinusoidal_position_encoding,
@@ -22,7 +24,7 @@ from transformer_jax.model import (
 )
 
 __all__ = [
-    "SIZES", "Decoder", "Encoder", "Transformer", "TransformerConfig", "causal_mask",
-    "combine_masks", "count_params", "init_cache", "model_config", "padding_mask",
-    "scaled_dot_product_attention", "segment_mask", "shift_right", "sinusoidal_position_encoding",
+    "SIZES", "Decoder", "Encoder", "LengthMask", "Transformer", "TransformerConfig",
+    "causal_mask", "combine_masks", "count_params", "init_cache", "model_config", "padding_mask",
+    "row_lengths", "scaled_dot_product_attention", "segment_mask", "shift_right", "sinusoidal_position_encoding",
 ]

@@ -6,6 +6,8 @@ broadcast against attention logits `[batch, heads, q_len, kv_len]`.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -154,6 +156,39 @@ def segment_mask(query_segments, key_segments):
   q = query_segments[:, None, :, None]
   k = key_segments[:, None, None, :]
   return (q == k) & (k > 0)  # which is q > 0 as well
+
+
+def row_lengths(valid) -> jax.Array:
+  """`[batch]` int32: one past each row's last real token (0 for a row with none).
+
+  For right-padded rows (every unpacked batch the data pipeline and the decoders build) this is
+  the number of real tokens. A padding token inside a row would count as real here."""
+  index = jnp.arange(1, valid.shape[1] + 1, dtype=jnp.int32)
+  return jnp.max(jnp.where(valid, index, 0), axis=1)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LengthMask:
+  """The mask of unpacked, right-padded rows, given as lengths instead of a dense array.
+
+  Query i of row b may attend key j when i < query_lengths[b] and j < key_lengths[b] (and
+  j <= i when `causal`): what `padding_mask` (and `causal_mask`) build densely from per-token
+  validity, when each row's padding is all at its end. cuDNN's fused attention takes the lengths
+  and the causal flag as they are, instead of a `[batch, 1, q_len, kv_len]` bias read by every
+  head (layers.fused_attention_rows); `dense` gives the boolean mask for everything else.
+  A pytree: the lengths are its leaves, `causal` is static.
+  """
+
+  query_lengths: jax.Array  # [batch] int32
+  key_lengths: jax.Array    # [batch] int32
+  causal: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+  def dense(self, q_len: int, kv_len: int):
+    """The same mask as a boolean `[batch, 1, q_len, kv_len]` array."""
+    mask = padding_mask(jnp.arange(q_len) < self.query_lengths[:, None],
+                        jnp.arange(kv_len) < self.key_lengths[:, None])
+    return combine_masks(causal_mask(q_len) if self.causal else None, mask)
 
 
 def combine_masks(*masks):

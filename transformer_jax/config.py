@@ -64,6 +64,10 @@ class TransformerConfig:
   dtype: str = "float32"               # compute dtype
   param_dtype: str = "float32"
   attention_impl: str = "xla"          # "xla": our einsum; "cudnn": jax.nn.dot_product_attention
+  # cuDNN attention of unpacked rows gets their padding as sequence lengths (and the decoder's
+  # causality as a flag), not as a dense mask: rows must be right-padded, as every batch the
+  # data pipeline and the decoders build is. False: the dense mask, for any padding pattern.
+  padding_as_lengths: bool = True
   remat: str = "none"                  # "layer": recompute each layer's activations backward
   fused_qkv: bool = False              # one [embed, 3, heads, kv] matmul for Q, K, V (cross: K, V)
   pad_id: int = 0

@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.attention import dropout, scaled_dot_product_attention
+from transformer_jax.attention import LengthMask, dropout, scaled_dot_product_attention
 from transformer_jax.config import TransformerConfig
 
 
@@ -171,8 +171,9 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, inputs_q, inputs_kv=None, mask=None):
     """inputs_q `[batch, q_len, d_model]`; inputs_kv defaults to inputs_q (self-attention).
 
-    `mask` is boolean, broadcastable to `[batch, heads, q_len, kv_len]`. In decode mode the
-    cache supplies the masks.
+    `mask` is boolean, broadcastable to `[batch, heads, q_len, kv_len]`, or an
+    `attention.LengthMask` (unpacked right-padded rows; cuDNN takes it as sequence lengths). In
+    decode mode the cache supplies the masks.
     """
     cfg = self.config
     if self.fused_self and inputs_kv is not None and inputs_kv is not inputs_q:
@@ -214,6 +215,8 @@ class MultiHeadAttention(nn.Module):
         k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
       x, live = fused_attention_rows(cfg, q, k, v, mask)
     else:
+      if isinstance(mask, LengthMask):
+        mask = mask.dense(q.shape[1], k.shape[2 if head_major else 1])
       # [batch, length, heads, kv] -> [batch, heads, length, kv] for the head-batched formula.
       if not head_major:
         k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
@@ -306,8 +309,9 @@ def _split_heads(y, num: int):
 def fused_attention(cfg: TransformerConfig, q, k, v, mask):
   """`jax.nn.dot_product_attention`: cuDNN's fused kernel on GPUs for 16-bit inputs, else XLA.
 
-  On `[batch, length, heads, kv]` arrays; a query that may attend nowhere (padding) gets a zero
-  output, as `scaled_dot_product_attention`'s. `scripts/check_accelerator.py` checks it against
+  On `[batch, length, heads, kv]` arrays; `mask` is boolean (broadcastable to `[batch, 1, q_len,
+  kv_len]`), an `attention.LengthMask`, or None. A query that may attend nowhere (padding) gets a
+  zero output, as `scaled_dot_product_attention`'s. `scripts/check_accelerator.py` checks it against
   the float32 reference on GPUs.
   """
   x, live = fused_attention_rows(cfg, q, k, v, mask)
@@ -325,6 +329,15 @@ def fused_attention_rows(cfg: TransformerConfig, q, k, v, mask):
   implementation = None
   if jax.default_backend() == "gpu" and cfg.compute_dtype in (jnp.bfloat16, jnp.float16):
     implementation = "cudnn"
+  if isinstance(mask, LengthMask):
+    # No bias for the kernel to read: cuDNN masks by the lengths (and causality) itself, and
+    # skips the blocks they rule out. It is given at least one query and one key per row; the
+    # rows of a row with no keys, and the padding queries, are dead and replaced by the caller.
+    x = jax.nn.dot_product_attention(
+        q, k, v, is_causal=mask.causal, query_seq_lengths=jnp.maximum(mask.query_lengths, 1),
+        key_value_seq_lengths=jnp.maximum(mask.key_lengths, 1), implementation=implementation)
+    live = (jnp.arange(q.shape[1]) < mask.query_lengths[:, None]) & (mask.key_lengths[:, None] > 0)
+    return x, live[:, :, None, None]
   if mask is None:
     return jax.nn.dot_product_attention(q, k, v, implementation=implementation), None
   mask = jnp.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))

@@ -18,9 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.attention import (
+  LengthMask,
   causal_mask,
   combine_masks,
   padding_mask,
+  row_lengths,
   segment_mask,
   sinusoidal_position_encoding,
 )
@@ -48,6 +50,11 @@ def shift_right(targets, bos_id: int, segment_ids=None):
     previous = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
     shifted = jnp.where(segment_ids != previous, bos_id, shifted)
   return shifted
+
+
+def _lengths_for_masks(cfg: TransformerConfig) -> bool:
+  """Whether unpacked rows' masks go to the attention as `LengthMask`s (cuDNN's lengths)."""
+  return cfg.attention_impl == "cudnn" and cfg.padding_as_lengths
 
 
 def token_validity(tokens, segment_ids, pad_id: int):
@@ -154,8 +161,12 @@ class Encoder(_Stack):
   def __call__(self, inputs, positions=None, segment_ids=None):
     cfg = self.config
     valid = token_validity(inputs, segment_ids, cfg.pad_id)
-    mask = combine_masks(padding_mask(valid, valid),
-                         None if segment_ids is None else segment_mask(segment_ids, segment_ids))
+    if segment_ids is None and _lengths_for_masks(cfg):
+      lengths = row_lengths(valid)
+      mask = LengthMask(lengths, lengths)
+    else:
+      mask = combine_masks(padding_mask(valid, valid),
+                           None if segment_ids is None else segment_mask(segment_ids, segment_ids))
     x = self._embed(inputs, positions)
     for layer in self.layers:
       x = layer(x, mask)
@@ -241,12 +252,17 @@ class Transformer(nn.Module):
     target_valid = token_validity(targets, targets_segmentation, cfg.pad_id)
     input_valid = token_validity(inputs, inputs_segmentation, cfg.pad_id)
     packed = targets_segmentation is not None
-    self_mask = combine_masks(
-        causal_mask(targets.shape[1]), padding_mask(target_valid, target_valid),
-        segment_mask(targets_segmentation, targets_segmentation) if packed else None)
-    cross_mask = combine_masks(
-        padding_mask(target_valid, input_valid),
-        segment_mask(targets_segmentation, inputs_segmentation) if packed else None)
+    if not packed and _lengths_for_masks(cfg):
+      target_lengths = row_lengths(target_valid)
+      self_mask = LengthMask(target_lengths, target_lengths, causal=True)
+      cross_mask = LengthMask(target_lengths, row_lengths(input_valid))
+    else:
+      self_mask = combine_masks(
+          causal_mask(targets.shape[1]), padding_mask(target_valid, target_valid),
+          segment_mask(targets_segmentation, targets_segmentation) if packed else None)
+      cross_mask = combine_masks(
+          padding_mask(target_valid, input_valid),
+          segment_mask(targets_segmentation, inputs_segmentation) if packed else None)
     decoder_inputs = shift_right(targets, cfg.bos_id, targets_segmentation)
     return self.decoder(encoded, decoder_inputs, targets_positions, self_mask, cross_mask)
 

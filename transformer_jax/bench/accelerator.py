@@ -4,11 +4,13 @@ Two groups of checks, each on fresh random inputs:
 
 1. The attention kernel (`layers.fused_attention`, `attention_impl="cudnn"`) in bfloat16 against
    `attention.scaled_dot_product_attention` computed in float32 on the same (upcast) inputs, at
-   `highest` matmul precision: the output and the gradients with respect to Q, K and V, for eight
-   masks (`attention_cases`). The XLA path in bfloat16 is measured alongside, so the cuDNN error
-   can be read against what bfloat16 itself costs.
-2. The whole model on a packed batch, dropout off: logits, loss and the parameter gradient of
-   the bfloat16 model (XLA attention, then cuDNN) against the float32 model.
+   `highest` matmul precision: the output and the gradients with respect to Q, K and V, for
+   eleven masks (`attention_cases`: eight dense ones, three given as lengths, `LengthMask`).
+   The XLA path in bfloat16 is measured alongside, so the cuDNN error can be read against what
+   bfloat16 itself costs.
+2. The whole model, dropout off: logits, loss and the parameter gradient of the bfloat16 model
+   against the float32 model, on a packed batch (XLA attention, then cuDNN) and on right-padded
+   unpacked rows (cuDNN, the padding given as lengths).
 
 Errors are relative, ||out - ref|| / ||ref||. A check passes below `tolerance` (bfloat16 operands
 land between 1e-3 and 1e-2) and when nothing is NaN. With `require_cudnn` (on a GPU) the compiled
@@ -24,6 +26,7 @@ import numpy as np
 from transformer_jax import batch as batch_lib
 from transformer_jax import layers, losses
 from transformer_jax.attention import (
+  LengthMask,
   causal_mask,
   combine_masks,
   padding_mask,
@@ -90,11 +93,14 @@ def line(r: dict) -> str:
 
 
 def attention_cases(rng, batch: int, q_len: int, kv_len: int):
-  """(name, q_len, kv_len, boolean mask [batch, 1, q, kv] or None): no mask, padding, causal +
-  padding, packed self-attention (causal + segments), packed cross-attention (segments, query and
-  key lengths differ), cross-attention with no mask and with padding (lengths differ), and packed
-  cross-attention with equal lengths."""
+  """(name, q_len, kv_len, boolean mask [batch, 1, q, kv], LengthMask or None): no mask, padding,
+  causal + padding, packed self-attention (causal + segments), packed cross-attention (segments,
+  query and key lengths differ), cross-attention with no mask and with padding (lengths differ),
+  packed cross-attention with equal lengths; then padding, causal + padding and cross-attention
+  padding (one row without keys) as lengths."""
   lengths = rng.integers(q_len // 4, q_len + 1, batch)
+  kv_lengths = rng.integers(kv_len // 4, kv_len + 1, batch)
+  kv_lengths[0] = 0
   valid = np.arange(q_len)[None] < lengths[:, None]
   seg_q = packed_segments(rng, batch, q_len)
   seg_kv = packed_segments(rng, batch, kv_len)
@@ -111,6 +117,12 @@ def attention_cases(rng, batch: int, q_len: int, kv_len: int):
       ("cross, no mask", q_len, kv_len, None),
       ("cross, padding", q_len, kv_len, padding_mask(valid, jnp.ones((batch, kv_len), bool))),
       ("packed cross, equal lengths", q_len, q_len, segment_mask(seg_q, seg_kv[:, :q_len])),
+      ("padding as lengths", q_len, q_len, LengthMask(jnp.asarray(lengths, jnp.int32),
+                                                      jnp.asarray(lengths, jnp.int32))),
+      ("causal + padding as lengths", q_len, q_len,
+       LengthMask(jnp.asarray(lengths, jnp.int32), jnp.asarray(lengths, jnp.int32), causal=True)),
+      ("cross, padding as lengths", q_len, kv_len,
+       LengthMask(jnp.asarray(lengths, jnp.int32), jnp.asarray(kv_lengths, jnp.int32))),
   ]
 
 
@@ -156,9 +168,13 @@ def check_attention(cfg, rng, batch: int, q_len: int, kv_len: int, tolerance: fl
     cot = jax.random.normal(keys[3], (batch, tq, heads, depth), jnp.float32)
     qkv = tuple(x.astype(jnp.bfloat16) for x in (q, k, v))
     row = {"check": f"attention: {name}", "shape": [batch, tq, tk, heads, depth]}
+    # The fused path takes a LengthMask as it is; the references its dense mask.
+    fused_mask = mask
+    if isinstance(mask, LengthMask):
+      mask = mask.dense(tq, tk)
     ref_out, ref_grads, _ = _value_and_grads(_reference, mask, cot, qkv, jnp.float32)
     xla_out, xla_grads, _ = _value_and_grads(_xla, mask, cot, qkv, jnp.bfloat16)
-    out, grads, hlo = _value_and_grads(fused, mask, cot, qkv, jnp.bfloat16)
+    out, grads, hlo = _value_and_grads(fused, fused_mask, cot, qkv, jnp.bfloat16)
     row["cudnn_kernel"] = CUDNN_KERNEL in hlo
     row["output_err"] = rel_err(out, ref_out)
     row["grad_err"] = max(rel_err(g, r) for g, r in zip(grads, ref_grads))
@@ -199,50 +215,68 @@ def packed_batch(rng, rows: int, length: int, vocab: int) -> dict:
   return batch_lib.model_arrays(out)
 
 
+def padded_batch(rng, rows: int, length: int, vocab: int) -> dict:
+  """Unpacked rows of the batch schema: random tokens, each row right-padded after a random
+  length (a quarter of the row to all of it)."""
+  def tokens():
+    lengths = rng.integers(length // 4, length + 1, rows)
+    real = np.arange(length) < lengths[:, None]
+    return np.where(real, rng.integers(4, vocab, (rows, length)), 0).astype(np.int32)
+
+  return batch_lib.model_arrays({"inputs": tokens(), "targets": tokens()})
+
+
 def check_model(size: str, rng, rows: int, length: int, vocab: int, tolerance: float,
                 require_cudnn: bool) -> list[dict]:
-  """Rows for the bfloat16 model with XLA and with cuDNN attention (printed as they come)."""
+  """Rows for the bfloat16 model on a packed batch with XLA and with cuDNN attention, and on
+  padded rows with cuDNN taking the padding as lengths (printed as they come)."""
   base = model_config(size, vocab_size=vocab, max_len=length, deterministic=True,
                       attention_dropout_rate=0.0)
-  batch = {k: jnp.asarray(v) for k, v in packed_batch(rng, rows, length, vocab).items()}
-  weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
+  batches = [("", packed_batch(rng, rows, length, vocab),
+              (("bfloat16, XLA attention", "xla"), ("bfloat16, cuDNN attention", "cudnn"))),
+             (" (padded)", padded_batch(rng, rows, length, vocab),
+              (("bf16, cuDNN, lengths", "cudnn"),))]
   params = jax.jit(Transformer(base).init)(jax.random.key(int(rng.integers(1 << 30))),
-                                           batch["inputs"][:1, :8],
-                                           batch["targets"][:1, :8])["params"]
-
-  def run(cfg):
-    model = Transformer(cfg)
-
-    def loss_fn(p):
-      logits = model.apply({"params": p}, **batch)
-      sums = losses.loss_sums(logits, batch["targets"], weights, 0.1)
-      return sums["loss"] / sums["tokens"], logits
-
-    fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
-    compiled = fn.lower(params).compile()
-    (loss, logits), grads = compiled(params)
-    return float(loss), np.asarray(logits, np.float32), grads, compiled.as_text()
-
-  with jax.default_matmul_precision("highest"):
-    ref_loss, ref_logits, ref_grads, _ = run(base)
-  valid = np.asarray(weights, bool)
+                                           jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32)
+                                           )["params"]
   results = []
-  for label, impl in (("bfloat16, XLA attention", "xla"), ("bfloat16, cuDNN attention", "cudnn")):
-    loss, logits, grads, hlo = run(base.replace(dtype="bfloat16", attention_impl=impl))
-    row = {"check": f"model {size}: {label}", "shape": [rows, length],
-           "loss": loss, "reference_loss": ref_loss,
-           "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
-           "logits_err": rel_err(logits[valid], ref_logits[valid]),
-           "grad_err": tree_rel_err(grads, ref_grads)}
-    row["cudnn_kernel"] = CUDNN_KERNEL in hlo
-    needs_kernel = impl == "cudnn" and require_cudnn
-    # Logits pass through every layer and the gradient through all of them twice: bfloat16's
-    # 8-bit mantissa compounds, so logits get 5x and the gradient 10x the kernel tolerance.
-    row["passed"] = bool(np.isfinite(loss) and row["loss_rel_diff"] < tolerance
-                         and row["logits_err"] < 5 * tolerance and row["grad_err"] < 10 * tolerance
-                         and (row["cudnn_kernel"] or not needs_kernel))
-    results.append(row)
-    print(line(row), flush=True)
+  for kind, batch, variants in batches:
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    weights = (batch["targets"] != base.pad_id).astype(jnp.float32)
+
+    def run(cfg, batch=batch, weights=weights):
+      model = Transformer(cfg)
+
+      def loss_fn(p):
+        logits = model.apply({"params": p}, **batch)
+        sums = losses.loss_sums(logits, batch["targets"], weights, 0.1)
+        return sums["loss"] / sums["tokens"], logits
+
+      fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
+      compiled = fn.lower(params).compile()
+      (loss, logits), grads = compiled(params)
+      return float(loss), np.asarray(logits, np.float32), grads, compiled.as_text()
+
+    with jax.default_matmul_precision("highest"):
+      ref_loss, ref_logits, ref_grads, _ = run(base)
+    valid = np.asarray(weights, bool)
+    for label, impl in variants:
+      loss, logits, grads, hlo = run(base.replace(dtype="bfloat16", attention_impl=impl))
+      row = {"check": f"model {size}{kind}: {label}", "shape": [rows, length],
+             "loss": loss, "reference_loss": ref_loss,
+             "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
+             "logits_err": rel_err(logits[valid], ref_logits[valid]),
+             "grad_err": tree_rel_err(grads, ref_grads)}
+      row["cudnn_kernel"] = CUDNN_KERNEL in hlo
+      needs_kernel = impl == "cudnn" and require_cudnn
+      # Logits pass through every layer and the gradient through all of them twice: bfloat16's
+      # 8-bit mantissa compounds, so logits get 5x and the gradient 10x the kernel tolerance.
+      row["passed"] = bool(np.isfinite(loss) and row["loss_rel_diff"] < tolerance
+                           and row["logits_err"] < 5 * tolerance
+                           and row["grad_err"] < 10 * tolerance
+                           and (row["cudnn_kernel"] or not needs_kernel))
+      results.append(row)
+      print(line(row), flush=True)
   return results
 
 

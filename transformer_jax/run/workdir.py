@@ -54,7 +54,7 @@ SAME_SHAPE_MODEL_FIELDS = ("layer_norm_epsilon", "scale_embeddings", "activation
 # wrong. Model fields are all refused but these, which change neither the parameters' shapes nor
 # what they compute:
 SAFE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate", "dtype",
-                     "attention_impl", "remat", "kernel_init")
+                     "attention_impl", "padding_as_lengths", "remat", "kernel_init")
 # The corpus and its tokenizer: the run's spm.model was trained on these.
 TOKENIZER_FIELDS = tuple(f"data.{f}" for f in (
     "dataset", "source_lang", "target_lang", "held_out_per_mille", "numbers_train_size",
