@@ -133,7 +133,8 @@ def test_length_mask_is_the_dense_mask_of_right_padded_rows():
   np.testing.assert_array_equal(lq, [3, 1, 0])
   np.testing.assert_array_equal(lk, [2, 5, 0])
   assert lq.dtype == jnp.int32   # what jax.nn.dot_product_attention takes
-  np.testing.assert_array_equal(tj.LengthMask(lq, lk).dense(4, 5), tj.padding_mask(valid_q, valid_k))
+  np.testing.assert_array_equal(tj.LengthMask(lq, lk).dense(4, 5),
+                                tj.padding_mask(valid_q, valid_k))
   causal = tj.LengthMask(lq, lq, causal=True).dense(4, 4)
   np.testing.assert_array_equal(
       causal, tj.combine_masks(tj.causal_mask(4), tj.padding_mask(valid_q, valid_q)))

@@ -26,5 +26,6 @@ from transformer_jax.model import (
 __all__ = [
     "SIZES", "Decoder", "Encoder", "LengthMask", "Transformer", "TransformerConfig",
     "causal_mask", "combine_masks", "count_params", "init_cache", "model_config", "padding_mask",
-    "row_lengths", "scaled_dot_product_attention", "segment_mask", "shift_right", "sinusoidal_position_encoding",
+    "row_lengths", "scaled_dot_product_attention", "segment_mask", "shift_right",
+    "sinusoidal_position_encoding",
 ]
