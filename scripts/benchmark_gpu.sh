@@ -11,8 +11,9 @@
 # XLA's command buffers, i.e. CUDA graphs, for every single-GPU command type, and with none,
 # between two runs as XLA defaults: whether kernel launches make the one-by-one step slower
 # than back to back), lengths (base and big with cuDNN given unpacked rows' padding as sequence
-# lengths, the default, against the dense mask, interleaved), compare (needs BASELINE_TREE),
-# profile, ablation. An unknown group is an error.
+# lengths, the default, against the dense mask, interleaved), flat (base and big with
+# flatten_optimizer against without, interleaved), compare (needs BASELINE_TREE), profile,
+# ablation. An unknown group is an error.
 # Environment:
 #   STEPS          timed steps (default 30)
 #   CHECK_SIZE     model size of the checks (base)
@@ -37,7 +38,7 @@ OUT_DIR=$(mkdir -p "${1:-/tmp/gpu_bench}" && cd "${1:-/tmp/gpu_bench}" && pwd) \
   || die "cannot create the output directory ${1:-/tmp/gpu_bench}"
 DEADLINE=$(( $(date +%s) + ${2:-540} ))
 GROUPS_=",${3:-all},"
-KNOWN=",all,check,train,extra,decode,now,precision,scale,flags,graphs,lengths,compare,profile,ablation,"
+KNOWN=",all,check,train,extra,decode,now,precision,scale,flags,graphs,lengths,flat,compare,profile,ablation,"
 for g in ${GROUPS_//,/ }; do
   [[ $KNOWN == *,$g,* ]] || die "unknown group '$g'; the groups are ${KNOWN:1:-1}"
 done
@@ -55,7 +56,8 @@ PRECISION_BATCHES=$(absolute "${PRECISION_BATCHES:-}")
 if has compare; then
   (( ${#baselines[@]} )) || die "compare: BASELINE_TREE is not set (checkouts of the commits to compare with, comma-separated)"
   # The NAMEs of this tree's own runs (base_now, base_again, base_cb_default, ... in plan below)
-  own=(now again cb_default cb_all cb_none cb_default_again dense lengths dense_again lengths_again)
+  own=(now again cb_default cb_all cb_none cb_default_again dense lengths dense_again lengths_again
+       tree flat tree_again flat_again)
   declare -A seen=()
   for name in "${own[@]}"; do seen[$name]=1; done
   for tree in "${baselines[@]}"; do
@@ -109,7 +111,7 @@ timed() {  # timed NAME ARGS...: run it now, log, summary and JSON lines to OUT_
   in_tree "$@" > "$OUT_DIR/$name.log" 2>&1
   local rc=$?
   grep '^{"what"' "$OUT_DIR/$name.log" | sed "s/^{/{\"run\": \"$name\", /" >> "$OUT_DIR/results.jsonl"
-  grep -v '^{' "$OUT_DIR/$name.log" | grep -E 'step time|target tokens/s|MFU|peak memory|compilations|first step|batch time|sentences/s|^  [a-z(]|%  |PASS|FAIL|mean loss' \
+  grep -v '^{' "$OUT_DIR/$name.log" | grep -E 'step time|target tokens/s|MFU|host dispatch|peak memory|compilations|first step|batch time|sentences/s|^  [a-z(]|%  |PASS|FAIL|mean loss' \
     | head -45 | tee -a "$OUT_DIR/summary.txt"
   (( rc == 0 )) || { echo "!!! $name exited $rc"; tail -25 "$OUT_DIR/$name.log"; } | tee -a "$OUT_DIR/summary.txt"
   touch "$OUT_DIR/$name.done"
@@ -179,6 +181,15 @@ plan() {
     run big_lengths $BIG $FAST
     run base_dense_again $BASE $FAST $DENSE
     run base_lengths_again $BASE $FAST
+  fi
+  if has flat; then  # Adam over one flat vector against one array per parameter
+    FLAT="--config.flatten_optimizer=True"
+    run base_tree $BASE $FAST
+    run base_flat $BASE $FAST $FLAT
+    run big_tree $BIG $FAST
+    run big_flat $BIG $FAST $FLAT
+    run base_tree_again $BASE $FAST
+    run base_flat_again $BASE $FAST $FLAT
   fi
   if has graphs; then  # XLA's default, all command types in graphs, none, the default again
     run base_cb_default $BASE $FAST

@@ -521,7 +521,10 @@ def test_benchmark_gpu_graphs_group_sets_the_command_buffer_flags(tmp_path):
                         "--mine"]
 
 
-def test_benchmark_gpu_lengths_group_interleaves_the_dense_mask_and_lengths(tmp_path):
+@pytest.mark.parametrize("group,old,new,flag", [
+    ("lengths", "dense", "lengths", "padding_as_lengths=False"),
+    ("flat", "tree", "flat", "flatten_optimizer=True")])
+def test_benchmark_gpu_ab_groups_interleave_the_two_variants(tmp_path, group, old, new, flag):
   repo = Path(__file__).resolve().parents[1]
   fake, log = _fake_python(tmp_path)
   out = tmp_path / "out"
@@ -529,18 +532,18 @@ def test_benchmark_gpu_lengths_group_interleaves_the_dense_mask_and_lengths(tmp_
                                                           "XLA_FLAGS")}
   env.update(PYTHON=str(fake), PRECOMPILE="2", STEPS="3")
   r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(out), "100",
-                      "lengths"], env=env, capture_output=True, text=True, timeout=60)
+                      group], env=env, capture_output=True, text=True, timeout=60)
   assert r.returncode == 0, r.stderr
   calls = [c.split("|") for c in log.read_text().splitlines()]
   compiles = [c[4] for c in calls if c[4].endswith("--steps 1 --warmup 1")]
-  assert len(compiles) == 4   # base and big, each with and without the dense mask
+  assert len(compiles) == 4   # base and big, each in the two variants
   names = [ln[4:].split(":")[0] for ln in (out / "summary.txt").read_text().splitlines()
            if ln.startswith("=== ")]
-  assert names == ["base_dense", "base_lengths", "big_dense", "big_lengths", "base_dense_again",
-                   "base_lengths_again"]
+  assert names == [f"base_{old}", f"base_{new}", f"big_{old}", f"big_{new}",
+                   f"base_{old}_again", f"base_{new}_again"]
   timed = [c[4] for c in calls if not c[4].endswith("--steps 1 --warmup 1")]
-  dense = ["padding_as_lengths=False" in c for c in timed]
-  assert dense == [True, False, True, False, True, False]
+  flagged = [flag in c for c in timed]
+  assert flagged == [old == "dense", old != "dense"] * 3
   assert ["configs/wmt14_ende.py:big" in c for c in timed] == [False] * 2 + [True] * 2 + [False] * 2
   assert all("fused_qkv=True" in c and "attention_impl=cudnn" in c for c in timed)
 

@@ -129,3 +129,38 @@ def test_global_norm_clipping():
   plain = updates(base, grads)
   assert np.abs(plain[1]).max() < 0.8 * np.abs(plain[0]).max()  # 0.68 by hand
   np.testing.assert_allclose(plain[0], clipped[0], atol=1e-5)  # Adam's first step ignores scale
+
+
+@pytest.mark.parametrize("extra", [
+    {}, {"grad_clip_norm": 0.5}, {"weight_decay": 0.1, "weight_decay_mask": "all"},
+    {"weight_decay": 0.1, "weight_decay_mask": "matrices", "grad_clip_norm": 0.5}])
+def test_a_flat_optimizer_makes_the_same_updates_with_fewer_state_arrays(extra):
+  params = {"dense": {"kernel": jnp.arange(6.0).reshape(3, 2) - 2, "bias": jnp.ones((2,))},
+            "embed": {"embedding": jnp.full((4, 2), 2.0)}}
+  grads = [jax.tree.map(lambda p, i=i: jnp.sin(p * (i + 1)) + 0.1 * i, params) for i in range(3)]
+
+  def run(flat):
+    c = config(schedule="constant", warmup_steps=0, flatten_optimizer=flat, **extra)
+    tx, _ = optim.make_optimizer(c, d_model=64)
+    p, state, out = params, tx.init(params), []
+    for g in grads:
+      u, state = tx.update(g, state, p)
+      p = jax.tree.map(jnp.add, p, u)
+      out.append(u)
+    return out, len(jax.tree.leaves(state))
+
+  (flat, flat_arrays), (tree, tree_arrays) = run(True), run(False)
+  for a, b in zip(jax.tree.leaves(flat), jax.tree.leaves(tree)):   # to float32 rounding (the
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)          # clip's norm sums in order)
+  assert jax.tree.structure(flat[0]) == jax.tree.structure(params)
+  assert flat_arrays < tree_arrays   # Adam's two moments: one vector each, not one per leaf
+
+
+def test_a_flat_optimizer_needs_a_data_parallel_mesh():
+  c = tiny_config.get_config()
+  c.flatten_optimizer = True
+  experiment.validate(c)
+  c.mesh.fsdp = 2
+  with pytest.raises(ValueError, match=r"config.flatten_optimizer=True: needs a data-parallel "
+                                       r"mesh, but config.mesh splits \{'fsdp': 2\}"):
+    experiment.validate(c)

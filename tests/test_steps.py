@@ -147,3 +147,38 @@ def test_trace_step_prints_the_step_program_and_tells_programs_apart(capsys):
   evaluation = trace(what="eval")
   assert evaluation != first and "f32[8,32,200]" in evaluation
   assert script.main([]) == 1 and "--config" in capsys.readouterr().err
+
+
+def test_a_flat_optimizer_trains_as_the_tree_one_on_the_data_parallel_mesh():
+  # TrainSetup on the 8 fake devices (config.mesh: all data-parallel): the flat state is whole on
+  # each device as the tree one is, and three steps give the same losses and parameters.
+  import tiny_config
+  from transformer_jax import sharding
+  from transformer_jax.experiment import transformer_config
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(4, 200, (2, 8, 12)).astype(np.int32)
+  batch = {"inputs": tokens[0], "targets": np.where(np.arange(12) < 9, tokens[1], 0)}
+
+  def train(flat):
+    c = tiny_config.get_config()
+    c.flatten_optimizer = flat
+    setup = steps.TrainSetup(c, transformer_config(c, 200))
+    state = setup.init_state(jax.random.key(0))
+    arrays = len(jax.tree.leaves(state))
+    with setup.context():
+      losses_ = []
+      for _ in range(3):
+        state, metrics = setup.train_step(state, sharding.global_batch(batch,
+                                                                       setup.batch_sharding))
+        losses_.append(float(metrics["loss"]))
+    return losses_, state.params, arrays, jax.device_count()
+
+  flat_losses, flat_params, flat_arrays, devices = train(True)
+  losses_, params, arrays, _ = train(False)
+  assert devices == 8
+  np.testing.assert_allclose(flat_losses, losses_, rtol=1e-5)
+  assert flat_losses[2] < flat_losses[0]
+  for a, b in zip(jax.tree.leaves(flat_params), jax.tree.leaves(params)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  n_params = len(jax.tree.leaves(params))
+  assert arrays - flat_arrays == 2 * n_params - 2   # mu and nu: one vector each

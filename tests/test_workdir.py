@@ -98,6 +98,7 @@ def snapshot(path: str) -> dict:
     ("model.d_model", 64, "model.d_model: 32 -> 64 (changes the model's parameters"),
     ("data.vocab_size", 300, "data.vocab_size: 200 -> 300 (changes the corpus or tokenizer"),
     ("grad_clip_norm", 1.0, "grad_clip_norm: 0.0 -> 1.0 (changes the optimizer state"),
+    ("flatten_optimizer", True, "flatten_optimizer: False -> True (changes the optimizer state"),
 ])
 def test_a_change_that_breaks_the_checkpoint_or_tokenizer_is_refused_before_any_write(
     run, data_dir, field, value, expected):

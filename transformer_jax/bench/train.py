@@ -93,11 +93,14 @@ def _timed(setup: TrainSetup, state, batches, options: TrainOptions) -> dict:
     # The peak is measured between warm-up and timing, under the same load as the steps.
     out["peak"] = flops.peak_flops(setup.model.config.dtype, n=options.matmul_n,
                                    min_seconds=options.matmul_seconds)
-    out["times"], out["used"] = [], []
+    out["times"], out["used"], out["dispatch"] = [], [], []
     for i in range(options.steps):
       b = i % len(batches)
       start = time.perf_counter()
       state, metrics = step(state, batches[b])
+      # The call returns once the host has handed the step to the device (flattened the state's
+      # arrays, enqueued the program): host time that back-to-back steps overlap with the device.
+      out["dispatch"].append(time.perf_counter() - start)
       jax.block_until_ready((state, metrics))
       out["times"].append(time.perf_counter() - start)
       out["used"].append(b)
@@ -137,6 +140,8 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
     raise FloatingPointError(f"non-finite training loss {t['loss']} in the benchmark")
   compilations = setup.train_step._cache_size()
   times, median, b2b = t["times"], statistics.median(t["times"]), t["back_to_back"]
+  dispatch = statistics.median(t["dispatch"])
+  state_arrays = len(jax.tree.leaves(state))
   # Per-step work is averaged over the batches timed (they differ only with real batches).
   tgt = float(np.mean([int(lengths[b][1].sum()) for b in t["used"]]))
   src = float(np.mean([int(lengths[b][0].sum()) for b in t["used"]]))
@@ -163,6 +168,8 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
       "back_to_back_step_time_s": round(b2b, 4),
       "back_to_back_target_tokens_per_s": round(tgt / b2b, 1),
       "back_to_back_mfu": round(work / b2b / peak_total, 4),
+      "dispatch_time_s": round(dispatch, 5),
+      "state_arrays": state_arrays,
       "peak_memory_bytes": memory,
       "peak_memory_source": memory_source,
       "compilations": compilations,
@@ -187,6 +194,8 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
           ("MFU", f"{100 * work / median / peak_total:.1f} %"),
           ("back to back (no wait)", f"{b2b * 1e3:.1f} ms/step, {tgt / b2b:,.0f} target "
                                      f"tokens/s, MFU {100 * work / b2b / peak_total:.1f} %"),
+          ("host dispatch (median)", f"{dispatch * 1e3:.2f} ms of the one-by-one step  "
+                                     f"(the state: {state_arrays} arrays)"),
           ("peak memory", f"{memory / 2**20:,.0f} MiB  ({memory_source})"),
           ("compilations of the step", str(compilations)),
           ("load average (start)", str(load_start)),

@@ -385,6 +385,8 @@ def refusal(field: str, old, new, stored: dict, *, has_checkpoint: bool,
     return "nothing: a run with checkpoints resumes from them, not from init_from"
   if field in ("weight_decay", "grad_clip_norm") and bool(old) != bool(new):
     return "the optimizer state's structure (Adam <-> AdamW, clipping on <-> off)"
+  if field == "flatten_optimizer":
+    return "the optimizer state's structure (one flat vector <-> one array per parameter)"
   if field == "weight_decay_mask" and stored.get("weight_decay"):
     # "all" has no optax.masked wrapper, "matrices" has (a run from before the field: "all").
     return "the optimizer state's structure (AdamW on every parameter <-> on the matrices)"
