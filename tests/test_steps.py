@@ -182,3 +182,36 @@ def test_a_flat_optimizer_trains_as_the_tree_one_on_the_data_parallel_mesh():
     np.testing.assert_allclose(a, b, atol=1e-5)
   n_params = len(jax.tree.leaves(params))
   assert arrays - flat_arrays == 2 * n_params - 2   # mu and nu: one vector each
+
+
+@pytest.mark.parametrize("impl", ["xla", "cudnn"])
+def test_unpacked_rows_train_alike_with_or_without_their_packing_keys(setup, impl):
+  # The pad and bucket batchings write segment ids and positions for their one pair a row; the
+  # loop leaves them out (batch.model_arrays(packed=False)) so the model sees unpacked rows.
+  # The step must not notice: same loss, same new parameters (cuDNN's path: the padding as
+  # lengths, against the dense segment mask; XLA's on CPU).
+  from transformer_jax import batch as batch_lib
+  from transformer_jax.run.trainer import TrainBatches
+  model, tx, state, batch, _ = setup
+  model = tj.Transformer(model.config.replace(attention_impl=impl))
+  step = jax.jit(steps.make_train_step(model, tx, lambda count: 0.5, SMOOTHING))
+  full = dict(batch)
+  for side in ("inputs", "targets"):
+    real = np.asarray(batch[side]) != 0
+    full[f"{side}_segmentation"] = jnp.asarray(real.astype(np.int32))
+    full[f"{side}_positions"] = jnp.asarray(np.where(real, np.arange(real.shape[1]), 0),
+                                            jnp.int32)
+  unpacked = batch_lib.model_arrays(full, packed=False)
+  assert sorted(unpacked) == ["inputs", "targets"]
+  assert sorted(batch_lib.model_arrays(full)) == sorted(batch_lib.KEYS)
+  (new_a, m_a), (new_b, m_b) = step(state, full), step(state, unpacked)
+  assert float(m_a["loss"]) == pytest.approx(float(m_b["loss"]), rel=1e-6)
+  for a, b in zip(jax.tree.leaves(new_a.params), jax.tree.leaves(new_b.params)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  # The training iterator of an unpacked batching hands the steps the rows alone.
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  host = {k: np.asarray(v) for k, v in full.items()}
+  for packed, keys in ((False, ["inputs", "targets"]), (True, sorted(batch_lib.KEYS))):
+    arrays, _ = TrainBatches(iter([host]), sharding, 0, packed=packed).next()
+    assert sorted(arrays) == keys

@@ -31,12 +31,17 @@ def side_keys(side: str) -> tuple[str, str, str]:
   return keys
 
 
-def model_arrays(batch: Mapping) -> dict:
-  """The batch's arrays that the model and the steps take (drops text, counts and the like)."""
+def model_arrays(batch: Mapping, packed: bool = True) -> dict:
+  """The batch's arrays that the model and the steps take (drops text, counts and the like).
+
+  `packed=False` for rows that hold one right-padded pair each (the `pad` and `bucket` batchings,
+  evaluation batches): their packing keys say nothing the padding does not, and without them the
+  model knows the rows are unpacked, so cuDNN attention takes the padding as sequence lengths
+  (`model.padding_as_lengths`) instead of a dense mask. The same function either way."""
   missing = [k for k in REQUIRED if k not in batch]
   if missing:
     raise KeyError(f"a batch needs {REQUIRED}; missing {missing} (has {sorted(batch)})")
-  return {k: batch[k] for k in KEYS if k in batch}
+  return {k: batch[k] for k in (KEYS if packed else REQUIRED) if k in batch}
 
 
 def packing(batch: Mapping) -> dict:

@@ -161,7 +161,8 @@ class Trainer:
     state = distributed.own_data_state(saved_data_state, self.data)
     if state:
       iterator.set_state(state)
-    return TrainBatches(iterator, self.setup.batch_sharding, self.data.tokenizer.pad_id)
+    return TrainBatches(iterator, self.setup.batch_sharding, self.data.tokenizer.pad_id,
+                        packed=self.config.data.batching == "pack")
 
   def put(self, batch: dict) -> dict:
     return sharding.global_batch(batch_lib.model_arrays(batch), self.setup.batch_sharding)
@@ -171,7 +172,7 @@ class Trainer:
     total = None
     multiple = self.setup.batch_sharding.mesh.size
     for batch in self.data.eval_batches(split, self.eval_max_len):
-      arrays = _pad_rows(batch_lib.model_arrays(batch), multiple)
+      arrays = _pad_rows(batch_lib.model_arrays(batch, packed=False), multiple)  # one pair a row
       rows = arrays["inputs"].shape[0] // jax.process_count()
       lo = jax.process_index() * rows
       local = {k: v[lo:lo + rows] for k, v in arrays.items()}
@@ -205,12 +206,13 @@ class TrainBatches:
   """The training iterator, yielding batches already on their devices and the per-sentence
   lengths that the FLOP count needs; `state()` is what a checkpoint saves."""
 
-  def __init__(self, iterator, batch_sharding, pad_id: int):
+  def __init__(self, iterator, batch_sharding, pad_id: int, packed: bool = True):
     self._iterator, self._sharding, self._pad_id = iterator, batch_sharding, pad_id
+    self._packed = packed   # False: one pair a row (pad, bucket), the packing keys left out
 
   def next(self):
     batch = next(self._iterator)
-    return (sharding.global_batch(batch_lib.model_arrays(batch), self._sharding),
+    return (sharding.global_batch(batch_lib.model_arrays(batch, self._packed), self._sharding),
             flops.batch_lengths(batch, self._pad_id))
 
   def state(self) -> dict:
