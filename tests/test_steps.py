@@ -152,9 +152,10 @@ def test_trace_step_prints_the_step_program_and_tells_programs_apart(capsys):
 def test_a_flat_optimizer_trains_as_the_tree_one_on_the_data_parallel_mesh():
   # TrainSetup on the 8 fake devices (config.mesh: all data-parallel): the flat state is whole on
   # each device as the tree one is, and three steps give the same losses and parameters.
-  import tiny_config
   from transformer_jax import sharding
   from transformer_jax.experiment import transformer_config
+
+  import tiny_config
   rng = np.random.default_rng(1)
   tokens = rng.integers(4, 200, (2, 8, 12)).astype(np.int32)
   batch = {"inputs": tokens[0], "targets": np.where(np.arange(12) < 9, tokens[1], 0)}
