@@ -3,8 +3,9 @@
     python scripts/check_accelerator.py                    # base-size model; on a GPU uses cuDNN
     python scripts/check_accelerator.py --size tiny --json /tmp/check.json
 
-The attention kernel (eight masks: output and gradients) and the whole model on a packed batch
-(logits, loss, parameter gradient), in bfloat16 against float32; the checks and their tolerances
+The attention kernel (eleven masks, three of them given as lengths: output and gradients) and
+the whole model on a packed batch and on right-padded rows (logits, loss, parameter gradient),
+in bfloat16 against float32; the checks and their tolerances
 are described in transformer_jax/bench/accelerator.py. On a GPU the compiled attention must
 contain cuDNN's fused kernel, else the check fails; on CPU `jax.nn.dot_product_attention` runs
 XLA's version. Prints one row per check and a JSON summary; exits 1 when any check fails.

@@ -223,16 +223,18 @@ def right_padded(seed, shape, lengths):
                    random_tokens(seed, shape), 0)
 
 
-def test_padding_as_lengths_gives_the_dense_masks_results(setup):
+@pytest.mark.parametrize("remat", ["none", "layer"])
+def test_padding_as_lengths_gives_the_dense_masks_results(setup, remat):
   # Unpacked rows reach cuDNN as lengths (LengthMask); everything must be as with the dense
   # mask: logits everywhere (padding rows too), the loss and every gradient. Row 2 has an empty
-  # source (its cross-attention rows attend nowhere), row 1 no padding at all.
+  # source (its cross-attention rows attend nowhere), row 1 no padding at all. With remat, the
+  # mask passes through jax.checkpoint (its causal flag static).
   cfg, _, params, _ = setup
   src, tgt = right_padded(30, (3, 9), [6, 9, 0]), right_padded(31, (3, 7), [4, 7, 5])
   cot = jax.random.normal(jax.random.key(32), (3, 7, VOCAB)) * (tgt != 0)[..., None]
 
   def run(padding_as_lengths):
-    model = tj.Transformer(cfg.replace(deterministic=True, attention_impl="cudnn",
+    model = tj.Transformer(cfg.replace(deterministic=True, attention_impl="cudnn", remat=remat,
                                        padding_as_lengths=padding_as_lengths))
     logits, vjp = jax.vjp(lambda p: model.apply({"params": p}, src, tgt), params)
     return logits, vjp(cot)[0]

@@ -188,7 +188,10 @@ class LengthMask:
     """The same mask as a boolean `[batch, 1, q_len, kv_len]` array."""
     mask = padding_mask(jnp.arange(q_len) < self.query_lengths[:, None],
                         jnp.arange(kv_len) < self.key_lengths[:, None])
-    return combine_masks(causal_mask(q_len) if self.causal else None, mask)
+    if not self.causal:
+      return mask
+    # Key j <= query i, top-left aligned as cuDNN's causal mask (q_len == kv_len in the model).
+    return mask & (jnp.arange(kv_len)[None, :] <= jnp.arange(q_len)[:, None])
 
 
 def combine_masks(*masks):

@@ -31,6 +31,12 @@ def side_keys(side: str) -> tuple[str, str, str]:
   return keys
 
 
+def packs(batching: str) -> bool:
+  """Whether a `data.batching` mode's rows go to the model with their packing keys: only
+  "pack" puts several pairs in a row; "pad" and "bucket" rows hold one pair each."""
+  return batching == "pack"
+
+
 def model_arrays(batch: Mapping, packed: bool = True) -> dict:
   """The batch's arrays that the model and the steps take (drops text, counts and the like).
 

@@ -67,6 +67,7 @@ class TransformerConfig:
   # cuDNN attention of unpacked rows gets their padding as sequence lengths (and the decoder's
   # causality as a flag), not as a dense mask: rows must be right-padded, as every batch the
   # data pipeline and the decoders build is. False: the dense mask, for any padding pattern.
+  # (Runs from before the field read back False: run/workdir.py LEGACY_VALUES.)
   padding_as_lengths: bool = True
   remat: str = "none"                  # "layer": recompute each layer's activations backward
   fused_qkv: bool = False              # one [embed, 3, heads, kv] matmul for Q, K, V (cross: K, V)

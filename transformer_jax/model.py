@@ -57,6 +57,11 @@ def _lengths_for_masks(cfg: TransformerConfig) -> bool:
   return cfg.attention_impl == "cudnn" and cfg.padding_as_lengths
 
 
+def _row_lengths(valid):
+  # Split as the rows are: cuDNN's sharding rule does not tie the lengths to the batch axis.
+  return constrain(row_lengths(valid), ("batch",))
+
+
 def token_validity(tokens, segment_ids, pad_id: int):
   """Real (non-padding) tokens: segment id > 0 for packed rows, else token != pad_id."""
   return tokens != pad_id if segment_ids is None else segment_ids > 0
@@ -162,7 +167,7 @@ class Encoder(_Stack):
     cfg = self.config
     valid = token_validity(inputs, segment_ids, cfg.pad_id)
     if segment_ids is None and _lengths_for_masks(cfg):
-      lengths = row_lengths(valid)
+      lengths = _row_lengths(valid)
       mask = LengthMask(lengths, lengths)
     else:
       mask = combine_masks(padding_mask(valid, valid),
@@ -253,9 +258,9 @@ class Transformer(nn.Module):
     input_valid = token_validity(inputs, inputs_segmentation, cfg.pad_id)
     packed = targets_segmentation is not None
     if not packed and _lengths_for_masks(cfg):
-      target_lengths = row_lengths(target_valid)
+      target_lengths = _row_lengths(target_valid)
       self_mask = LengthMask(target_lengths, target_lengths, causal=True)
-      cross_mask = LengthMask(target_lengths, row_lengths(input_valid))
+      cross_mask = LengthMask(target_lengths, _row_lengths(input_valid))
     else:
       self_mask = combine_masks(
           causal_mask(targets.shape[1]), padding_mask(target_valid, target_valid),

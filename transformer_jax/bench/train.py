@@ -59,10 +59,11 @@ class TrainOptions:
 
 def real_batches(config, workdir: str, count: int):
   """The first `count` training batches of the configured dataset (the model's arrays of the
-  batch schema), and its tokenizer."""
+  batch schema, as the training loop hands them to the step), and its tokenizer."""
   data = get_data(config.data, workdir)
   it = iter(data.train_dataset())
-  batches = [batch_lib.model_arrays(next(it)) for _ in range(count)]
+  packed = batch_lib.packs(config.data.batching)
+  batches = [batch_lib.model_arrays(next(it), packed) for _ in range(count)]
   if hasattr(it, "close"):
     it.close()  # Stops grain's prefetch thread.
   return batches, data.tokenizer

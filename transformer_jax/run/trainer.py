@@ -162,7 +162,7 @@ class Trainer:
     if state:
       iterator.set_state(state)
     return TrainBatches(iterator, self.setup.batch_sharding, self.data.tokenizer.pad_id,
-                        packed=self.config.data.batching == "pack")
+                        packed=batch_lib.packs(self.config.data.batching))
 
   def put(self, batch: dict) -> dict:
     return sharding.global_batch(batch_lib.model_arrays(batch), self.setup.batch_sharding)

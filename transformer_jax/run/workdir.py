@@ -73,6 +73,8 @@ LAUNCH_FIELDS = ("distributed", "coordinator_address", "coordinator_bind_address
 LEGACY_VALUES = {
     "data.split": "source",          # before 2026-11-23: split by the exact source
     "weight_decay_mask": "all",      # before 2026-11-25: AdamW decayed every parameter
+    # Before 2026-11-26 (8b26bc8) cuDNN attention always got the dense mask (the same values).
+    "model.padding_as_lengths": False,
     # Before 2026-11-22 (1b3d92f) the attention projections had biases where the FFN had.
     "model.attention_bias": lambda run: run.get("model.use_bias", True),
 }
