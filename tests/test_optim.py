@@ -15,7 +15,7 @@ def config(**overrides):
   c = ml_collections.ConfigDict(dict(
       schedule="rsqrt", learning_rate=2.0, warmup_steps=10, num_train_steps=110,
       weight_decay=0.0, weight_decay_mask="all", grad_clip_norm=0.0, adam_b1=0.9, adam_b2=0.98,
-      adam_eps=1e-9))
+      adam_eps=1e-9, flatten_optimizer=False))
   c.update(overrides)
   return c
 

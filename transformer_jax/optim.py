@@ -48,38 +48,38 @@ def decay_mask(name: str):
   return lambda params: jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
-def _adamw_flat_moments(config, schedule):
-  """adamw with a decay mask, Adam's moments kept as one flat vector each: the mask must see each
-  parameter's shape, so the decay and the learning rate stay outside the flattening (the chain
-  is optax.adamw's)."""
+def _adamw(config, schedule, flat: bool):
+  """optax.adamw with `weight_decay_mask`; `flat`: its chain with Adam's moments as one vector
+  each, the decay and the learning rate outside the flattening, where the mask still sees each
+  parameter's shape."""
+  mask = decay_mask(config.weight_decay_mask)
+  if not flat:
+    return optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
+                       weight_decay=config.weight_decay, mask=mask)
   return optax.chain(
       optax.flatten(optax.scale_by_adam(b1=config.adam_b1, b2=config.adam_b2,
                                         eps=config.adam_eps)),
-      optax.add_decayed_weights(config.weight_decay, decay_mask(config.weight_decay_mask)),
+      optax.add_decayed_weights(config.weight_decay, mask),
       optax.scale_by_learning_rate(schedule))
 
 
 def make_optimizer(config, d_model: int):
   """Adam (AdamW when weight_decay > 0, on the parameters `weight_decay_mask` names), optional
-  global-norm clipping, over one flat vector with `flatten_optimizer`; returns (tx, schedule)."""
+  global-norm clipping, Adam's state as one flat vector with `flatten_optimizer`; returns
+  (tx, schedule)."""
   for field in ("weight_decay", "grad_clip_norm"):
     if config[field] < 0:
       raise ValueError(f"config.{field}={config[field]}: must be >= 0 (0 turns it off)")
   schedule = make_schedule(config, d_model)
-  flat = config.get("flatten_optimizer", False)
-  masked_decay = config.weight_decay > 0 and decay_mask(config.weight_decay_mask) is not None
-  if flat and masked_decay:
-    tx = _adamw_flat_moments(config, schedule)
-  elif config.weight_decay > 0:
-    tx = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
-                     weight_decay=config.weight_decay, mask=decay_mask(config.weight_decay_mask))
+  if config.weight_decay > 0:
+    tx = _adamw(config, schedule, config.flatten_optimizer)
   else:
     tx = optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
+    if config.flatten_optimizer:
+      # The whole update on one vector: gradients raveled, updated, split back. A third of the
+      # state's arrays (the host's time to hand a step to the device grows with their number:
+      # 10.5 -> 5.6 ms for base on an H100, docs/benchmarks.md) and fewer kernels.
+      tx = optax.flatten(tx)
   if config.grad_clip_norm > 0:
     tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
-  if flat and not masked_decay:
-    # The whole update on one vector: gradients raveled, updated, split back. A third of the
-    # state's arrays (the host's cost of handing a step to the device grows with their number:
-    # 10.5 -> 5.6 ms for base on an H100, docs/benchmarks.md) and fewer kernels.
-    tx = optax.flatten(tx)
   return tx, schedule
