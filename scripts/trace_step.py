@@ -11,8 +11,9 @@ training runs) on abstract batches of the config's shape (rows `data.batch_size`
 `data.max_source_len` / `data.max_target_len`) with the keys the training loop hands that step
 (every key of the batch schema for `data.batching="pack"`; `inputs` and `targets` alone for the
 unpacked batchings and for evaluation) and the config's `data.vocab_size`: nothing is
-compiled, run or read from disk, so it takes seconds. The same jaxpr means the same operations on the same values in the same order; a run made at
-one commit then stands for the other (docs/results.md uses it).
+compiled, run or read from disk, so it takes seconds. The same jaxpr means the same operations
+on the same values in the same order; a run made at one commit then stands for the other
+(docs/results.md uses it).
 `--what eval` prints the evaluation step instead.
 """
 import sys
