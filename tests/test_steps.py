@@ -146,6 +146,11 @@ def test_trace_step_prints_the_step_program_and_tells_programs_apart(capsys):
   assert trace("--config.label_smoothing=0.2") != first
   evaluation = trace(what="eval")
   assert evaluation != first and "f32[8,32,200]" in evaluation
+  # The keys the loop hands the steps: packed rows' segment ids and positions for the "pack"
+  # batching only; evaluation's rows (one pair each) never carry them.
+  padded = trace("--config.data.batching=pad")
+  assert padded != first and first.count("i32[8,32]") > padded.count("i32[8,32]")
+  assert trace("--config.data.batching=pad", what="eval") == evaluation
   assert script.main([]) == 1 and "--config" in capsys.readouterr().err
 
 
