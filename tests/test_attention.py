@@ -1,4 +1,5 @@
 """The attention equation, the masks and the position encoding against direct NumPy computations."""
+import dataclasses
 import math
 
 import jax
@@ -146,6 +147,8 @@ def test_length_mask_is_the_dense_mask_of_right_padded_rows():
   count = jax.jit(jax.checkpoint(lambda m: m.dense(4, 4).sum()))
   assert int(count(tj.LengthMask(lq, lq, causal=True))) == 6 + 1
   assert int(count(tj.LengthMask(lq, lq))) == 9 + 1
+  with pytest.raises(dataclasses.FrozenInstanceError):   # a value, as the dense masks are
+    tj.LengthMask(lq, lq).causal = True
 
 
 def test_sinusoidal_position_encoding_formula():
