@@ -299,6 +299,35 @@ def test_fused_attention_of_lengths_equals_its_dense_mask():
       np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_dead_rows_of_lengths_are_replaced_whatever_the_kernel_writes_there(monkeypatch):
+  # What cuDNN leaves in padding rows is not documented: every dead row (a padding query, a
+  # row without keys) must be replaced, the live ones (a single key included) kept.
+  from transformer_jax import layers
+  monkeypatch.setattr(jax.nn, "dot_product_attention",
+                      lambda q, k, v, **kw: jnp.full_like(q, 7.0))
+  cfg = tj.model_config("tiny", attention_impl="cudnn", attention_dropout_rate=0.0)
+  q = jnp.ones((3, 5, cfg.num_heads, cfg.head_dim))
+  mask = tj.LengthMask(jnp.array([5, 2, 3]), jnp.array([1, 4, 0]))
+  out = np.asarray(layers.fused_attention(cfg, q, q, q, mask))
+  live = np.asarray(mask.dense(5, 5).any(-1))[:, 0]
+  assert live.sum() == 5 + 2 and live[0].all()   # row 0: one key, every query live
+  np.testing.assert_array_equal(out[live], 7.0)
+  np.testing.assert_array_equal(out[~live], 0.0)
+
+
+def test_the_xla_path_takes_a_length_mask_as_its_dense_mask():
+  cfg = tj.model_config("tiny", attention_dropout_rate=0.0, deterministic=True)
+  x = jax.random.normal(jax.random.key(0), (2, 5, cfg.d_model))
+  kv = jax.random.normal(jax.random.key(1), (2, 7, cfg.d_model))
+  attention = tj.layers.MultiHeadAttention(cfg, cache="cross")
+  mask = tj.LengthMask(jnp.array([5, 3]), jnp.array([4, 7]))
+  params = attention.init(jax.random.key(2), x, kv, mask.dense(5, 7))
+  np.testing.assert_allclose(attention.apply(params, x, kv, mask),
+                             attention.apply(params, x, kv, mask.dense(5, 7)), atol=1e-6)
+  assert not np.allclose(attention.apply(params, x, kv, mask),
+                         attention.apply(params, x, kv, mask.dense(5, 5 + 2)[:, :, :, ::-1]))
+
+
 def test_fused_attention_never_gives_the_kernel_an_empty_row(monkeypatch):
   # cuDNN's backward gave NaN gradients for packed cross-attention with query rows that may
   # attend nowhere (measured on an H100, docs/benchmarks.md); such rows get a full row instead

@@ -1213,3 +1213,13 @@ def test_a_failed_save_of_parameters_keeps_the_old_one_and_raises_its_own_error(
   assert sorted(os.listdir(directory)) == ["5"]
   step, loaded = checkpointing.load_params(directory)
   assert step == 5 and loaded["dense"]["kernel"][0, 0] == np.float32(1.5)
+
+
+def test_a_run_from_before_padding_as_lengths_reads_back_the_dense_mask():
+  # Runs made before the field gave cuDNN the dense mask: that is what their record says now
+  # (a safe field: resuming with the new default is allowed and written down as a change).
+  stored = {"model": {"attention_impl": "cudnn"}, "flatten_optimizer": False}
+  assert workdir_lib.recorded_values(stored)["model.padding_as_lengths"] is False
+  stored["model"]["padding_as_lengths"] = True
+  assert workdir_lib.recorded_values(stored)["model.padding_as_lengths"] is True
+  assert "padding_as_lengths" in workdir_lib.SAFE_MODEL_FIELDS
