@@ -141,6 +141,16 @@ run() {  # [CWD=tree] [PRE=env...] run NAME ARGS...: one run, unless past the de
   compile_pids+=($!)
 }
 
+interleaved() {  # interleaved A A_ARGS B B_ARGS: base A, base B, big A, big B, base A and B again
+  local a=$1 a_args=$2 b=$3 b_args=$4
+  run "base_$a" $BASE $FAST $a_args
+  run "base_$b" $BASE $FAST $b_args
+  run "big_$a" $BIG $FAST $a_args
+  run "big_$b" $BIG $FAST $b_args
+  run "base_${a}_again" $BASE $FAST $a_args
+  run "base_${b}_again" $BASE $FAST $b_args
+}
+
 B="scripts/benchmark.py --what train $STEPS"
 BASE="$B --config configs/wmt14_ende.py:base"
 BIG="$B --config configs/wmt14_ende.py:big"
@@ -174,22 +184,10 @@ plan() {
     PRE="env XLA_FLAGS=--xla_gpu_enable_cudnn_layer_norm=true" run base_cudnn_ln $BASE $FAST
   fi
   if has lengths; then  # the padding as lengths (the default) against the dense mask
-    DENSE="--config.model.padding_as_lengths=False"
-    run base_dense $BASE $FAST $DENSE
-    run base_lengths $BASE $FAST
-    run big_dense $BIG $FAST $DENSE
-    run big_lengths $BIG $FAST
-    run base_dense_again $BASE $FAST $DENSE
-    run base_lengths_again $BASE $FAST
+    interleaved dense "--config.model.padding_as_lengths=False" lengths ""
   fi
   if has flat; then  # Adam over one flat vector against one array per parameter
-    FLAT="--config.flatten_optimizer=True"
-    run base_tree $BASE $FAST
-    run base_flat $BASE $FAST $FLAT
-    run big_tree $BIG $FAST
-    run big_flat $BIG $FAST $FLAT
-    run base_tree_again $BASE $FAST
-    run base_flat_again $BASE $FAST $FLAT
+    interleaved tree "" flat "--config.flatten_optimizer=True"
   fi
   if has graphs; then  # XLA's default, all command types in graphs, none, the default again
     run base_cb_default $BASE $FAST

@@ -431,6 +431,27 @@ def _most_at_once(times_file) -> int:
   return most
 
 
+def _timed_names(out) -> list[str]:
+  """The runs benchmark_gpu.sh timed, in order (its summary's `=== NAME:` lines)."""
+  return [ln[4:].split(":")[0] for ln in (out / "summary.txt").read_text().splitlines()
+          if ln.startswith("=== ")]
+
+
+def _run_groups(tmp_path, groups: str):
+  """benchmark_gpu.sh with the stand-in python, PRECOMPILE=2, STEPS=3, no cache dir or
+  XLA_FLAGS of the caller's: (the recorded calls split in fields, the output dir, the env)."""
+  repo = Path(__file__).resolve().parents[1]
+  fake, log = _fake_python(tmp_path)
+  out = tmp_path / "out"
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR",
+                                                          "XLA_FLAGS")}
+  env.update(PYTHON=str(fake), PRECOMPILE="2", STEPS="3")
+  r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(out), "100", groups],
+                     env=env, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  return [c.split("|") for c in log.read_text().splitlines()], out, env
+
+
 def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_path):
   repo = Path(__file__).resolve().parents[1]
   fake, log = _fake_python(tmp_path)
@@ -459,8 +480,7 @@ def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_pat
   assert all(c[2] == str(out / "jax_cache") and c[3] == "false" for c in compiles)
   # Timed: the checks once, then this tree, each baseline, this tree again; each run imports
   # the package of the tree it runs in.
-  names = [ln[4:].split(":")[0] for ln in (out / "summary.txt").read_text().splitlines()
-           if ln.startswith("=== ")]
+  names = _timed_names(out)
   # (the two checks run at once, beside the compilations, in either order)
   assert sorted(names[:2]) == ["check", "precision"]
   assert names[2:] == ["base_now", "big_now", "base_baseline", "big_baseline",
@@ -486,23 +506,15 @@ def test_benchmark_gpu_precompiles_each_program_once_then_times_in_order(tmp_pat
 
 def test_benchmark_gpu_graphs_group_sets_the_command_buffer_flags(tmp_path):
   repo = Path(__file__).resolve().parents[1]
-  fake, log = _fake_python(tmp_path)
-  out = tmp_path / "out"
-  env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR",
-                                                          "XLA_FLAGS")}
-  env.update(PYTHON=str(fake), PRECOMPILE="2", STEPS="3")
-  r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(out), "100", "graphs"],
-                     env=env, capture_output=True, text=True, timeout=60)
-  assert r.returncode == 0, r.stderr
-  calls = [c.split("|") for c in log.read_text().splitlines()]
+  calls, out, env = _run_groups(tmp_path, "graphs")
+  log = tmp_path / "calls.txt"
   # Three programs (the flags change the compiled program): compiled once each, with the
   # flags of their timed run.
   compiles = sorted(c[5] for c in calls if c[4].endswith("--steps 1 --warmup 1"))
   every = ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
            "CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1")
   assert compiles == sorted(["", every, "--xla_gpu_enable_command_buffer="])
-  names = [ln[4:].split(":")[0] for ln in (out / "summary.txt").read_text().splitlines()
-           if ln.startswith("=== ")]
+  names = _timed_names(out)
   assert names == ["base_cb_default", "base_cb_all", "base_cb_none", "base_cb_default_again"]
   assert f'XLA_FLAGS="{every}" ' in (out / "summary.txt").read_text()
   timed = [c for c in calls if not c[4].endswith("--steps 1 --warmup 1")]
@@ -525,20 +537,10 @@ def test_benchmark_gpu_graphs_group_sets_the_command_buffer_flags(tmp_path):
     ("lengths", "dense", "lengths", "padding_as_lengths=False"),
     ("flat", "tree", "flat", "flatten_optimizer=True")])
 def test_benchmark_gpu_ab_groups_interleave_the_two_variants(tmp_path, group, old, new, flag):
-  repo = Path(__file__).resolve().parents[1]
-  fake, log = _fake_python(tmp_path)
-  out = tmp_path / "out"
-  env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR",
-                                                          "XLA_FLAGS")}
-  env.update(PYTHON=str(fake), PRECOMPILE="2", STEPS="3")
-  r = subprocess.run(["bash", str(repo / "scripts/benchmark_gpu.sh"), str(out), "100",
-                      group], env=env, capture_output=True, text=True, timeout=60)
-  assert r.returncode == 0, r.stderr
-  calls = [c.split("|") for c in log.read_text().splitlines()]
+  calls, out, _ = _run_groups(tmp_path, group)
   compiles = [c[4] for c in calls if c[4].endswith("--steps 1 --warmup 1")]
   assert len(compiles) == 4   # base and big, each in the two variants
-  names = [ln[4:].split(":")[0] for ln in (out / "summary.txt").read_text().splitlines()
-           if ln.startswith("=== ")]
+  names = _timed_names(out)
   assert names == [f"base_{old}", f"base_{new}", f"big_{old}", f"big_{new}",
                    f"base_{old}_again", f"base_{new}_again"]
   timed = [c[4] for c in calls if not c[4].endswith("--steps 1 --warmup 1")]
