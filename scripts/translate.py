@@ -14,6 +14,15 @@ stderr naming the line, and is read whole as evaluate.py reads it (cut to max_le
 only where the model has a learned position table); characters never seen in training become
 SentencePiece's unknown piece. Lines end at line feeds only (a lone carriage return is warned
 about).
+
+`--nbest N` (N at most the beam size) writes the N best finished hypotheses of each line
+instead, best first, one a row: `<line>\t<rank>\t<score>\t<log-prob>\t<translation>`, lines and
+ranks from 1; the score is the length-penalised one beam search ranks by, the log-probability
+its natural-log probability (EOS included; greedy search: both the same). A line may get fewer
+than N rows (the search stops once no live hypothesis can beat the best finished one); an
+empty line gets one row with an empty translation and scores 0.
+
+    python scripts/translate.py --workdir runs/default --beam_size 8 --nbest 8 < src.txt > nbest.tsv
 """
 import json
 import logging
@@ -38,8 +47,22 @@ def define(values):
                       flag_values=values)
   flags.DEFINE_string("output", "-", "file for the translations; '-' = stdout",
                       flag_values=values)
+  flags.DEFINE_integer("nbest", None, "write the N best translations of each line (N at most "
+                       "the beam size), best first, one a line as `<line>\t<rank>\t<score>\t"
+                       "<log-prob>\t<translation>`", lower_bound=1, flag_values=values)
   flags.DEFINE_bool("verbose", False, "print the checkpoint, settings and search throughput "
                     "on stderr", flag_values=values)
+
+
+def nbest_lines(nbest) -> str:
+  """`<line>\t<rank>\t<score>\t<log-prob>\t<translation>\n` per hypothesis, lines and ranks from
+  1; a translation's own tabs and line breaks become spaces, so that every row has 5 fields."""
+  rows = []
+  for line, hypotheses in enumerate(nbest, 1):
+    for rank, (text, score, log_prob) in enumerate(hypotheses, 1):
+      text = " ".join(text.replace("\t", " ").splitlines())
+      rows.append(f"{line}\t{rank}\t{score:.6f}\t{log_prob:.6f}\t{text}\n")
+  return "".join(rows)
 
 
 def body(values, sentences):
@@ -57,12 +80,17 @@ def body(values, sentences):
     where = "stdin" if values.input == "-" else values.input
     names = [f"{where} line {i + 1}" for i in range(len(sentences))]
   translator = translator_from_flags(values)
+  if values.nbest:
+    translator.check_nbest(values.nbest)
   # Opened before translating: a bad path fails now, not after the whole search.
   out = sys.stdout if values.output == "-" else open_flag_output("output", values.output)
   if values.verbose:
     print(f"translate: {json.dumps(translator.settings())}", file=sys.stderr)
   try:
-    out.write("".join(line + "\n" for line in translator.translate(sentences, names=names)))
+    if values.nbest:
+      out.write(nbest_lines(translator.translate_nbest(sentences, values.nbest, names=names)))
+    else:
+      out.write("".join(line + "\n" for line in translator.translate(sentences, names=names)))
     out.flush()
   finally:
     if out is not sys.stdout:

@@ -315,6 +315,33 @@ def test_beam_scores_match_teacher_forcing(tiny, beam4):
   assert not np.array_equal(two, search.greedy_search(cfg, params, src, max_len_margin=MARGIN)[0])
 
 
+def test_target_log_probs_are_what_the_searches_score(tiny, beam4, greedy):
+  """`search.target_log_probs` (scripts/score.py, greedy n-best) gives the numpy reference's
+  teacher-forced log-probabilities, beam search's finished scores times their length penalty,
+  greedy search's outputs theirs, 0 for an all-padding row, and each row alone what it gives in
+  the batch."""
+  cfg, params, src = tiny
+  seqs, scores = (np.asarray(x) for x in beam4)
+  batch, beam, buffer_len = seqs.shape
+  flat = seqs.reshape(batch * beam, buffer_len)
+  lengths = (flat != cfg.pad_id).sum(1)
+  sources = jnp.repeat(src, beam, 0)
+  got = np.asarray(search.target_log_probs(cfg, params, sources, jnp.asarray(flat)))
+  assert got.shape == (batch * beam,) and got.dtype == np.float32
+  np.testing.assert_allclose(got, log_probs_of(cfg, params, sources, jnp.asarray(flat), lengths),
+                             rtol=1e-6, atol=1e-6)
+  finite = np.isfinite(scores.reshape(-1))
+  np.testing.assert_allclose(got[finite], (scores.reshape(-1) * ((5 + lengths) / 6) ** 0.6)[finite],
+                             rtol=1e-5, atol=1e-5)
+  assert (got[~finite] == 0).all() and (got[(batch - 1) * beam:] == 0).all()  # padding rows
+  one = np.asarray(search.target_log_probs(cfg, params, sources[1:2], jnp.asarray(flat[1:2])))
+  np.testing.assert_allclose(one, got[1:2], rtol=1e-6, atol=1e-6)
+  tokens, lengths = (np.asarray(x) for x in greedy)
+  np.testing.assert_allclose(search.target_log_probs(cfg, params, src, jnp.asarray(tokens)),
+                             log_probs_of(cfg, params, src, jnp.asarray(tokens), lengths),
+                             rtol=1e-6, atol=1e-6)
+
+
 def test_eos_ends_sentences_and_pads_after(tiny, greedy):
   """Declaring greedy's first token of sentence 0 the EOS (the model never reads eos_id) makes that
   sentence end at once and every other one end at that token's first occurrence."""

@@ -1,4 +1,4 @@
-"""The decoding tools: translate, evaluate, average_checkpoints and plot_attention.
+"""The decoding tools: translate, evaluate, score, average_checkpoints and plot_attention.
 
 One tiny run is trained once for the module (steps 3 and 6 saved); the scripts' `main` functions
 are called in-process (one subprocess smoke test checks the command line itself).
@@ -20,7 +20,7 @@ import pytest
 
 from transformer_jax import bleu
 from transformer_jax.data import get_data
-from transformer_jax.inference import attention_maps, evaluation
+from transformer_jax.inference import attention_maps, evaluation, scoring
 from transformer_jax.inference import flags as tool_flags
 from transformer_jax.inference import translator as translator_lib
 from transformer_jax.run import averaging, checkpointing, loop
@@ -37,6 +37,7 @@ LONG = " ".join(["one hundred and twenty three thousand"] * 12)  # well over max
 
 translate_script = load_script("translate")
 evaluate_script = load_script("evaluate")
+score_script = load_script("score")
 average_script = load_script("average_checkpoints")
 plot_script = load_script("plot_attention")
 
@@ -581,6 +582,121 @@ def test_a_stale_average_is_warned_about(workdir, tmp_path, capsys, monkeypatch)
 # ---------------------------------------------------------------- evaluate
 
 
+def test_nbest_lists_the_searches_finished_hypotheses_with_their_log_probabilities(translator,
+                                                                                    capsys):
+  lines = ["one hundred and two", "", "seven thousand and three", "twelve"]
+  beam = translator.with_search(4, 0.6)
+  nbest = beam.translate_nbest(lines, 4)
+  # Rank 1 is what translate gives with the same search; scores best first, at most 4.
+  assert [h[0][0] for h in nbest] == beam.translate(lines)
+  assert nbest[1] == [("", 0.0, 0.0)]  # an empty line: not searched
+  for hypotheses in nbest:
+    assert 1 <= len(hypotheses) <= 4
+    assert [h[1] for h in hypotheses] == sorted((h[1] for h in hypotheses), reverse=True)
+  # The log-probability is the teacher-forced one of the hypothesis's pieces (and EOS): the
+  # score times the length penalty, which scoring the same ids gives back.
+  sources = beam.encode(lines)
+  ids = beam.nbest_ids(sources, 4)
+  pairs = [(i, hyp) for i, hyps in enumerate(ids) if sources[i] for hyp in hyps]
+  # (A hypothesis cut at the length limit has no EOS, nor its log-probability an EOS term.)
+  targets = [hyp.ids + [beam.tokenizer.eos_id] * hyp.eos for _, hyp in pairs]
+  scored = scoring.PairScorer(beam).score_ids([sources[i] for i, _ in pairs], targets)
+  np.testing.assert_allclose(scored, [hyp.log_prob for _, hyp in pairs], rtol=1e-5, atol=1e-5)
+  # Greedy search: one hypothesis, its log-probability as both numbers.
+  greedy = translator.with_search(1, None)
+  one = greedy.translate_nbest(lines, 1)
+  assert [h[0][0] for h in one] == greedy.translate(lines)
+  assert all(len(h) == 1 and h[0][1] == h[0][2] for h in one)
+  found = [hyps[0] for hyps, s in zip(greedy.nbest_ids(sources, 1), sources) if s]
+  scored = scoring.PairScorer(greedy).score_ids(
+      [s for s in sources if s], [h.ids + [greedy.tokenizer.eos_id] * h.eos for h in found])
+  np.testing.assert_allclose(scored, [h.log_prob for h in found], rtol=1e-5, atol=1e-5)
+  with pytest.raises(workdir_lib.RunError, match=r"nbest=5: must be between 1 and the beam size "
+                     r"\(4\): pass --beam_size 5 or more"):
+    beam.translate_nbest(lines, 5)
+
+
+def test_translate_nbest_writes_tab_separated_rows(workdir, tmp_path, capsys):
+  out = tmp_path / "nbest.tsv"
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--beam_size", "3", "--nbest",
+                                           "3", "--output", str(out), "seven", "", "twelve"],
+                        capsys)
+  assert rc == 0, err
+  rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+  assert all(len(row) == 5 for row in rows)
+  assert [row[0] for row in rows].count("2") == 1 and ["2", "1", "0.000000", "0.000000", ""] in rows
+  for line in ("1", "3"):
+    ranks = [row[1] for row in rows if row[0] == line]
+    assert ranks == [str(r) for r in range(1, len(ranks) + 1)] and 1 <= len(ranks) <= 3
+  # More than the beam finishes is refused before anything is written.
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--nbest", "2", "--output",
+                                           str(tmp_path / "none.tsv"), "seven"], capsys)
+  assert rc == 1 and "nbest=2: must be between 1 and the beam size (1)" in err
+  assert not (tmp_path / "none.tsv").exists()
+
+
+def test_score_gives_the_runs_own_validation_nll(workdir, tmp_path, capsys):
+  """score.py on the validation split: the per-token negative log-likelihood the training loop
+  logged for it at the same step (another batching, the same number)."""
+  rc, out, err = run_main(score_script, ["--workdir", workdir, "--split", "validation",
+                                         "--output_dir", str(tmp_path)], capsys)
+  assert rc == 0, err
+  result = json.loads(out)
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    logged = [json.loads(line) for line in f if '"eval_nll"' in line]
+  assert logged[-1]["step"] == result["step"] == 6
+  assert result["nll_per_token"] == pytest.approx(logged[-1]["eval_nll"], rel=1e-5)
+  assert result["perplexity"] == pytest.approx(np.exp(result["nll_per_token"]))
+  assert result["sentences"] == result["scored"] == EVAL_SIZE
+  assert f"perplexity {result['perplexity']:.3f}" in err
+  with open(os.path.join(tmp_path, "scores.validation.jsonl"), encoding="utf-8") as f:
+    records = [json.loads(line) for line in f]
+  assert [r["pair"] for r in records] == list(range(1, EVAL_SIZE + 1))
+  assert sum(r["log_prob"] for r in records) == pytest.approx(result["log_prob"])
+  assert sum(r["target_tokens"] for r in records) == result["target_tokens"]
+  with open(os.path.join(tmp_path, "score.validation.json"), encoding="utf-8") as f:
+    assert json.load(f) == result
+
+
+def test_score_pairs_of_ones_own(workdir, tmp_path, capsys):
+  src, tgt = tmp_path / "src.en", tmp_path / "hyps.de"
+  src.write_text("seven\n\ntwelve\nseven\n", encoding="utf-8")
+  tgt.write_text("sieben\nzwei\n\nacht\n", encoding="utf-8")
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  rc, out, err = run_main(score_script, ["--workdir", run, "--source", str(src), "--target",
+                                         str(tgt), "--batch_size", "2"], capsys)
+  assert rc == 0, err
+  result = json.loads(out)
+  # Named after the target file, in the checkpoint's evaluation directory.
+  assert result["split"] == "hyps" and result["target_file"] == str(tgt)
+  assert result["scores"] == os.path.join(run, "eval", "step_6", "scores.hyps.jsonl")
+  with open(result["scores"], encoding="utf-8") as f:
+    records = [json.loads(line) for line in f]
+  # The empty source is skipped (with a warning naming it), the empty target scored as EOS.
+  assert records[1]["log_prob"] is None and records[1]["skipped"] == "empty source"
+  assert "1 pair(s) with an empty source not scored (hyps pair 2)" in err
+  assert records[2]["target_tokens"] == 1 and records[2]["log_prob"] < 0
+  assert result["scored"] == 3 and result["skipped_empty_sources"] == 1
+  # The same source with another target: the model prefers neither by accident of batching.
+  translator = translator_lib.Translator(run, batch_size=4)
+  alone = scoring.pair_scores(translator, [("seven", "acht")])[0]["log_prob"]
+  assert alone == pytest.approx(records[3]["log_prob"], rel=1e-5)
+  # Flags the command would ignore, and half a pair of files, are one error line each.
+  for argv, message in (
+      (["--source", str(src)], "--source and --target go together"),
+      (["--source", str(src), "--target", str(tgt), "--split", "test"],
+       "--split is ignored with --source/--target"),
+      (["--name", "x"], "--name is ignored without --source/--target"),
+      (["--beam_size", "4"], "Unknown command line flag 'beam_size'")):
+    rc, _, err = run_main(score_script, ["--workdir", run] + argv, capsys)
+    assert rc != 0 and message in err, (argv, err)
+  tgt.write_text("one line\n", encoding="utf-8")
+  rc, _, err = run_main(score_script, ["--workdir", run, "--source", str(src), "--target",
+                                       str(tgt)], capsys)
+  assert rc == 1 and f"--source {src} has 4 lines but --target {tgt} has 1" in err
+
+
 def test_evaluate_writes_hypotheses_and_reports_json(workdir, capsys):
   rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--split", "test"], capsys)
   assert rc == 0, err
@@ -923,7 +1039,7 @@ def test_evaluation_files_are_written_whole_under_their_own_temporary_names(tmp_
   def write(text):
     try:
       for _ in range(200):
-        evaluation._write_file(path, text)
+        evaluation.write_whole(path, text)
     except OSError as e:
       errors.append(e)
 

@@ -118,3 +118,11 @@ def loss_sums(logits, targets, weights, label_smoothing: float):
   correct = (label >= peak) * weights
   return {"loss": (loss * weights).sum(), "nll": (nll * weights).sum(),
           "correct": correct.sum(), "tokens": weights.sum()}
+
+
+def sentence_log_probs(logits, targets, weights):
+  """Per row, `sum_t weights[t] * log P(targets[t])` in float32 `[batch]`: the natural-log
+  probability of each target sentence, teacher-forced, with the log-softmax over the whole
+  vocabulary as the search scores its hypotheses (`scripts/score.py`)."""
+  _, nll = smoothed_cross_entropy(logits, targets, weights, 0.0)
+  return -nll.sum(axis=-1)

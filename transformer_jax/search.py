@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax import losses
 from transformer_jax.config import TransformerConfig
 from transformer_jax.model import Transformer, init_cache
 
@@ -399,6 +400,18 @@ def search_batch(config: TransformerConfig, params, inputs, *, beam_size: int = 
                             max_len_margin=max_len_margin, max_decode_len=max_decode_len)
     lengths = jnp.sum(tokens != config.pad_id, axis=-1)
   return np.asarray(tokens, np.int32), np.asarray(lengths, np.int32)
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def target_log_probs(config: TransformerConfig, params, inputs, targets):
+  """`[rows]` float32: log P(targets[r] | inputs[r]) summed over the row's non-padding target
+  tokens (an all-padding row: 0), teacher-forced with dropout off: what a search scores that
+  output (before beam search's length penalty). For scoring given translations
+  (`inference.scoring`) and greedy search's log-probabilities."""
+  model = Transformer(config.replace(deterministic=True, decode=False))
+  logits = model.apply({"params": params}, inputs, targets)
+  weights = (targets != config.pad_id).astype(jnp.float32)
+  return losses.sentence_log_probs(logits, targets, weights)
 
 
 def output_ids(tokens, lengths, eos_id: int) -> list[list[int]]:

@@ -194,7 +194,7 @@ def default_output_dir(workdir: str, checkpoint_dir: str, step: int,
   return os.path.join(workdir, EVAL, f"{name}_{step}")
 
 
-def _write_file(path: str, text: str) -> None:
+def write_whole(path: str, text: str) -> None:
   """Whole or not at all: a reader never sees half a file, nor a crash leaves one. The
   temporary name is this write's own: two evaluations of one checkpoint may end together."""
   tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
@@ -250,13 +250,13 @@ def _write(output_dir: str, split: str, tag: str, hypotheses: Sequence[str], res
   _warn_if_other_files(os.path.join(output_dir, f"eval.{name}.json"), result)
   result["time"] = time.time()
   result["hypotheses"] = os.path.join(output_dir, f"hypotheses.{name}.txt")
-  _write_file(result["hypotheses"], "".join(h + "\n" for h in hypotheses))
+  write_whole(result["hypotheses"], "".join(h + "\n" for h in hypotheses))
   result["references"] = os.path.join(output_dir, f"references.{split}.txt")
-  _write_file(result["references"], "".join(" ".join(r.splitlines()) + "\n" for _, r in pairs))
+  write_whole(result["references"], "".join(" ".join(r.splitlines()) + "\n" for _, r in pairs))
   if num_examples > 0:
     result["examples"] = os.path.join(output_dir, f"examples.{name}.md")
-    _write_file(result["examples"], examples_markdown(examples(pairs, hypotheses, num_examples)))
-  _write_file(os.path.join(output_dir, f"eval.{name}.json"), json.dumps(result, indent=2))
+    write_whole(result["examples"], examples_markdown(examples(pairs, hypotheses, num_examples)))
+  write_whole(os.path.join(output_dir, f"eval.{name}.json"), json.dumps(result, indent=2))
   if workdir is not None:
     os.makedirs(os.path.join(workdir, EVAL), exist_ok=True)
     # One write of one line in append mode: evaluations running side by side do not interleave.
@@ -265,30 +265,36 @@ def _write(output_dir: str, split: str, tag: str, hypotheses: Sequence[str], res
   return result
 
 
-def file_pairs(source: str, reference: str) -> list[tuple[str, str]]:
+def file_pairs(source: str, reference: str, target_flag: str = "reference"
+               ) -> list[tuple[str, str]]:
   """(source, reference) pairs of two line-aligned UTF-8 files, every line kept (a test set
-  is scored whole); files of different lengths are an error naming both."""
-  sources, references = read_flag_lines("source", source), read_flag_lines("reference", reference)
+  is scored whole); files of different lengths are an error naming both. `target_flag`: the
+  flag that named `reference` (score.py's is --target), for the errors."""
+  sources = read_flag_lines("source", source)
+  references = read_flag_lines(target_flag, reference)
   if len(sources) != len(references):
-    raise RunError(f"--source {source} has {len(sources):,} lines but --reference {reference} "
-                   f"has {len(references):,}: they must be line-aligned")
-  for flag, path, lines in (("source", source, sources), ("reference", reference, references)):
+    raise RunError(f"--source {source} has {len(sources):,} lines but --{target_flag} "
+                   f"{reference} has {len(references):,}: they must be line-aligned")
+  for flag, path, lines in (("source", source, sources), (target_flag, reference, references)):
     filled = [line for line in lines if line.strip()]
     if filled and all("\t" in line for line in filled):
       # A corpus's TSV (source<TAB>target) given as a test set: every "sentence" would hold
       # both sides.
       raise RunError(f"every line of --{flag} {path} holds a tab: a TSV of pairs? --source and "
-                     "--reference take one sentence per line, in two files: split it, e.g. "
-                     f"`cut -f1 {path} > source.txt` and `cut -f2 {path} > reference.txt`")
+                     f"--{target_flag} take one sentence per line, in two files: split it, e.g. "
+                     f"`cut -f1 {path} > source.txt` and `cut -f2 {path} > {target_flag}.txt`")
   return list(zip(sources, references))
 
 
-def own_test_set(source: str | None, reference: str | None, name: str | None = None
+def own_test_set(source: str | None, reference: str | None, name: str | None = None,
+                 target_flag: str = "reference"
                  ) -> tuple[str, list[tuple[str, str]], dict, tuple[str, str]] | None:
   """(name, pairs, extra, origin) of the test set of one's own in `source`/`reference` (None
   without `source`: a split of the run's data is scored): its `name` (default: the source
   file's name without its extension), its pairs (`file_pairs`), the result fields saying where
-  it came from, and the flags that name its empty lines (`check_empty`)."""
+  it came from, and the flags that name its empty lines (`check_empty`). `target_flag`: the
+  flag that named `reference` (score.py's is --target), in the errors, the result field
+  `<target_flag>_file` and the origin."""
   if not source:
     return None
   name = name or os.path.splitext(os.path.basename(source))[0]
@@ -299,10 +305,11 @@ def own_test_set(source: str | None, reference: str | None, name: str | None = N
   if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
     raise RunError(f"the test set's name {name!r} must be letters, digits, '_', '.' or '-': "
                    "pass another with --name")
-  pairs = file_pairs(source, reference)
+  pairs = file_pairs(source, reference, target_flag)
   return (name, pairs,
-          {"source_file": os.path.abspath(source), "reference_file": os.path.abspath(reference)},
-          (f"--source {source}", f"--reference {reference}"))
+          {"source_file": os.path.abspath(source),
+           f"{target_flag}_file": os.path.abspath(reference)},
+          (f"--source {source}", f"--{target_flag} {reference}"))
 
 
 def _corpus_config(run: dict, data_dir: str | None):

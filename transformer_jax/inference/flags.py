@@ -68,10 +68,12 @@ def refuse_ignored(values: flags.FlagValues, names: Sequence[str], because: str,
                    + what_to_do.format(flags=listed))
 
 
-def define_checkpoint_flags(values: flags.FlagValues, grid: bool = False) -> None:
+def define_checkpoint_flags(values: flags.FlagValues, grid: bool = False,
+                            search: bool = True) -> None:
   """The flags that choose a checkpoint and the search; with `grid` (evaluate.py),
   `--beam_size` and `--alpha` take comma-separated lists, searched one combination after
-  another (`search_grid`)."""
+  another (`search_grid`); without `search` (score.py, which searches nothing), only the
+  checkpoint's and `--batch_size`."""
   def define(kind, name, default, help_text):
     getattr(flags, f"DEFINE_{kind}")(name, default, help_text, flag_values=values)
 
@@ -81,19 +83,21 @@ def define_checkpoint_flags(values: flags.FlagValues, grid: bool = False) -> Non
   define("string", "checkpoint", None, "load parameters from here instead: a workdir, "
          "checkpoints or averaged directory, or a checkpoints/<step> dir")
   define("bool", "averaged", False, "use <workdir>/averaged (scripts/average_checkpoints.py)")
-  if grid:
+  if search and grid:
     define("list", "beam_size", None, "1 = greedy (default: the run's config.beam_size); several, "
            "comma-separated (1,4,8), are each evaluated")
     define("list", "alpha", None, "length penalty (default: the run's "
            "config.length_penalty_alpha); several, comma-separated (0.6,1.0), are each "
            "evaluated with every beam_size above 1")
-  else:
+  elif search:
     define("integer", "beam_size", None, "1 = greedy (default: the run's config.beam_size)")
     define("float", "alpha", None, "length penalty (default: the run's "
            "config.length_penalty_alpha)")
-  define("integer", "max_len_margin", None,
-         "output limit = source length + margin (default: the run's)")
-  define("integer", "batch_size", 64, "sentences per search batch")
+  if search:
+    define("integer", "max_len_margin", None,
+           "output limit = source length + margin (default: the run's)")
+  define("integer", "batch_size", 64, "sentences per search batch" if search
+         else "sentence pairs per batch")
 
 
 def _numbers(values: flags.FlagValues, name: str, kind: type) -> list:
@@ -132,10 +136,12 @@ def translator_from_flags(values: flags.FlagValues,
                           **kwargs) -> Translator:
   """A Translator from the flags of `define_checkpoint_flags`; `search`: (beam_size, alpha)
   instead of the flags' (one of evaluate.py's lists, `search_grid`)."""
-  beam_size, alpha = search or (values.beam_size, values.alpha)
+  searches = "beam_size" in values  # not defined with search=False: the run's own settings
+  beam_size, alpha = search or ((values.beam_size, values.alpha) if searches else (None, None))
   return Translator(values.workdir, step=values.step, checkpoint=values.checkpoint,
                     averaged=values.averaged, beam_size=beam_size, alpha=alpha,
-                    max_len_margin=values.max_len_margin, batch_size=values.batch_size, **kwargs)
+                    max_len_margin=values.max_len_margin if searches else None,
+                    batch_size=values.batch_size, **kwargs)
 
 
 def translators_from_flags(values: flags.FlagValues, **kwargs) -> list[Translator]:
@@ -146,19 +152,27 @@ def translators_from_flags(values: flags.FlagValues, **kwargs) -> list[Translato
   return [translator] + [translator.with_search(b, a) for b, a in rest]
 
 
+def check_pair_flags(values: flags.FlagValues, target_flag: str, files: str) -> None:
+  """evaluate.py's and score.py's pairs of their own: `--source` and `--<target_flag>` (the
+  `files`, as the error calls them) go together and replace `--split` and `--data_dir`;
+  `--name` names them, and is refused without them."""
+  target = values[target_flag].value
+  if values.source or target:
+    if not (values.source and target):
+      raise RunError(f"--source and --{target_flag} go together: {files}, line-aligned")
+    refuse_ignored(values, ["split", "data_dir"], f"with --source/--{target_flag} (a test set "
+                   "of your own is scored instead of a split)", "drop {flags}, or drop --source "
+                   f"and --{target_flag} to score the split")
+  else:
+    refuse_ignored(values, ["name"], f"without --source/--{target_flag} (it names a test set "
+                   "of your own)", "drop {flags}")
+
+
 def check_evaluate_flags(values: flags.FlagValues) -> None:
   """Refuse a flag of scripts/evaluate.py that the others make it ignore: ignored, it would
   look applied."""
-  if values.source or values.reference:
-    if not (values.source and values.reference):
-      raise RunError("--source and --reference go together: the test set's source file and its "
-                     "reference translations, line-aligned")
-    refuse_ignored(values, ["split", "data_dir"], "with --source/--reference (a test set of "
-                   "your own is scored instead of a split)", "drop {flags}, or drop --source "
-                   "and --reference to score the split")
-  else:
-    refuse_ignored(values, ["name"], "without --source/--reference (it names a test set of "
-                   "your own)", "drop {flags}")
+  check_pair_flags(values, "reference", "the test set's source file and its reference "
+                   "translations")
   if values.baseline:
     refuse_ignored(values, MODEL_FLAGS, f"with --baseline {values.baseline}, which uses no "
                    "model", "drop {flags}, or drop --baseline to evaluate the model")

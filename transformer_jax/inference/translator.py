@@ -48,9 +48,26 @@ from transformer_jax.run.workdir import (
   train_hint,
   vocabulary_path,
 )
-from transformer_jax.search import output_ids, search_batch
+from transformer_jax.search import (
+  beam_search,
+  length_penalty,
+  output_ids,
+  search_batch,
+  target_log_probs,
+)
 
 LENGTH_BUCKET = 16  # source lengths are padded to a multiple of this
+
+
+class Hypothesis(typing.NamedTuple):
+  """One finished hypothesis of a search (`Translator.nbest_ids`): its output ids without EOS,
+  the beam score it was ranked by (length-penalised), its log-probability (natural log, EOS
+  included) and whether it ended with EOS (false: cut at the length limit, so its
+  log-probability has no EOS term)."""
+  ids: list[int]
+  score: float
+  log_prob: float
+  eos: bool
 
 
 @dataclasses.dataclass
@@ -388,9 +405,11 @@ class Translator:
     return search_batch(self.config, self.params, inputs, beam_size=self.beam_size,
                         alpha=self.alpha, max_len_margin=self.max_len_margin)
 
-  def translate_ids(self, sources: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Output ids (no eos) per source (ids with eos); [] for an empty source, not searched."""
-    results: list[list[int]] = [[] for _ in sources]
+  def _in_batches(self, sources: Sequence[Sequence[int]], search: Callable, results: list
+                  ) -> None:
+    """Run `search(inputs)` -> `(tokens [rows, ...], lengths [rows, ...])` numpy on the
+    non-empty `sources` (ids with eos) in bucketed batches, longest first, and hand each
+    searched source's row to `results[i] = (tokens[r], lengths[r])`."""
     order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: -len(sources[i]))
     for start in range(0, len(order), self.batch_size):
       chunk = order[start:start + self.batch_size]
@@ -401,26 +420,95 @@ class Translator:
       if (rows, length) not in self._compiled:
         # An all-padding batch of the same shape compiles the search; its loop ends at once.
         begin = time.perf_counter()
-        self._search(np.zeros_like(inputs))
+        search(np.zeros_like(inputs))
         self.stats.compile_seconds += time.perf_counter() - begin
         self.stats.shapes += 1
         self._compiled.add((rows, length))
       begin = time.perf_counter()
-      tokens, lengths = self._search(inputs)
+      tokens, lengths = search(inputs)
       self.stats.search_seconds += time.perf_counter() - begin
       self.stats.batches += 1
       self.stats.sentences += len(chunk)
-      self.stats.output_tokens += int(lengths[:len(chunk)].sum())
-      for i, ids in zip(chunk, output_ids(tokens[:len(chunk)], lengths[:len(chunk)],
-                                          self.config.eos_id)):
-        results[i] = ids
+      for r, i in enumerate(chunk):
+        results[i] = (tokens[r], lengths[r])
+
+  def translate_ids(self, sources: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Output ids (no eos) per source (ids with eos); [] for an empty source, not searched."""
+    found: list = [None] * len(sources)
+    self._in_batches(sources, self._search, found)
+    results: list[list[int]] = []
+    for row in found:
+      if row is None:
+        results.append([])
+        continue
+      self.stats.output_tokens += int(row[1])
+      results.append(output_ids(row[0][None], row[1][None], self.config.eos_id)[0])
     return results
+
+  def check_nbest(self, n: int) -> None:
+    """A RunError unless 1 <= n <= the beam size (the search finishes at most that many)."""
+    if not 1 <= n <= self.beam_size:
+      raise RunError(f"nbest={n}: must be between 1 and the beam size ({self.beam_size}): "
+                     f"pass --beam_size {max(n, 2)} or more for {n} translations a line")
+
+  def nbest_ids(self, sources: Sequence[Sequence[int]], n: int) -> list[list[Hypothesis]]:
+    """The `n` best finished hypotheses per source (ids with eos), best first (`Hypothesis`):
+    the score is the length-penalised one the search ranks by, the log-probability that score
+    times the penalty of the hypothesis's length (EOS included). Fewer than `n` where the
+    search stopped with fewer finished (its stopping rule (a), `search.beam_search`); an empty
+    source gives one empty hypothesis scored 0, not searched. `n` is at most the beam size;
+    greedy search (beam 1) gives its one output with its log-probability as both numbers."""
+    self.check_nbest(n)
+    found: list = [None] * len(sources)
+    self._in_batches(sources, self._search_all, found)
+    results = []
+    for row in found:
+      if row is None:
+        results.append([Hypothesis([], 0.0, 0.0, False)])
+        continue
+      tokens, scores = row
+      hypotheses = []
+      for seq, score in zip(tokens[:n], scores[:n]):
+        if not np.isfinite(score):  # an empty slot of the finished set
+          continue
+        length = int(np.sum(seq != self.config.pad_id))
+        penalty = float(length_penalty(length, self.alpha)) if self.beam_size > 1 else 1.0
+        ids = output_ids(seq[None], np.array([length]), self.config.eos_id)[0]
+        eos = length > 0 and seq[length - 1] == self.config.eos_id
+        hypotheses.append(Hypothesis(ids, float(score), float(score) * penalty, bool(eos)))
+      self.stats.output_tokens += int(np.sum(tokens[0] != self.config.pad_id))
+      results.append(hypotheses)
+    return results
+
+  def _search_all(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(tokens [rows, beam, T], scores [rows, beam])` numpy: every finished hypothesis (greedy
+    search: its one output, scored by a teacher-forced pass)."""
+    if self.beam_size == 1:
+      tokens, lengths = search_batch(self.config, self.params, inputs, beam_size=1,
+                                     max_len_margin=self.max_len_margin)
+      weights = np.arange(tokens.shape[1])[None] < lengths[:, None]
+      targets = np.where(weights, tokens, self.config.pad_id)
+      scores = np.asarray(target_log_probs(self.config, self.params, inputs, targets))
+      return tokens[:, None], scores[:, None]
+    tokens, scores = beam_search(self.config, self.params, inputs, beam_size=self.beam_size,
+                                 alpha=self.alpha, max_len_margin=self.max_len_margin,
+                                 return_all=True)
+    return np.asarray(tokens, np.int32), np.asarray(scores, np.float32)
 
   def translate(self, lines: Sequence[str], warn: Callable[[str], None] = warn_stderr,
                 names: Sequence[str] | None = None) -> list[str]:
     """One translation per line, in order; an empty line gives an empty translation."""
     outputs = self.translate_ids(self.encode(lines, warn, names))
     return [self.detokenize(ids) if ids else "" for ids in outputs]
+
+  def translate_nbest(self, lines: Sequence[str], n: int,
+                      warn: Callable[[str], None] = warn_stderr,
+                      names: Sequence[str] | None = None) -> list[list[tuple[str, float, float]]]:
+    """The `n` best translations per line, best first, as `(text, beam score, log-probability)`
+    (`nbest_ids`); an empty line gives `[("", 0.0, 0.0)]`."""
+    outputs = self.nbest_ids(self.encode(lines, warn, names), n)
+    return [[(self.detokenize(h.ids) if h.ids else "", h.score, h.log_prob) for h in hypotheses]
+            for hypotheses in outputs]
 
 
 def throughput_line(stats: SearchStats) -> str:
