@@ -57,10 +57,12 @@ def define(values):
 
 def body(values, args):
   check_pair_flags(values, "target", "the source file and the translations to score")
-  name = values.name
+  name, named_by = values.name, "--name"
   if values.target and not name:
     name = os.path.splitext(os.path.basename(values.target))[0]
-  own = evaluation.own_test_set(values.source, values.target, name, target_flag="target")
+    named_by = "from --target's file name"
+  own = evaluation.own_test_set(values.source, values.target, name, target_flag="target",
+                                named_by=named_by)
   name, pairs, extra, _ = own or (values.split, None, {}, None)
   translator = translator_from_flags(values)
   if pairs is None:

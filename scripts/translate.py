@@ -23,6 +23,16 @@ than N rows (the search stops once no live hypothesis can beat the best finished
 empty line gets one row with an empty translation and scores 0.
 
     python scripts/translate.py --workdir runs/default --beam_size 8 --nbest 8 < src.txt > nbest.tsv
+
+`--sample` draws each translation from the model instead of searching (back-translation by
+sampling, Edunov et al., 2018): each token from softmax(logits / `--temperature`), among the
+`--top_k` most probable when given (their top-10 variant: `--top_k 10`); padding is never
+drawn. Line i's draw depends on `--seed`, i and the line only, not on the batch or the other
+lines. With `--nbest N`, N samples a line (any N), the most probable first, the score and the
+log-probability both the sample's natural-log probability under the model (at temperature 1,
+without the top-k restriction).
+
+    python scripts/translate.py --workdir runs/default --sample --top_k 10 < mono.en > bt.de
 """
 import json
 import logging
@@ -48,8 +58,17 @@ def define(values):
   flags.DEFINE_string("output", "-", "file for the translations; '-' = stdout",
                       flag_values=values)
   flags.DEFINE_integer("nbest", None, "write the N best translations of each line (N at most "
-                       "the beam size), best first, one a line as `<line>\t<rank>\t<score>\t"
-                       "<log-prob>\t<translation>`", lower_bound=1, flag_values=values)
+                       "the beam size), best first, one a row of 5 tab-separated fields: line, "
+                       "rank, score, log-prob, translation", lower_bound=1, flag_values=values)
+  flags.DEFINE_bool("sample", False, "sample each translation from the model instead of "
+                    "searching (back-translation); with --nbest N, N samples a line",
+                    flag_values=values)
+  flags.DEFINE_float("temperature", 1.0, "--sample: divide the logits by this (> 0; 1 = the "
+                     "model's own distribution)", flag_values=values)
+  flags.DEFINE_integer("top_k", 0, "--sample: draw among the k most probable tokens only (0 = "
+                       "all)", lower_bound=0, flag_values=values)
+  flags.DEFINE_integer("seed", 0, "--sample: the random seed (line i's draws depend on it, i "
+                       "and the line only)", flag_values=values)
   flags.DEFINE_bool("verbose", False, "print the checkpoint, settings and search throughput "
                     "on stderr", flag_values=values)
 
@@ -79,7 +98,15 @@ def body(values, sentences):
     sentences = read_flag_lines("input", values.input)
     where = "stdin" if values.input == "-" else values.input
     names = [f"{where} line {i + 1}" for i in range(len(sentences))]
+  if values.sample:
+    refuse_ignored(values, ["beam_size", "alpha"], "with --sample, which searches nothing",
+                   "drop {flags}, or drop --sample to search")
+  else:
+    refuse_ignored(values, ["temperature", "top_k", "seed"], "without --sample",
+                   "add --sample to sample translations, or drop {flags}")
   translator = translator_from_flags(values)
+  if values.sample:
+    translator = translator.with_sampling(values.temperature, values.top_k, values.seed)
   if values.nbest:
     translator.check_nbest(values.nbest)
   # Opened before translating: a bad path fails now, not after the whole search.

@@ -342,6 +342,95 @@ def test_target_log_probs_are_what_the_searches_score(tiny, beam4, greedy):
                              rtol=1e-6, atol=1e-6)
 
 
+def sample_keys(n, seed=0):
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.arange(n))
+
+
+def test_sampling_scores_its_samples_and_top_1_is_greedy(tiny, greedy):
+  """Sampling among the single most probable token is greedy search, token for token; every
+  sample's log-probability is the teacher-forced one of its tokens; a sentence's sample is the
+  same alone as in the batch (its own key); the all-padding row produces nothing."""
+  cfg, params, src = tiny
+  keys = sample_keys(src.shape[0])
+  tokens, lengths, log_probs = search.sample_search(cfg, params, src, keys, top_k=1,
+                                                    max_len_margin=MARGIN)
+  np.testing.assert_array_equal(tokens, greedy[0])
+  np.testing.assert_array_equal(lengths, greedy[1])
+  np.testing.assert_allclose(log_probs, search.target_log_probs(cfg, params, src, tokens),
+                             rtol=1e-5, atol=1e-5)
+  tokens, lengths, log_probs = search.sample_search(cfg, params, src, keys, temperature=1.5,
+                                                    max_len_margin=MARGIN)
+  tokens = np.asarray(tokens)
+  assert not np.array_equal(tokens, greedy[0])
+  check_well_formed(tokens, lengths, expected_limits(SOURCE_LENGTHS, MARGIN, tokens.shape[1]),
+                    cfg.eos_id)
+  np.testing.assert_allclose(log_probs, search.target_log_probs(cfg, params, src, tokens),
+                             rtol=1e-5, atol=1e-5)
+  assert lengths[3] == 0 and log_probs[3] == 0
+  alone = search.sample_search(cfg, params, src[1:2], keys[1:2], temperature=1.5,
+                               max_len_margin=MARGIN)[0]
+  np.testing.assert_array_equal(np.asarray(alone)[0], tokens[1])
+
+
+def uncached_sample(cfg, params, src, keys, temperature, top_k, margin, buffer_len):
+  """Sampling as documented, one sentence and step at a time on the uncached model: the token
+  of sentence b at step t is `jax.random.categorical(fold_in(keys[b], t), logits / T)` (over
+  the top k's values, mapped back to their ids, with top_k), padding excluded."""
+  model = tj.Transformer(cfg.replace(deterministic=True))
+  limits = expected_limits(np.sum(np.asarray(src) != cfg.pad_id, 1), margin, buffer_len)
+  batch = src.shape[0]
+  tokens = np.full((batch, buffer_len), cfg.pad_id)
+  done = limits <= 0
+  for t in range(buffer_len):
+    prefix = np.full((batch, buffer_len), 4)
+    prefix[:, :t] = tokens[:, :t]
+    logits = teacher_forced(model, params, src, jnp.asarray(prefix))[:, t]
+    logits = logits.at[:, cfg.pad_id].set(-jnp.inf) / temperature
+    for b in range(batch):
+      key = jax.random.fold_in(keys[b], t)
+      if top_k:
+        values, index = jax.lax.top_k(logits[b], top_k)
+        token = int(index[jax.random.categorical(key, values)])
+      else:
+        token = int(jax.random.categorical(key, logits[b]))
+      tokens[b, t] = cfg.pad_id if done[b] else token
+    done = done | (tokens[:, t] == cfg.eos_id) | (t + 1 >= limits)
+  return tokens
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.5, 0), (0.5, 3)])
+def test_sampling_draws_step_by_step_as_documented(tiny, temperature, top_k):
+  """Against the uncached reference: the key of every step (fold_in of the sentence's key and
+  the step), the temperature and the top-k restriction, through the cache."""
+  cfg, params, src = tiny
+  keys = sample_keys(src.shape[0], seed=2)
+  tokens = search.sample_search(cfg, params, src, keys, temperature=temperature, top_k=top_k,
+                                max_len_margin=MARGIN)[0]
+  expected = uncached_sample(cfg, params, src, keys, temperature, top_k, MARGIN, tokens.shape[1])
+  np.testing.assert_array_equal(tokens, expected)
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)])
+def test_samples_follow_the_models_distribution(tiny, temperature, top_k):
+  """The first token of 8,000 samples of one source: its frequencies are softmax(logits /
+  temperature) over the vocabulary without padding, restricted to the top k (renormalised),
+  to within 4.5 standard deviations of a proportion."""
+  cfg, params, src = tiny
+  n = 8000
+  sources = jnp.repeat(src[:1], n, 0)
+  tokens = search.sample_search(cfg, params, sources, sample_keys(n, seed=1),
+                                temperature=temperature, top_k=top_k, max_decode_len=1)[0]
+  counts = np.bincount(np.asarray(tokens)[:, 0], minlength=VOCAB) / n
+  model = tj.Transformer(cfg.replace(deterministic=True))
+  logits = np.array(teacher_forced(model, params, src[:1], jnp.full((1, 1), 4)))[0, 0]
+  logits[cfg.pad_id] = -np.inf
+  if top_k:
+    logits[logits < np.sort(logits)[-top_k]] = -np.inf
+  expected = np.asarray(jax.nn.softmax(jnp.asarray(logits / temperature)))
+  assert counts[cfg.pad_id] == 0 and (counts[expected == 0] == 0).all()
+  np.testing.assert_allclose(counts, expected, atol=4.5 * np.sqrt(0.25 / n))
+
+
 def test_eos_ends_sentences_and_pads_after(tiny, greedy):
   """Declaring greedy's first token of sentence 0 the EOS (the model never reads eos_id) makes that
   sentence end at once and every other one end at that token's first occurrence."""

@@ -128,7 +128,7 @@ def test_translate_ids_keeps_the_input_order(translator, monkeypatch):
   """With a search that echoes its source, every output must be its own line's source: the
   length-sorted batches are put back in input order (the tiny model's outputs all look alike,
   so this cannot be checked through real translations)."""
-  def echo(inputs):
+  def echo(inputs, index):
     return inputs.copy(), (inputs != translator.config.pad_id).sum(1).astype(np.int32)
 
   monkeypatch.setattr(translator, "_search", echo)
@@ -606,11 +606,22 @@ def test_nbest_lists_the_searches_finished_hypotheses_with_their_log_probabiliti
   greedy = translator.with_search(1, None)
   one = greedy.translate_nbest(lines, 1)
   assert [h[0][0] for h in one] == greedy.translate(lines)
-  assert all(len(h) == 1 and h[0][1] == h[0][2] for h in one)
+  assert all(len(h) == 1 for h in one)
   found = [hyps[0] for hyps, s in zip(greedy.nbest_ids(sources, 1), sources) if s]
   scored = scoring.PairScorer(greedy).score_ids(
       [s for s in sources if s], [h.ids + [greedy.tokenizer.eos_id] * h.eos for h in found])
   np.testing.assert_allclose(scored, [h.log_prob for h in found], rtol=1e-5, atol=1e-5)
+  # Hypotheses cut at the length limit (a margin of 1 token) end without EOS, and their
+  # log-probability has no EOS term.
+  short = translator_lib.Translator(beam.workdir, batch_size=4, beam_size=3, max_len_margin=1)
+  cut = [(i, h) for i, hyps in enumerate(short.nbest_ids(sources, 3)) if sources[i]
+         for h in hyps]
+  assert any(not h.eos for _, h in cut)
+  scored = scoring.PairScorer(short).score_ids(
+      [sources[i] for i, _ in cut], [h.ids + [beam.tokenizer.eos_id] * h.eos for _, h in cut])
+  np.testing.assert_allclose(scored, [h.log_prob for _, h in cut], rtol=1e-5, atol=1e-5)
+  with pytest.raises(workdir_lib.RunError, match=r"nbest=0: must be 1 or more"):
+    beam.nbest_ids(sources, 0)
   with pytest.raises(workdir_lib.RunError, match=r"nbest=5: must be between 1 and the beam size "
                      r"\(4\): pass --beam_size 5 or more"):
     beam.translate_nbest(lines, 5)
@@ -691,10 +702,61 @@ def test_score_pairs_of_ones_own(workdir, tmp_path, capsys):
       (["--beam_size", "4"], "Unknown command line flag 'beam_size'")):
     rc, _, err = run_main(score_script, ["--workdir", run] + argv, capsys)
     assert rc != 0 and message in err, (argv, err)
+  # Another target file of the same name replaces the files, and says so.
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "hyps.de").write_text("acht\nzwei\n\nsieben\n", encoding="utf-8")
+  rc, out, err = run_main(score_script, ["--workdir", run, "--source", str(src), "--target",
+                                         str(other / "hyps.de")], capsys)
+  assert rc == 0 and f"held the result for target_file {tgt}" in err, err
+  assert "pass --name to keep their files side by side" in err
+  # A default name that is a split's says where it came from.
+  (other / "test.de").write_text("acht\nzwei\n\nsieben\n", encoding="utf-8")
+  rc, _, err = run_main(score_script, ["--workdir", run, "--source", str(src), "--target",
+                                       str(other / "test.de")], capsys)
+  assert rc == 1 and ("the test set's name 'test' (from --target's file name) is a split's"
+                      in err), err
   tgt.write_text("one line\n", encoding="utf-8")
   rc, _, err = run_main(score_script, ["--workdir", run, "--source", str(src), "--target",
                                        str(tgt)], capsys)
   assert rc == 1 and f"--source {src} has 4 lines but --target {tgt} has 1" in err
+
+
+def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, capsys):
+  lines = ["one hundred and two", "seven", "", "twelve thousand", "three"]
+  sampler = translator.with_sampling(temperature=1.5, seed=3)
+  drawn = sampler.translate(lines)
+  assert drawn[2] == "" and drawn != translator.with_search(1, None).translate(lines)
+  # The same draws in another batching; another seed draws others.
+  assert translator.with_sampling(1.5, seed=3).translate(lines[:2]) == drawn[:2]
+  wide = translator_lib.Translator(workdir, batch_size=2).with_sampling(1.5, seed=3)
+  assert wide.translate(lines) == drawn
+  assert translator.with_sampling(1.5, seed=4).translate(lines) != drawn
+  # n samples a line, the most probable first, each with its log-probability; the first draw is
+  # the one translate gives.
+  samples = sampler.translate_nbest(lines, 3)
+  assert samples[2] == [("", 0.0, 0.0)]
+  for line, hyps in zip(drawn, samples):
+    assert len(hyps) == 3 or line == ""
+    assert [h[2] for h in hyps] == sorted((h[2] for h in hyps), reverse=True)
+    assert line in [h[0] for h in hyps]
+  assert sampler.settings()["sampling"] == {"temperature": 1.5, "top_k": 0, "seed": 3}
+  assert sampler.settings()["beam_size"] is None
+  for kwargs, message in (({"temperature": 0.0}, "temperature=0.0: must be a number above 0"),
+                          ({"top_k": 10**6}, "top_k=1000000: must be between 0")):
+    with pytest.raises(workdir_lib.RunError, match=message):
+      translator.with_sampling(**kwargs)
+  # The command line: flags that sampling, or searching, would ignore are refused.
+  out = tmp_path / "bt.txt"
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--sample", "--temperature",
+                                           "1.5", "--seed", "3", "--output", str(out)] + lines,
+                        capsys)
+  assert rc == 0 and out.read_text(encoding="utf-8").splitlines() == drawn, err
+  for argv, message in (
+      (["--sample", "--beam_size", "4"], "--beam_size is ignored with --sample"),
+      (["--top_k", "5"], "--top_k is ignored without --sample: add --sample")):
+    rc, _, err = run_main(translate_script, ["--workdir", workdir] + argv + ["seven"], capsys)
+    assert rc == 1 and message in err, (argv, err)
 
 
 def test_evaluate_writes_hypotheses_and_reports_json(workdir, capsys):
@@ -960,7 +1022,7 @@ def test_evaluate_scores_a_test_set_of_ones_own(workdir, tmp_path, capsys):
   for name, why in (("test", "is a split's"), ("../x", "must be letters")):
     rc, _, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src),
                                             "--reference", str(src), "--name", name], capsys)
-    assert rc == 1 and f"the test set's name {name!r} {why}" in err, err
+    assert rc == 1 and f"the test set's name {name!r} (--name) {why}" in err, err
 
 
 def test_translate_and_evaluate_read_a_long_source_alike_and_log_what_they_ran(workdir, tmp_path,

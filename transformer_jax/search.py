@@ -233,14 +233,13 @@ def _run_in_stages(step, not_done, state, ends, *, position, get_cache, set_cach
   return state
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_len_margin", "max_decode_len"))
-def greedy_search(config: TransformerConfig, params, inputs, *, max_len_margin: int = 50,
-                  max_decode_len: int | None = None):
-  """Greedy decoding of source `inputs` `[batch, source_len]` (padding = `pad_id`).
-
-  Returns `(tokens [batch, T] int32, lengths [batch] int32)`: see the module docstring.
-  Stops as soon as every sentence has produced EOS or reached its length limit.
-  """
+def _one_token_search(config: TransformerConfig, params, inputs, choose, *, max_len_margin: int,
+                      max_decode_len: int | None, score: bool):
+  """The loop greedy search and sampling share: one token per sentence and step, `choose(logits
+  [rows, vocab] float32 with padding at -inf, i)` -> tokens `[rows]`, until every sentence has
+  produced EOS or reached its limit. Returns `(tokens, lengths)`, and with `score` the summed
+  log-probabilities `[rows]` of the tokens chosen (log-softmax over the whole vocabulary, as
+  beam search and `target_log_probs` score them)."""
   model = _decode_model(config)
   batch, source_len = inputs.shape
   buffer_len = buffer_length(config, source_len, max_len_margin, max_decode_len)
@@ -249,26 +248,72 @@ def greedy_search(config: TransformerConfig, params, inputs, *, max_len_margin: 
   cache = _primed_cache(model, params, inputs, ends[0])
 
   def not_done(state):
-    i, _, _, _, done = state
+    i, _, _, _, done, _ = state
     return (i < buffer_len) & ~jnp.all(done)
 
   def step(state):
-    i, cache, last, tokens, done = state
-    # The argmax of the logits is that of the log-probabilities: no softmax pass over the
-    # vocabulary. Padding is forbidden as in beam search.
+    i, cache, last, tokens, done, total = state
     logits, cache = _step_logits(model, params, cache, last)
-    token = first_argmax(logits.at[:, config.pad_id].set(-jnp.inf))
+    token = choose(logits.at[:, config.pad_id].set(-jnp.inf), i)
+    if score:
+      picked = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[:, None], axis=-1)
+      total = total + jnp.where(done, 0.0, picked[:, 0])
     token = jnp.where(done, config.pad_id, token)
     tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
     done = done | (token == config.eos_id) | (i + 1 >= limits)
-    return i + 1, cache, token, tokens, done
+    return i + 1, cache, token, tokens, done, total
 
   state = (jnp.array(0, jnp.int32), cache, jnp.full((batch,), config.bos_id, jnp.int32),
-           jnp.full((batch, buffer_len), config.pad_id, jnp.int32), limits <= 0)
+           jnp.full((batch, buffer_len), config.pad_id, jnp.int32), limits <= 0,
+           jnp.zeros((batch,), jnp.float32))
   state = _run_in_stages(step, not_done, state, ends, position=lambda s: s[0],
                          get_cache=lambda s: s[1], set_cache=lambda s, c: (s[0], c) + s[2:])
   tokens = state[3]
-  return tokens, jnp.sum(tokens != config.pad_id, axis=-1).astype(jnp.int32)
+  lengths = jnp.sum(tokens != config.pad_id, axis=-1).astype(jnp.int32)
+  return (tokens, lengths, state[5]) if score else (tokens, lengths)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_len_margin", "max_decode_len"))
+def greedy_search(config: TransformerConfig, params, inputs, *, max_len_margin: int = 50,
+                  max_decode_len: int | None = None):
+  """Greedy decoding of source `inputs` `[batch, source_len]` (padding = `pad_id`).
+
+  Returns `(tokens [batch, T] int32, lengths [batch] int32)`: see the module docstring.
+  Stops as soon as every sentence has produced EOS or reached its length limit.
+  """
+  # The argmax of the logits is that of the log-probabilities: no softmax pass over the
+  # vocabulary. Padding is forbidden as in beam search.
+  return _one_token_search(config, params, inputs, lambda logits, i: first_argmax(logits),
+                           max_len_margin=max_len_margin, max_decode_len=max_decode_len,
+                           score=False)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "top_k", "max_len_margin",
+                                              "max_decode_len"))
+def sample_search(config: TransformerConfig, params, inputs, keys, *, temperature=1.0,
+                  top_k: int = 0, max_len_margin: int = 50, max_decode_len: int | None = None):
+  """Ancestral sampling: each next token drawn from softmax(logits / temperature) over the
+  vocabulary without padding, or over its `top_k` most probable tokens when `top_k` > 0 (Edunov
+  et al., 2018, back-translate by unrestricted and top-10 sampling). `keys` `[batch]`: one PRNG
+  key per sentence; step i draws with `fold_in(key, i)`, so a sentence's sample depends on its
+  own key and source, not on the rest of the batch. `temperature` is traced (another value does
+  not recompile), and must be > 0.
+
+  Returns `(tokens [batch, T], lengths [batch], log_probs [batch])`: the outputs as greedy
+  search's, and each sample's log-probability under the model itself (temperature 1, no top-k
+  restriction; what `target_log_probs` gives the same tokens). Limits and EOS as greedy search.
+  """
+  def choose(logits, i):
+    step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i)
+    scaled = logits / temperature
+    if not top_k:
+      return jax.vmap(jax.random.categorical)(step_keys, scaled).astype(jnp.int32)
+    values, index = jax.lax.top_k(scaled, top_k)
+    pick = jax.vmap(jax.random.categorical)(step_keys, values)
+    return jnp.take_along_axis(index, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
+
+  return _one_token_search(config, params, inputs, choose, max_len_margin=max_len_margin,
+                           max_decode_len=max_decode_len, score=True)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "beam_size", "alpha", "max_len_margin",

@@ -219,20 +219,21 @@ def writable_dir(path: str) -> None:
                    "directory you can write")
 
 
-def _warn_if_other_files(path: str, result: dict) -> None:
-  """A test set of one's own is named after its source file: the same source scored against
-  other references (or another source of the same name) replaces the earlier files, which is
-  said (results.jsonl keeps both results)."""
+def warn_if_other_files(path: str, result: dict, kept: str = " (eval/results.jsonl keeps "
+                        "both)") -> None:
+  """A test set of one's own is named after one of its files: the same source scored against
+  other references (or another source of the same name; score.py: other targets of the same
+  file name) replaces the earlier files, which is said. `kept`: where the earlier result
+  survives, if anywhere."""
   try:
     with open(path, encoding="utf-8") as f:
       old = json.load(f)
   except (OSError, ValueError):
     return
-  for key in ("source_file", "reference_file"):
+  for key in ("source_file", "reference_file", "target_file"):
     if isinstance(old, dict) and old.get(key) and old.get(key) != result.get(key):
       warn_stderr(f"{path} held the result for {key} {old[key]}; it is replaced by this one "
-                  f"for {result.get(key)} (eval/results.jsonl keeps both): pass --name to keep "
-                  "their files side by side")
+                  f"for {result.get(key)}{kept}: pass --name to keep their files side by side")
       return
 
 
@@ -247,7 +248,7 @@ def _write(output_dir: str, split: str, tag: str, hypotheses: Sequence[str], res
   `time` (Unix seconds, as in metrics.jsonl): two evaluations of the same settings differ."""
   name = f"{split}.{tag}"
   os.makedirs(output_dir, exist_ok=True)
-  _warn_if_other_files(os.path.join(output_dir, f"eval.{name}.json"), result)
+  warn_if_other_files(os.path.join(output_dir, f"eval.{name}.json"), result)
   result["time"] = time.time()
   result["hypotheses"] = os.path.join(output_dir, f"hypotheses.{name}.txt")
   write_whole(result["hypotheses"], "".join(h + "\n" for h in hypotheses))
@@ -287,24 +288,27 @@ def file_pairs(source: str, reference: str, target_flag: str = "reference"
 
 
 def own_test_set(source: str | None, reference: str | None, name: str | None = None,
-                 target_flag: str = "reference"
+                 target_flag: str = "reference", named_by: str = "--name"
                  ) -> tuple[str, list[tuple[str, str]], dict, tuple[str, str]] | None:
   """(name, pairs, extra, origin) of the test set of one's own in `source`/`reference` (None
   without `source`: a split of the run's data is scored): its `name` (default: the source
   file's name without its extension), its pairs (`file_pairs`), the result fields saying where
   it came from, and the flags that name its empty lines (`check_empty`). `target_flag`: the
   flag that named `reference` (score.py's is --target), in the errors, the result field
-  `<target_flag>_file` and the origin."""
+  `<target_flag>_file` and the origin; `named_by`: where a `name` given (not None) came from,
+  for the errors (score.py's default is its --target's file name)."""
   if not source:
     return None
+  given = f"the test set's name {name!r} ({named_by})" if name else None
   name = name or os.path.splitext(os.path.basename(source))[0]
+  given = given or f"the test set's name {name!r} (the source file's name)"
   # The name goes into file names beside the splits' own files.
   if name in SPLITS:
-    raise RunError(f"the test set's name {name!r} is a split's: its files would replace the "
-                   "split's evaluation: pass another with --name")
+    raise RunError(f"{given} is a split's: its files would replace the split's own in the "
+                   "same directory: pass another with --name")
   if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-    raise RunError(f"the test set's name {name!r} must be letters, digits, '_', '.' or '-': "
-                   "pass another with --name")
+    raise RunError(f"{given} must be letters, digits, '_', '.' or '-': pass another with "
+                   "--name")
   pairs = file_pairs(source, reference, target_flag)
   return (name, pairs,
           {"source_file": os.path.abspath(source),

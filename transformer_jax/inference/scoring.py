@@ -30,7 +30,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.inference.evaluation import default_output_dir, writable_dir, write_whole
+from transformer_jax.inference.evaluation import (
+  default_output_dir,
+  nonempty,
+  warn_if_other_files,
+  writable_dir,
+  write_whole,
+)
 from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.search import target_log_probs
 
@@ -93,11 +99,19 @@ def pair_scores(translator: Translator, pairs: Sequence[tuple[str, str]],
                 scorer: PairScorer | None = None) -> list[dict]:
   """One record per pair, in order: `pair` (from 1), `log_prob` (None when skipped, with
   `skipped` saying why), `target_tokens` (pieces and EOS) and `nll_per_token`. `names[i]`
-  names pair i in warnings (default `pair <i+1>`)."""
+  names pair i in warnings (default `pair <i+1>`); at most 10 warnings about long lines are
+  given, then their count."""
+  said: list[str] = []
+
+  def capped(message: str) -> None:  # the long-line warnings, capped as evaluate.py's
+    said.append(message)
+    if len(said) <= 10:
+      warn(message)
+
   names = names or [f"pair {i + 1}" for i in range(len(pairs))]
   scorer = scorer or PairScorer(translator)
   config, tokenizer = translator.config, translator.tokenizer
-  sources = translator.encode([s for s, _ in pairs], warn, names)
+  sources = translator.encode([s for s, _ in pairs], capped, names)
   targets = [list(ids) + [tokenizer.eos_id]
              for ids in tokenizer.encode_batch([t for _, t in pairs])] if pairs else []
   too_long = [len(ids) > config.max_len for ids in targets]
@@ -105,12 +119,14 @@ def pair_scores(translator: Translator, pairs: Sequence[tuple[str, str]],
     if not long:
       continue
     if config.position_encoding == "learned":
-      warn(f"{name}: the target is {len(ids)} tokens with EOS, more than the model's learned "
+      capped(f"{name}: the target is {len(ids)} tokens with EOS, more than the model's learned "
            f"position table (max_len {config.max_len}): not scored")
     else:
-      warn(f"{name}: the target is {len(ids)} tokens with EOS, more than the {config.max_len} "
+      capped(f"{name}: the target is {len(ids)} tokens with EOS, more than the {config.max_len} "
            "(max_len) the model was built for: scored whole, as sinusoidal positions extend "
            "past max_len")
+  if len(said) > 10:
+    warn(f"... and {len(said) - 10} more sources or targets longer than the model's max_len")
   empty = [name for name, ids in zip(names, sources) if not ids]
   if empty:
     more = ", ..." if len(empty) > 5 else ""
@@ -154,18 +170,22 @@ def score(translator: Translator, pairs: Sequence[tuple[str, str]], name: str,
   output_dir = output_dir or default_output_dir(
       translator.workdir, translator.checkpoint_dir, translator.step,
       len(averaged) if averaged is not None else None)
+  pairs = nonempty(list(pairs), name)
   writable_dir(output_dir)  # now, not after scoring
   scorer = PairScorer(translator)
   records = pair_scores(translator, pairs, [f"{name} pair {i + 1}" for i in range(len(pairs))],
                         warn, scorer)
   seconds = scorer.score_seconds
   settings = translator.settings()
-  result = {"split": name, "sentences": len(pairs), **corpus_figures(records),
+  figures = corpus_figures(records)
+  result = {"split": name, "sentences": len(pairs), **figures,
             **{k: settings[k] for k in ("step", "checkpoint", "averaged_steps", "batch_size")},
-            "pairs_per_sec": len(pairs) / seconds if seconds > 0 else None,
+            "pairs_per_sec": figures["scored"] / seconds if seconds > 0 else None,
             "score_seconds": seconds, "compile_seconds": scorer.compile_seconds,
             "compiled_shapes": scorer.compiled_shapes, **(extra or {}),
             "scores": os.path.join(output_dir, f"scores.{name}.jsonl"), "time": time.time()}
+  summary = os.path.join(output_dir, f"score.{name}.json")
+  warn_if_other_files(summary, result, kept="")
   write_whole(result["scores"], "".join(json.dumps(r) + "\n" for r in records))
-  write_whole(os.path.join(output_dir, f"score.{name}.json"), json.dumps(result, indent=2))
+  write_whole(summary, json.dumps(result, indent=2))
   return result

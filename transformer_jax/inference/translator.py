@@ -50,13 +50,24 @@ from transformer_jax.run.workdir import (
 )
 from transformer_jax.search import (
   beam_search,
-  length_penalty,
   output_ids,
+  sample_search,
   search_batch,
   target_log_probs,
 )
 
 LENGTH_BUCKET = 16  # source lengths are padded to a multiple of this
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """Sampling instead of a search (`Translator.with_sampling`): each token drawn from
+  softmax(logits / temperature), among the `top_k` most probable when `top_k` > 0; the draw of
+  line i (from 0) uses the key `fold_in(fold_in(key(seed), i), j)` for its j-th sample, so it
+  depends on the seed, the line's place and its source only."""
+  temperature: float = 1.0
+  top_k: int = 0
+  seed: int = 0
 
 
 class Hypothesis(typing.NamedTuple):
@@ -74,7 +85,8 @@ class Hypothesis(typing.NamedTuple):
 class SearchStats:
   """Sentences and output tokens (EOS included) searched, and the time the search took.
 
-  `search_seconds` is the wall time of the compiled searches only: every new batch shape is
+  `search_seconds` is the wall time of the compiled searches only (greedy search's n-best
+  lists: with the pass that scores its outputs): every new batch shape is
   first compiled on an all-padding batch of that shape (its loop ends at once), and that call
   is counted in `compile_seconds` instead. Tokenizing and detokenizing are in neither.
   """
@@ -286,6 +298,7 @@ class Translator:
     self.params = jax.device_put(params)
     if self.checkpoint_dir == os.path.join(os.path.abspath(workdir), AVERAGED):
       self._warn_if_stale()
+    self.sampling: Sampling | None = None
     self._truncate = bool(truncate)
     self.averaged_steps = averaging.averaged_steps(self.checkpoint_dir, self.step)
     self.stats = SearchStats()
@@ -325,6 +338,24 @@ class Translator:
     other._compiled = set()
     return other
 
+  def with_sampling(self, temperature: float = 1.0, top_k: int = 0, seed: int = 0
+                    ) -> Translator:
+    """This translator sampling instead of searching (`Sampling`), checked: a temperature
+    above 0 (finite), a `top_k` from 0 (the whole vocabulary) to the vocabulary size. The same
+    parameters and tokenizer; its own throughput figures and compiled shapes."""
+    if not (math.isfinite(temperature) and temperature > 0):
+      raise RunError(f"temperature={temperature}: must be a number above 0 (1 samples from the "
+                     "model's own distribution; lower is closer to greedy search)")
+    vocab = self.config.output_vocab_size
+    if not 0 <= top_k <= vocab:
+      raise RunError(f"top_k={top_k}: must be between 0 (the whole vocabulary) and the "
+                     f"vocabulary size ({vocab})")
+    other = copy.copy(self)
+    other.sampling = Sampling(float(temperature), int(top_k), int(seed))
+    other.stats = SearchStats()
+    other._compiled = set()
+    return other
+
   def _warn_if_stale(self) -> None:
     """An average made before the run trained on: it decodes, but not what the run is now."""
     steps = checkpointing.checkpoint_steps(checkpointing.checkpoint_dir(self.workdir))
@@ -351,10 +382,13 @@ class Translator:
   def settings(self) -> dict:
     """The checkpoint and the search, as evaluate.py records them (`alpha` is None for greedy
     search, which has no length penalty; `averaged_steps` None unless averaged)."""
-    return {"step": self.step, "checkpoint": self.step_dir,
-            "averaged_steps": self.averaged_steps, "beam_size": self.beam_size,
-            "alpha": self.alpha if self.beam_size > 1 else None,
-            "max_len_margin": self.max_len_margin, "batch_size": self.batch_size}
+    settings = {"step": self.step, "checkpoint": self.step_dir,
+                "averaged_steps": self.averaged_steps, "beam_size": self.beam_size,
+                "alpha": self.alpha if self.beam_size > 1 else None,
+                "max_len_margin": self.max_len_margin, "batch_size": self.batch_size}
+    if self.sampling:  # no search: its beam and alpha are not what ran
+      settings.update(beam_size=None, alpha=None, sampling=dataclasses.asdict(self.sampling))
+    return settings
 
   # -- text <-> ids
 
@@ -401,41 +435,62 @@ class Translator:
       padded_len = min(padded_len, self.config.max_len)
     return padded_rows, padded_len
 
-  def _search(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  def _search(self, inputs: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if self.sampling:
+      tokens, lengths, _ = self._sample(inputs, index, 1)
+      return tokens, lengths
     return search_batch(self.config, self.params, inputs, beam_size=self.beam_size,
                         alpha=self.alpha, max_len_margin=self.max_len_margin)
 
-  def _in_batches(self, sources: Sequence[Sequence[int]], search: Callable, results: list
-                  ) -> None:
-    """Run `search(inputs)` -> `(tokens [rows, ...], lengths [rows, ...])` numpy on the
-    non-empty `sources` (ids with eos) in bucketed batches, longest first, and hand each
-    searched source's row to `results[i] = (tokens[r], lengths[r])`."""
+  def _sample(self, inputs: np.ndarray, index: np.ndarray, draws: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`sample_search` on `inputs`, row r being draw `index[r] % draws` of line
+    `index[r] // draws` (`Sampling`'s keys)."""
+    s = self.sampling
+    lines, draw = jnp.asarray(index // draws), jnp.asarray(index % draws)
+    keys = jax.vmap(jax.random.fold_in)(
+        jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(s.seed), lines), draw)
+    tokens, lengths, log_probs = sample_search(
+        self.config, self.params, inputs, keys, temperature=s.temperature, top_k=s.top_k,
+        max_len_margin=self.max_len_margin)
+    return (np.asarray(tokens, np.int32), np.asarray(lengths, np.int32),
+            np.asarray(log_probs, np.float32))
+
+  def _in_batches(self, sources: Sequence[Sequence[int]], search: Callable, results: list,
+                  kind: str) -> None:
+    """Run `search(inputs, index)` -> a tuple of numpy arrays `[rows, ...]` (tokens, lengths,
+    ...) on the non-empty `sources` (ids with eos) in bucketed batches, longest first,
+    `index[r]` the place in `sources` of row r (0 for filler rows), and hand each searched
+    source's rows to `results[i] = (tokens[r], lengths[r], ...)`. `kind` names the program
+    (`search` and `all`, n-best's, differ): each is compiled per shape apart."""
     order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: -len(sources[i]))
     for start in range(0, len(order), self.batch_size):
       chunk = order[start:start + self.batch_size]
       rows, length = self.bucket_shape(len(chunk), max(len(sources[i]) for i in chunk))
       inputs = np.full((rows, length), self.config.pad_id, np.int32)
+      index = np.zeros((rows,), np.int32)
       for r, i in enumerate(chunk):
         inputs[r, :len(sources[i])] = sources[i]
-      if (rows, length) not in self._compiled:
+        index[r] = i
+      if (kind, rows, length) not in self._compiled:
         # An all-padding batch of the same shape compiles the search; its loop ends at once.
         begin = time.perf_counter()
-        search(np.zeros_like(inputs))
+        search(np.zeros_like(inputs), index)
         self.stats.compile_seconds += time.perf_counter() - begin
         self.stats.shapes += 1
-        self._compiled.add((rows, length))
+        self._compiled.add((kind, rows, length))
       begin = time.perf_counter()
-      tokens, lengths = search(inputs)
+      outputs = search(inputs, index)
       self.stats.search_seconds += time.perf_counter() - begin
       self.stats.batches += 1
       self.stats.sentences += len(chunk)
       for r, i in enumerate(chunk):
-        results[i] = (tokens[r], lengths[r])
+        results[i] = tuple(x[r] for x in outputs)
 
   def translate_ids(self, sources: Sequence[Sequence[int]]) -> list[list[int]]:
     """Output ids (no eos) per source (ids with eos); [] for an empty source, not searched."""
     found: list = [None] * len(sources)
-    self._in_batches(sources, self._search, found)
+    self._in_batches(sources, self._search, found, "search")
     results: list[list[int]] = []
     for row in found:
       if row is None:
@@ -446,8 +501,13 @@ class Translator:
     return results
 
   def check_nbest(self, n: int) -> None:
-    """A RunError unless 1 <= n <= the beam size (the search finishes at most that many)."""
-    if not 1 <= n <= self.beam_size:
+    """A RunError unless 1 <= n <= the beam size (the search finishes at most that many);
+    sampling draws any n >= 1."""
+    if n < 1:
+      raise RunError(f"nbest={n}: must be 1 or more")
+    if self.sampling:
+      return
+    if n > self.beam_size:
       raise RunError(f"nbest={n}: must be between 1 and the beam size ({self.beam_size}): "
                      f"pass --beam_size {max(n, 2)} or more for {n} translations a line")
 
@@ -459,8 +519,10 @@ class Translator:
     source gives one empty hypothesis scored 0, not searched. `n` is at most the beam size;
     greedy search (beam 1) gives its one output with its log-probability as both numbers."""
     self.check_nbest(n)
+    if self.sampling:
+      return self._samples(sources, n)
     found: list = [None] * len(sources)
-    self._in_batches(sources, self._search_all, found)
+    self._in_batches(sources, self._search_all, found, "all")
     results = []
     for row in found:
       if row is None:
@@ -472,7 +534,8 @@ class Translator:
         if not np.isfinite(score):  # an empty slot of the finished set
           continue
         length = int(np.sum(seq != self.config.pad_id))
-        penalty = float(length_penalty(length, self.alpha)) if self.beam_size > 1 else 1.0
+        # search.length_penalty's ((5 + |Y|) / 6) ** alpha, in Python: no device round trip.
+        penalty = ((5 + length) / 6) ** self.alpha if self.beam_size > 1 else 1.0
         ids = output_ids(seq[None], np.array([length]), self.config.eos_id)[0]
         eos = length > 0 and seq[length - 1] == self.config.eos_id
         hypotheses.append(Hypothesis(ids, float(score), float(score) * penalty, bool(eos)))
@@ -480,7 +543,30 @@ class Translator:
       results.append(hypotheses)
     return results
 
-  def _search_all(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  def _samples(self, sources: Sequence[Sequence[int]], n: int) -> list[list[Hypothesis]]:
+    """`n` samples per source, the most probable first (score = log-probability); an empty
+    source gives one empty hypothesis scored 0. Sample 0 of a line is what `translate_ids`
+    draws for it."""
+    # Each source n times in a row: row k is draw k % n of source k // n (`_sample`).
+    repeated = [s for s in sources for _ in range(n)]
+    found: list = [None] * len(repeated)
+    self._in_batches(repeated, lambda inputs, index: self._sample(inputs, index, n), found,
+                     f"samples{n}")
+    results = []
+    for i, source in enumerate(sources):
+      if not len(source):
+        results.append([Hypothesis([], 0.0, 0.0, False)])
+        continue
+      hypotheses = []
+      for tokens, length, log_prob in found[i * n:i * n + n]:
+        self.stats.output_tokens += int(length)
+        eos = length > 0 and tokens[length - 1] == self.config.eos_id
+        ids = output_ids(tokens[None], length[None], self.config.eos_id)[0]
+        hypotheses.append(Hypothesis(ids, float(log_prob), float(log_prob), bool(eos)))
+      results.append(sorted(hypotheses, key=lambda h: -h.log_prob))
+    return results
+
+  def _search_all(self, inputs: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`(tokens [rows, beam, T], scores [rows, beam])` numpy: every finished hypothesis (greedy
     search: its one output, scored by a teacher-forced pass)."""
     if self.beam_size == 1:
