@@ -43,8 +43,9 @@ def log_probs_of(cfg, params, src, tokens, lengths):
   return np.where(np.arange(tokens.shape[1])[None] < np.asarray(lengths)[:, None], picked, 0).sum(1)
 
 
-def uncached_greedy(cfg, params, src, margin, buffer_len):
-  """Greedy search re-running the whole teacher-forced model on the prefix at every step."""
+def uncached_search(cfg, params, src, margin, buffer_len, choose):
+  """One token per sentence and step, re-running the whole teacher-forced model on the prefix
+  at every step: `choose(logits [batch, vocab], t)` -> tokens `[batch]`."""
   model = tj.Transformer(cfg.replace(deterministic=True))
   limits = expected_limits(np.sum(np.asarray(src) != cfg.pad_id, 1), margin, buffer_len)
   batch = src.shape[0]
@@ -56,12 +57,19 @@ def uncached_greedy(cfg, params, src, margin, buffer_len):
     prefix = np.full((batch, buffer_len), 4)
     prefix[:, :t] = tokens[:, :t]
     logits = teacher_forced(model, params, src, jnp.asarray(prefix))[:, t]
-    log_probs = np.array(jax.nn.log_softmax(logits))
-    log_probs[:, cfg.pad_id] = -np.inf
-    token = np.where(done, cfg.pad_id, log_probs.argmax(-1))
+    token = np.where(done, cfg.pad_id, choose(logits, t))
     tokens[:, t] = token
     done = done | (token == cfg.eos_id) | (t + 1 >= limits)
   return tokens
+
+
+def uncached_greedy(cfg, params, src, margin, buffer_len):
+  """Greedy search on the uncached model: the most probable token but padding."""
+  def choose(logits, t):
+    log_probs = np.array(jax.nn.log_softmax(logits))
+    log_probs[:, cfg.pad_id] = -np.inf
+    return log_probs.argmax(-1)
+  return uncached_search(cfg, params, src, margin, buffer_len, choose)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -376,26 +384,18 @@ def uncached_sample(cfg, params, src, keys, temperature, top_k, margin, buffer_l
   """Sampling as documented, one sentence and step at a time on the uncached model: the token
   of sentence b at step t is `jax.random.categorical(fold_in(keys[b], t), logits / T)` (over
   the top k's values, mapped back to their ids, with top_k), padding excluded."""
-  model = tj.Transformer(cfg.replace(deterministic=True))
-  limits = expected_limits(np.sum(np.asarray(src) != cfg.pad_id, 1), margin, buffer_len)
-  batch = src.shape[0]
-  tokens = np.full((batch, buffer_len), cfg.pad_id)
-  done = limits <= 0
-  for t in range(buffer_len):
-    prefix = np.full((batch, buffer_len), 4)
-    prefix[:, :t] = tokens[:, :t]
-    logits = teacher_forced(model, params, src, jnp.asarray(prefix))[:, t]
+  def choose(logits, t):
     logits = logits.at[:, cfg.pad_id].set(-jnp.inf) / temperature
-    for b in range(batch):
+    tokens = []
+    for b in range(logits.shape[0]):
       key = jax.random.fold_in(keys[b], t)
       if top_k:
         values, index = jax.lax.top_k(logits[b], top_k)
-        token = int(index[jax.random.categorical(key, values)])
+        tokens.append(int(index[jax.random.categorical(key, values)]))
       else:
-        token = int(jax.random.categorical(key, logits[b]))
-      tokens[b, t] = cfg.pad_id if done[b] else token
-    done = done | (tokens[:, t] == cfg.eos_id) | (t + 1 >= limits)
-  return tokens
+        tokens.append(int(jax.random.categorical(key, logits[b])))
+    return np.array(tokens)
+  return uncached_search(cfg, params, src, margin, buffer_len, choose)
 
 
 @pytest.mark.parametrize("temperature,top_k", [(1.5, 0), (0.5, 3)])
