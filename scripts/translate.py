@@ -15,9 +15,10 @@ only where the model has a learned position table); characters never seen in tra
 SentencePiece's unknown piece. Lines end at line feeds only (a lone carriage return is warned
 about).
 
-`--nbest N` (N at most the beam size) writes the N best finished hypotheses of each line
-instead, best first, one a row: `<line>\t<rank>\t<score>\t<log-prob>\t<translation>`, lines and
-ranks from 1; the score is the length-penalised one beam search ranks by, the log-probability
+`--nbest N` (N at most the beam size; with --sample below, any N) writes the N best finished
+hypotheses of each line instead, best first, one a row:
+`<line>\t<rank>\t<score>\t<log-prob>\t<translation>`, lines and ranks from 1; the score is
+the length-penalised one beam search ranks by, the log-probability
 its natural-log probability (EOS included; greedy search: both the same). A line may get fewer
 than N rows (the search stops once no live hypothesis can beat the best finished one); an
 empty line gets one row with an empty translation and scores 0.
@@ -27,8 +28,9 @@ empty line gets one row with an empty translation and scores 0.
 `--sample` draws each translation from the model instead of searching (back-translation by
 sampling, Edunov et al., 2018): each token from softmax(logits / `--temperature`), among the
 `--top_k` most probable when given (their top-10 variant: `--top_k 10`); padding is never
-drawn. Line i's draw depends on `--seed`, i and the line only, not on the batch or the other
-lines. With `--nbest N`, N samples a line (any N), the most probable first, the score and the
+drawn. Line i's draw depends on `--seed`, i (its place in this input) and the line only, not
+on the batch or the other lines: give each piece of a file split for several commands its own
+seed. With `--nbest N`, N samples a line (any N), the most probable first, the score and the
 log-probability both the sample's natural-log probability under the model (at temperature 1,
 without the top-k restriction).
 
@@ -58,8 +60,9 @@ def define(values):
   flags.DEFINE_string("output", "-", "file for the translations; '-' = stdout",
                       flag_values=values)
   flags.DEFINE_integer("nbest", None, "write the N best translations of each line (N at most "
-                       "the beam size), best first, one a row of 5 tab-separated fields: line, "
-                       "rank, score, log-prob, translation", lower_bound=1, flag_values=values)
+                       "the beam size; with --sample, N samples), best first, one a row of 5 "
+                       "tab-separated fields: line, rank, score, log-prob, translation",
+                       lower_bound=1, flag_values=values)
   flags.DEFINE_bool("sample", False, "sample each translation from the model instead of "
                     "searching (back-translation); with --nbest N, N samples a line",
                     flag_values=values)
@@ -68,7 +71,8 @@ def define(values):
   flags.DEFINE_integer("top_k", 0, "--sample: draw among the k most probable tokens only (0 = "
                        "all)", lower_bound=0, flag_values=values)
   flags.DEFINE_integer("seed", 0, "--sample: the random seed (line i's draws depend on it, i "
-                       "and the line only)", flag_values=values)
+                       "and the line only)", lower_bound=0, upper_bound=2**31 - 1,
+                       flag_values=values)
   flags.DEFINE_bool("verbose", False, "print the checkpoint, settings and search throughput "
                     "on stderr", flag_values=values)
 

@@ -652,7 +652,7 @@ def test_an_eos_candidate_does_not_take_a_live_slot():
 def test_defaults_are_the_papers_decoding_settings():
   # Section 6.1: beam 4, length penalty alpha 0.6, at most input length + 50 output tokens.
   for fn, beam in ((search.greedy_search, None), (search.beam_search, 4),
-                   (search.search_batch, 1)):
+                   (search.search_batch, 1), (search.sample_search, None)):
     params = inspect.signature(fn).parameters
     assert params["max_len_margin"].default == 50, fn
     if beam is not None:

@@ -7,6 +7,18 @@ import pytest
 from transformer_jax import losses
 
 
+def test_sentence_log_probs_sum_the_weighted_log_softmax_of_each_row():
+  logits = jax.random.normal(jax.random.key(0), (3, 4, 6)) * 3
+  targets = jnp.array([[1, 2, 3, 0], [5, 5, 0, 0], [0, 0, 0, 0]])
+  weights = (targets != 0).astype(jnp.float32)
+  log_probs = np.asarray(jax.nn.log_softmax(logits))
+  picked = np.take_along_axis(log_probs, np.asarray(targets)[..., None], -1)[..., 0]
+  expected = (picked * np.asarray(weights)).sum(1)
+  got = losses.sentence_log_probs(logits, targets, weights)
+  assert got.shape == (3,) and got[2] == 0
+  np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_loss_sums_count_correct_tokens_and_weights(dtype):
   # [batch 3, length 5, vocab 7]: correct where the label has the largest logit, an exact tie

@@ -606,7 +606,7 @@ def test_nbest_lists_the_searches_finished_hypotheses_with_their_log_probabiliti
   greedy = translator.with_search(1, None)
   one = greedy.translate_nbest(lines, 1)
   assert [h[0][0] for h in one] == greedy.translate(lines)
-  assert all(len(h) == 1 for h in one)
+  assert all(len(h) == 1 and h[0][1] == h[0][2] for h in one)  # no length penalty
   found = [hyps[0] for hyps, s in zip(greedy.nbest_ids(sources, 1), sources) if s]
   scored = scoring.PairScorer(greedy).score_ids(
       [s for s in sources if s], [h.ids + [greedy.tokenizer.eos_id] * h.eos for h in found])
@@ -742,6 +742,8 @@ def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, 
     assert line in [h[0] for h in hyps]
   assert sampler.settings()["sampling"] == {"temperature": 1.5, "top_k": 0, "seed": 3}
   assert sampler.settings()["beam_size"] is None
+  assert sampler.with_search(1, None).translate(lines) == translator.with_search(1, None).translate(
+      lines)
   for kwargs, message in (({"temperature": 0.0}, "temperature=0.0: must be a number above 0"),
                           ({"top_k": 10**6}, "top_k=1000000: must be between 0")):
     with pytest.raises(workdir_lib.RunError, match=message):

@@ -329,11 +329,12 @@ class Translator:
     self.batch_size = batch_size
 
   def with_search(self, beam_size: int | None, alpha: float | None) -> Translator:
-    """This translator with another beam size and length penalty, checked as the constructor
-    checks them: the same parameters and tokenizer (nothing read again), its own throughput
-    figures and compiled shapes (another search compiles anew)."""
+    """This translator searching with another beam size and length penalty, checked as the
+    constructor checks them: the same parameters and tokenizer (nothing read again), its own
+    throughput figures and compiled shapes (another search compiles anew)."""
     other = copy.copy(self)
     other._set_search(beam_size, alpha, self.max_len_margin, self.batch_size)
+    other.sampling = None  # a search, even from a sampling translator
     other.stats = SearchStats()
     other._compiled = set()
     return other
@@ -343,9 +344,12 @@ class Translator:
     """This translator sampling instead of searching (`Sampling`), checked: a temperature
     above 0 (finite), a `top_k` from 0 (the whole vocabulary) to the vocabulary size. The same
     parameters and tokenizer; its own throughput figures and compiled shapes."""
-    if not (math.isfinite(temperature) and temperature > 0):
-      raise RunError(f"temperature={temperature}: must be a number above 0 (1 samples from the "
-                     "model's own distribution; lower is closer to greedy search)")
+    # Used in float32: it and its inverse must be finite and nonzero there, or the logits
+    # divided by it overflow or vanish (1e-30 to 1e30 is ample).
+    if not (math.isfinite(temperature) and 1e-30 <= temperature <= 1e30):
+      raise RunError(f"temperature={temperature}: must be a number above 0, from 1e-30 to 1e30 "
+                     "(1 samples from the model's own distribution; lower is closer to greedy "
+                     "search)")
     vocab = self.config.output_vocab_size
     if not 0 <= top_k <= vocab:
       raise RunError(f"top_k={top_k}: must be between 0 (the whole vocabulary) and the "
@@ -490,7 +494,7 @@ class Translator:
   def translate_ids(self, sources: Sequence[Sequence[int]]) -> list[list[int]]:
     """Output ids (no eos) per source (ids with eos); [] for an empty source, not searched."""
     found: list = [None] * len(sources)
-    self._in_batches(sources, self._search, found, "search")
+    self._in_batches(sources, self._search, found, "sample" if self.sampling else "search")
     results: list[list[int]] = []
     for row in found:
       if row is None:
@@ -512,7 +516,8 @@ class Translator:
                      f"pass --beam_size {max(n, 2)} or more for {n} translations a line")
 
   def nbest_ids(self, sources: Sequence[Sequence[int]], n: int) -> list[list[Hypothesis]]:
-    """The `n` best finished hypotheses per source (ids with eos), best first (`Hypothesis`):
+    """The `n` best finished hypotheses per source (ids with eos), best first (`Hypothesis`;
+    a sampling translator: `n` samples, `_samples`):
     the score is the length-penalised one the search ranks by, the log-probability that score
     times the penalty of the hypothesis's length (EOS included). Fewer than `n` where the
     search stopped with fewer finished (its stopping rule (a), `search.beam_search`); an empty
@@ -551,7 +556,7 @@ class Translator:
     repeated = [s for s in sources for _ in range(n)]
     found: list = [None] * len(repeated)
     self._in_batches(repeated, lambda inputs, index: self._sample(inputs, index, n), found,
-                     f"samples{n}")
+                     "sample")  # the program of `_search`'s sampling: n only changes keys
     results = []
     for i, source in enumerate(sources):
       if not len(source):
