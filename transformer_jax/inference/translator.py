@@ -541,12 +541,17 @@ class Translator:
         length = int(np.sum(seq != self.config.pad_id))
         # search.length_penalty's ((5 + |Y|) / 6) ** alpha, in Python: no device round trip.
         penalty = ((5 + length) / 6) ** self.alpha if self.beam_size > 1 else 1.0
-        ids = output_ids(seq[None], np.array([length]), self.config.eos_id)[0]
-        eos = length > 0 and seq[length - 1] == self.config.eos_id
-        hypotheses.append(Hypothesis(ids, float(score), float(score) * penalty, bool(eos)))
+        hypotheses.append(self._hypothesis(seq, length, float(score), float(score) * penalty))
       self.stats.output_tokens += int(np.sum(tokens[0] != self.config.pad_id))
       results.append(hypotheses)
     return results
+
+  def _hypothesis(self, seq: np.ndarray, length: int, score: float, log_prob: float
+                  ) -> Hypothesis:
+    """The `Hypothesis` of one output row `seq` of `length` tokens (EOS included if it ended)."""
+    ids = output_ids(seq[None], np.array([length]), self.config.eos_id)[0]
+    eos = length > 0 and seq[length - 1] == self.config.eos_id
+    return Hypothesis(ids, score, log_prob, bool(eos))
 
   def _samples(self, sources: Sequence[Sequence[int]], n: int) -> list[list[Hypothesis]]:
     """`n` samples per source, the most probable first (score = log-probability); an empty
@@ -565,9 +570,8 @@ class Translator:
       hypotheses = []
       for tokens, length, log_prob in found[i * n:i * n + n]:
         self.stats.output_tokens += int(length)
-        eos = length > 0 and tokens[length - 1] == self.config.eos_id
-        ids = output_ids(tokens[None], length[None], self.config.eos_id)[0]
-        hypotheses.append(Hypothesis(ids, float(log_prob), float(log_prob), bool(eos)))
+        hypotheses.append(self._hypothesis(tokens, int(length), float(log_prob),
+                                           float(log_prob)))
       results.append(sorted(hypotheses, key=lambda h: -h.log_prob))
     return results
 
