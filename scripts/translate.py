@@ -28,13 +28,17 @@ empty line gets one row with an empty translation and scores 0.
 `--sample` draws each translation from the model instead of searching (back-translation by
 sampling, Edunov et al., 2018): each token from softmax(logits / `--temperature`), among the
 `--top_k` most probable when given (their top-10 variant: `--top_k 10`); padding is never
-drawn. Line i's draw depends on `--seed`, i (its place in this input) and the line only, not
-on the batch or the other lines: give each piece of a file split for several commands its own
-seed. With `--nbest N`, N samples a line (any N), the most probable first, the score and the
+drawn. Line i's draw depends on `--seed`, i (its place in the input, after `--line_offset`
+lines) and the line only, not on the batch or the other lines: a file split into pieces for
+several commands draws as it does whole when each piece gets, with the same seed, the number
+of lines before it as `--line_offset` (which also numbers `--nbest`'s lines). With `--nbest N`, N samples a line (any N), the most probable first, the score and the
 log-probability both the sample's natural-log probability under the model (at temperature 1,
 without the top-k restriction).
 
     python scripts/translate.py --workdir runs/default --sample --top_k 10 < mono.en > bt.de
+    split -l 100000 -d mono.en piece.  # then, for piece.01 (lines 100,001 to 200,000):
+    python scripts/translate.py --workdir runs/default --sample --top_k 10 \
+        --line_offset 100000 < piece.01 > bt.01.de
 """
 import json
 import logging
@@ -73,15 +77,20 @@ def define(values):
   flags.DEFINE_integer("seed", 0, "--sample: the random seed (line i's draws depend on it, i "
                        "and the line only)", lower_bound=0, upper_bound=2**31 - 1,
                        flag_values=values)
+  flags.DEFINE_integer("line_offset", 0, "this input is a piece of a larger file, after its "
+                       "first K lines: --sample draws as the whole file would, --nbest numbers "
+                       "lines from K + 1", lower_bound=0, upper_bound=2**31 - 1,
+                       flag_values=values)
   flags.DEFINE_bool("verbose", False, "print the checkpoint, settings and search throughput "
                     "on stderr", flag_values=values)
 
 
-def nbest_lines(nbest) -> str:
-  """`<line>\t<rank>\t<score>\t<log-prob>\t<translation>\n` per hypothesis, lines and ranks from
-  1; a translation's own tabs and line breaks become spaces, so that every row has 5 fields."""
+def nbest_lines(nbest, line_offset: int = 0) -> str:
+  """`<line>\t<rank>\t<score>\t<log-prob>\t<translation>\n` per hypothesis, lines from
+  `line_offset` + 1 and ranks from 1; a translation's own tabs and line breaks become spaces, so
+  that every row has 5 fields."""
   rows = []
-  for line, hypotheses in enumerate(nbest, 1):
+  for line, hypotheses in enumerate(nbest, line_offset + 1):
     for rank, (text, score, log_prob) in enumerate(hypotheses, 1):
       text = " ".join(text.replace("\t", " ").splitlines())
       rows.append(f"{line}\t{rank}\t{score:.6f}\t{log_prob:.6f}\t{text}\n")
@@ -108,9 +117,13 @@ def body(values, sentences):
   else:
     refuse_ignored(values, ["temperature", "top_k", "seed"], "without --sample",
                    "add --sample to sample translations, or drop {flags}")
+    if not values.nbest:
+      refuse_ignored(values, ["line_offset"], "without --sample or --nbest",
+                     "drop {flags}: a search's translations do not depend on the line's place")
   translator = translator_from_flags(values)
   if values.sample:
-    translator = translator.with_sampling(values.temperature, values.top_k, values.seed)
+    translator = translator.with_sampling(values.temperature, values.top_k, values.seed,
+                                          values.line_offset)
   if values.nbest:
     translator.check_nbest(values.nbest)
   # Opened before translating: a bad path fails now, not after the whole search.
@@ -119,7 +132,8 @@ def body(values, sentences):
     print(f"translate: {json.dumps(translator.settings())}", file=sys.stderr)
   try:
     if values.nbest:
-      out.write(nbest_lines(translator.translate_nbest(sentences, values.nbest, names=names)))
+      out.write(nbest_lines(translator.translate_nbest(sentences, values.nbest, names=names),
+                            values.line_offset))
     else:
       out.write("".join(line + "\n" for line in translator.translate(sentences, names=names)))
     out.flush()

@@ -34,18 +34,33 @@ def teacher_forced(model, params, src, targets):
   return model.apply({"params": params}, src, targets)
 
 
+def reference_logits(model, params, src, targets):
+  """Teacher-forced float32 logits `[batch, T, vocab]`, no cache; for a `search.Ensemble`, the
+  log of its members' mean probability, member by member in float64."""
+  if isinstance(params, search.Ensemble):
+    members = [jax.tree.map(lambda x, m=m: x[m], params.stacked) for m in range(params.size)]
+    probs = [np.exp(reference_log_probs(model, p, src, targets), dtype=np.float64)
+             for p in members]
+    return jnp.asarray(np.log(np.mean(probs, axis=0)), jnp.float32)
+  return teacher_forced(model, params, src, targets).astype(jnp.float32)
+
+
+def reference_log_probs(model, params, src, targets):
+  """`reference_logits`' log-softmax, numpy."""
+  return np.asarray(jax.nn.log_softmax(reference_logits(model, params, src, targets)))
+
+
 def log_probs_of(cfg, params, src, tokens, lengths):
   """Teacher-forced sum of log-probabilities of `tokens[i, :lengths[i]]`, no cache involved."""
   model = tj.Transformer(cfg.replace(deterministic=True))
-  logits = teacher_forced(model, params, src, tokens)
-  log_probs = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)))
+  log_probs = reference_log_probs(model, params, src, tokens)
   picked = np.take_along_axis(log_probs, np.asarray(tokens)[..., None], -1)[..., 0]
   return np.where(np.arange(tokens.shape[1])[None] < np.asarray(lengths)[:, None], picked, 0).sum(1)
 
 
 def uncached_search(cfg, params, src, margin, buffer_len, choose):
   """One token per sentence and step, re-running the whole teacher-forced model on the prefix
-  at every step: `choose(logits [batch, vocab], t)` -> tokens `[batch]`."""
+  at every step: `choose(logits [batch, vocab], t)` -> tokens `[batch]` (`reference_logits`)."""
   model = tj.Transformer(cfg.replace(deterministic=True))
   limits = expected_limits(np.sum(np.asarray(src) != cfg.pad_id, 1), margin, buffer_len)
   batch = src.shape[0]
@@ -56,7 +71,7 @@ def uncached_search(cfg, params, src, margin, buffer_len, choose):
     # tokens from t on must not be padding, which would mask position t's query.
     prefix = np.full((batch, buffer_len), 4)
     prefix[:, :t] = tokens[:, :t]
-    logits = teacher_forced(model, params, src, jnp.asarray(prefix))[:, t]
+    logits = reference_logits(model, params, src, jnp.asarray(prefix))[:, t]
     token = np.where(done, cfg.pad_id, choose(logits, t))
     tokens[:, t] = token
     done = done | (token == cfg.eos_id) | (t + 1 >= limits)
@@ -324,9 +339,9 @@ def test_beam_scores_match_teacher_forcing(tiny, beam4):
 
 
 def test_target_log_probs_are_what_the_searches_score(tiny, beam4, greedy):
-  """`search.target_log_probs` (scripts/score.py, greedy n-best) gives the numpy reference's
+  """`search.target_log_probs` (scripts/score.py) gives the numpy reference's
   teacher-forced log-probabilities, beam search's finished scores times their length penalty,
-  greedy search's outputs theirs, 0 for an all-padding row, and each row alone what it gives in
+  greedy search's outputs theirs (and greedy search's `score=True` the same), 0 for an all-padding row, and each row alone what it gives in
   the batch."""
   cfg, params, src = tiny
   seqs, scores = (np.asarray(x) for x in beam4)
@@ -345,9 +360,15 @@ def test_target_log_probs_are_what_the_searches_score(tiny, beam4, greedy):
   one = np.asarray(search.target_log_probs(cfg, params, sources[1:2], jnp.asarray(flat[1:2])))
   np.testing.assert_allclose(one, got[1:2], rtol=1e-6, atol=1e-6)
   tokens, lengths = (np.asarray(x) for x in greedy)
-  np.testing.assert_allclose(search.target_log_probs(cfg, params, src, jnp.asarray(tokens)),
-                             log_probs_of(cfg, params, src, jnp.asarray(tokens), lengths),
+  teacher = np.asarray(search.target_log_probs(cfg, params, src, jnp.asarray(tokens)))
+  np.testing.assert_allclose(teacher, log_probs_of(cfg, params, src, jnp.asarray(tokens), lengths),
                              rtol=1e-6, atol=1e-6)
+  # Greedy search scoring in its own loop (greedy n-best): the same tokens, the same numbers.
+  scored = search.greedy_search(cfg, params, src, max_len_margin=MARGIN, score=True)
+  np.testing.assert_array_equal(scored[0], tokens)
+  np.testing.assert_array_equal(scored[1], lengths)
+  np.testing.assert_allclose(scored[2], teacher, rtol=1e-5, atol=1e-5)
+  assert scored[2][-1] == 0 and (scored[2][:-1] < 0).all()
 
 
 def sample_keys(n, seed=0):
@@ -588,9 +609,8 @@ def reference_beam_search(cfg, params, source, beam, alpha, margin, buffer_len):
     prefixes = np.full((beam, buffer_len), 4)           # positions >= i: any non-padding token
     for j, (seq, _) in enumerate(live):
       prefixes[j, :i] = seq
-    logits = teacher_forced(model, params, jnp.repeat(source[None], beam, 0),
-                            jnp.asarray(prefixes))[:, i]
-    log_probs = np.array(jax.nn.log_softmax(logits.astype(jnp.float32)), np.float64)
+    log_probs = np.array(reference_log_probs(model, params, jnp.repeat(source[None], beam, 0),
+                                             jnp.asarray(prefixes))[:, i], np.float64)
     log_probs[:, cfg.pad_id] = -np.inf
     vocab = log_probs.shape[1]
     # The 2 * beam best one-token extensions (ties: the lower flat index, as lax.top_k).
@@ -657,3 +677,41 @@ def test_defaults_are_the_papers_decoding_settings():
     assert params["max_len_margin"].default == 50, fn
     if beam is not None:
       assert params["beam_size"].default == beam and params["alpha"].default == 0.6, fn
+
+
+@pytest.fixture(scope="module")
+def ensemble(tiny):
+  """`tiny`'s model and another initialisation of it, decoded together."""
+  cfg, params, src = tiny
+  model = tj.Transformer(cfg.replace(deterministic=True))
+  return search.Ensemble.of([params, model.init(jax.random.key(1), src, src)["params"]])
+
+
+def test_ensemble_greedy_search_follows_the_mean_probability(tiny, ensemble, greedy):
+  """An ensemble's greedy search picks, step by step, the most probable token under its members'
+  mean probability (the uncached reference, member by member in float64), scores its outputs
+  by it (and `target_log_probs` too); two copies of one model decode as that model."""
+  cfg, params, src = tiny
+  tokens, lengths, scores = search.greedy_search(cfg, ensemble, src, max_len_margin=MARGIN,
+                                                 score=True)
+  np.testing.assert_array_equal(tokens, uncached_greedy(cfg, ensemble, src, MARGIN,
+                                                        tokens.shape[1]))
+  assert not np.array_equal(tokens, greedy[0]), "the ensemble decodes as its first member"
+  expected = log_probs_of(cfg, ensemble, src, tokens, lengths)
+  np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(search.target_log_probs(cfg, ensemble, src, tokens), expected,
+                             rtol=1e-5, atol=1e-5)
+  twice = search.greedy_search(cfg, search.Ensemble.of([params, params]), src,
+                               max_len_margin=MARGIN)
+  np.testing.assert_array_equal(twice[0], greedy[0])
+  with pytest.raises(ValueError, match="2 or more models"):
+    search.Ensemble.of([params])
+
+
+def test_ensemble_beam_search_follows_its_rules_step_by_step(peaked):
+  """Beam search on two models' mean probability: the whole finished set as the plain-Python
+  rules give it (each beam's parent followed in both members' caches, which grow by stages)."""
+  cfg, params, src = peaked
+  other = small_vocab_model(3, kernel_scale=2.0)[1]
+  assert_finished_sets_follow_the_rules((cfg, search.Ensemble.of([params, other]), src), 3, 2,
+                                        0.6)

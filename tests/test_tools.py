@@ -732,6 +732,9 @@ def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, 
   wide = translator_lib.Translator(workdir, batch_size=2).with_sampling(1.5, seed=3)
   assert wide.translate(lines) == drawn
   assert translator.with_sampling(1.5, seed=4).translate(lines) != drawn
+  # A file split into pieces draws as it does whole, each piece after its offset.
+  assert translator.with_sampling(1.5, seed=3, line_offset=3).translate(lines[3:]) == drawn[3:]
+  assert translator.with_sampling(1.5, seed=3).translate(lines[3:]) != drawn[3:]
   # n samples a line, the most probable first, each with its log-probability; the first draw is
   # the one translate gives.
   samples = sampler.translate_nbest(lines, 3)
@@ -740,12 +743,14 @@ def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, 
     assert len(hyps) == 3 or line == ""
     assert [h[2] for h in hyps] == sorted((h[2] for h in hyps), reverse=True)
     assert line in [h[0] for h in hyps]
-  assert sampler.settings()["sampling"] == {"temperature": 1.5, "top_k": 0, "seed": 3}
+  assert sampler.settings()["sampling"] == {"temperature": 1.5, "top_k": 0, "seed": 3,
+                                            "line_offset": 0}
   assert sampler.settings()["beam_size"] is None
   assert sampler.with_search(1, None).translate(lines) == translator.with_search(1, None).translate(
       lines)
   for kwargs, message in (({"temperature": 0.0}, "temperature=0.0: must be a number above 0"),
-                          ({"top_k": 10**6}, "top_k=1000000: must be between 0")):
+                          ({"top_k": 10**6}, "top_k=1000000: must be between 0"),
+                          ({"line_offset": -1}, "line_offset=-1: must be between 0")):
     with pytest.raises(workdir_lib.RunError, match=message):
       translator.with_sampling(**kwargs)
   # The command line: flags that sampling, or searching, would ignore are refused.
@@ -754,8 +759,16 @@ def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, 
                                            "1.5", "--seed", "3", "--output", str(out)] + lines,
                         capsys)
   assert rc == 0 and out.read_text(encoding="utf-8").splitlines() == drawn, err
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--sample", "--temperature",
+                                           "1.5", "--seed", "3", "--line_offset", "3", "--nbest",
+                                           "2", "--output", str(out)] + lines[3:], capsys)
+  rows = [row.split("\t") for row in out.read_text(encoding="utf-8").splitlines()]
+  assert rc == 0 and [row[:2] for row in rows] == [["4", "1"], ["4", "2"], ["5", "1"],
+                                                   ["5", "2"]], err
+  assert drawn[3] in (rows[0][4], rows[1][4]) and drawn[4] in (rows[2][4], rows[3][4])
   for argv, message in (
       (["--sample", "--beam_size", "4"], "--beam_size is ignored with --sample"),
+      (["--line_offset", "5"], "--line_offset is ignored without --sample or --nbest"),
       (["--top_k", "5"], "--top_k is ignored without --sample: add --sample")):
     rc, _, err = run_main(translate_script, ["--workdir", workdir] + argv + ["seven"], capsys)
     assert rc == 1 and message in err, (argv, err)

@@ -19,12 +19,20 @@ Output conventions, shared by both searches:
 Beam search follows tensor2tensor's (the paper's) and Flax's `examples/wmt`: 2 * beam candidates per
 step, a live set of `beam` hypotheses and a separate finished set of `beam`, GNMT's length
 penalty; the differences, which make beam size 1 exactly greedy search, are in `beam_search`.
+
+Every search (and `target_log_probs`) also takes an `Ensemble` of several models' parameters in
+place of `params`: it then decodes with the mean of the models' next-token probabilities, as
+fairseq's ensembles do (`log p(y) = logsumexp_m log p_m(y) - log M`), each model with its own
+cache.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 import functools
+import math
+from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,6 +40,30 @@ import numpy as np
 from transformer_jax import losses
 from transformer_jax.config import TransformerConfig
 from transformer_jax.model import Transformer, init_cache
+
+
+@flax.struct.dataclass
+class Ensemble:
+  """Several models of one architecture, decoded together: their parameters (or, inside the
+  searches, their decoding caches) stacked on a leading axis of `size` members. A pytree whose
+  type a compiled search tells apart from one model's parameters (another program)."""
+  stacked: Any
+
+  @classmethod
+  def of(cls, members: Sequence) -> Ensemble:
+    """The ensemble of `members`, parameter trees of the same structure and shapes."""
+    if len(members) < 2:
+      raise ValueError(f"an ensemble needs 2 or more models, got {len(members)}")
+    return cls(jax.tree.map(lambda *xs: jnp.stack(xs), *members))
+
+  @property
+  def size(self) -> int:
+    return jax.tree.leaves(self.stacked)[0].shape[0]
+
+
+def _mean_probability(log_probs):
+  """`[members, rows, vocab]` log-probabilities -> `[rows, vocab]` log of their mean."""
+  return jax.nn.logsumexp(log_probs, axis=0) - math.log(log_probs.shape[0])
 
 
 def length_penalty(length, alpha: float):
@@ -69,7 +101,11 @@ def _decode_model(config: TransformerConfig) -> Transformer:
 def _primed_cache(model: Transformer, params, inputs, buffer_len: int, repeat: int = 1):
   """Encode once and compute the encoder-decoder keys/values once per sentence; with
   `repeat > 1` (beam search: rows b*repeat .. b*repeat + repeat - 1 are the beams of sentence b)
-  the self-attention cache gets a slot per beam and `cache_rows` (`_beam_cache`)."""
+  the self-attention cache gets a slot per beam and `cache_rows` (`_beam_cache`). An `Ensemble`
+  gets an `Ensemble` of its members' caches."""
+  if isinstance(params, Ensemble):
+    return Ensemble(jax.vmap(lambda p: _primed_cache(model, p, inputs, buffer_len, repeat))(
+        params.stacked))
   batch, source_len = inputs.shape
   cache = init_cache(model.config, batch, source_len, buffer_len)
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
@@ -105,7 +141,12 @@ def _beam_cache(cache, beams: int):
 
 
 def _step_logits(model: Transformer, params, cache, last_tokens):
-  """One decoder step: float32 logits `[rows, vocab]`, new cache."""
+  """One decoder step: float32 logits `[rows, vocab]`, new cache. An `Ensemble`'s "logits" are
+  the log of its members' mean probabilities (normalised already: `_log_softmax`)."""
+  if isinstance(params, Ensemble):
+    logits, cache = jax.vmap(lambda p, c: _step_logits(model, p, c, last_tokens))(
+        params.stacked, cache.stacked)
+    return _mean_probability(jax.nn.log_softmax(logits, axis=-1)), Ensemble(cache)
   logits, mutated = model.apply({"params": params, "cache": cache}, last_tokens[:, None],
                                 method=Transformer.decode_step, mutable=["cache"])
   return logits.squeeze(1).astype(jnp.float32), mutated["cache"]  # squeeze: [:, 1] would clamp
@@ -114,8 +155,14 @@ def _step_logits(model: Transformer, params, cache, last_tokens):
 def _step_log_probs(model: Transformer, params, cache, last_tokens):
   """One decoder step: float32 log-probabilities `[rows, vocab]` (padding forbidden), new cache."""
   logits, cache = _step_logits(model, params, cache, last_tokens)
-  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  log_probs = _log_softmax(params, logits)
   return log_probs.at[:, model.config.pad_id].set(-jnp.inf), cache
+
+
+def _log_softmax(params, logits):
+  """Log-probabilities of `_step_logits`' output (an ensemble's are that already: another pass
+  over the vocabulary would only round them again)."""
+  return logits if isinstance(params, Ensemble) else jax.nn.log_softmax(logits, axis=-1)
 
 
 def first_argmax(x):
@@ -170,6 +217,9 @@ def _reorder_beams(cache, rows):
   The cross-attention entries are one per sentence (a beam's parent is always a beam of the same
   sentence), and the position counters are shared scalars.
   """
+  if isinstance(cache, Ensemble):  # the same reordering in every member's cache
+    return Ensemble(jax.vmap(_reorder_beams, in_axes=(0, None))(cache.stacked, rows))
+
   def gather(path, x):
     # In bounds by construction: "clip" clamps the row indices, where the default ("fill")
     # masks every element of the result (a select over all of it).
@@ -201,6 +251,8 @@ def _grow_self_cache(cache, old: int, length: int):
   positions (beam search's: `[sources, heads, positions x beams, kv]`, keys `[sources, heads,
   kv, positions x beams]`, and `cache_rows` `[rows, positions]`; unwritten positions are masked,
   so slot 0 for them is as good as any)."""
+  if isinstance(cache, Ensemble):
+    return Ensemble(jax.vmap(lambda c: _grow_self_cache(c, old, length))(cache.stacked))
   if not isinstance(cache, Mapping):
     return cache
   cache = {name: _grow_self_cache(value, old, length) for name, value in cache.items()}
@@ -256,7 +308,7 @@ def _one_token_search(config: TransformerConfig, params, inputs, choose, *, max_
     logits, cache = _step_logits(model, params, cache, last)
     token = choose(logits.at[:, config.pad_id].set(-jnp.inf), i)
     if score:
-      picked = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[:, None], axis=-1)
+      picked = jnp.take_along_axis(_log_softmax(params, logits), token[:, None], axis=-1)
       total = total + jnp.where(done, 0.0, picked[:, 0])
     token = jnp.where(done, config.pad_id, token)
     tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
@@ -273,19 +325,23 @@ def _one_token_search(config: TransformerConfig, params, inputs, choose, *, max_
   return (tokens, lengths, state[5]) if score else (tokens, lengths)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_len_margin", "max_decode_len"))
+@functools.partial(jax.jit, static_argnames=("config", "max_len_margin", "max_decode_len",
+                                              "score"))
 def greedy_search(config: TransformerConfig, params, inputs, *, max_len_margin: int = 50,
-                  max_decode_len: int | None = None):
+                  max_decode_len: int | None = None, score: bool = False):
   """Greedy decoding of source `inputs` `[batch, source_len]` (padding = `pad_id`).
 
   Returns `(tokens [batch, T] int32, lengths [batch] int32)`: see the module docstring.
-  Stops as soon as every sentence has produced EOS or reached its length limit.
+  Stops as soon as every sentence has produced EOS or reached its length limit. With `score`,
+  also each output's log-probability `[batch]` float32, summed in the loop (what
+  `target_log_probs` gives the same tokens, to float32 rounding): the same tokens, and one
+  log-softmax over the vocabulary a step more.
   """
   # The argmax of the logits is that of the log-probabilities: no softmax pass over the
-  # vocabulary. Padding is forbidden as in beam search.
+  # vocabulary unless asked for the score. Padding is forbidden as in beam search.
   return _one_token_search(config, params, inputs, lambda logits, i: first_argmax(logits),
                            max_len_margin=max_len_margin, max_decode_len=max_decode_len,
-                           score=False)
+                           score=score)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "top_k", "max_len_margin",
@@ -452,9 +508,14 @@ def target_log_probs(config: TransformerConfig, params, inputs, targets):
   """`[rows]` float32: log P(targets[r] | inputs[r]) summed over the row's non-padding target
   tokens (an all-padding row: 0), teacher-forced with dropout off: what a search scores that
   output (before beam search's length penalty). For scoring given translations
-  (`inference.scoring`) and greedy search's log-probabilities."""
+  (`inference.scoring`). An `Ensemble` scores each token by its members' mean probability."""
   model = Transformer(config.replace(deterministic=True, decode=False))
-  logits = model.apply({"params": params}, inputs, targets)
+  if isinstance(params, Ensemble):
+    logits = jax.vmap(lambda p: model.apply({"params": p}, inputs, targets))(params.stacked)
+    # Normalised log-probabilities: the log-softmax below leaves them as they are (to rounding).
+    logits = _mean_probability(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+  else:
+    logits = model.apply({"params": params}, inputs, targets)
   weights = (targets != config.pad_id).astype(jnp.float32)
   return losses.sentence_log_probs(logits, targets, weights)
 

@@ -50,10 +50,10 @@ from transformer_jax.run.workdir import (
 )
 from transformer_jax.search import (
   beam_search,
+  greedy_search,
   output_ids,
   sample_search,
   search_batch,
-  target_log_probs,
 )
 
 LENGTH_BUCKET = 16  # source lengths are padded to a multiple of this
@@ -63,11 +63,14 @@ LENGTH_BUCKET = 16  # source lengths are padded to a multiple of this
 class Sampling:
   """Sampling instead of a search (`Translator.with_sampling`): each token drawn from
   softmax(logits / temperature), among the `top_k` most probable when `top_k` > 0; the draw of
-  line i (from 0) uses the key `fold_in(fold_in(key(seed), i), j)` for its j-th sample, so it
-  depends on the seed, the line's place and its source only."""
+  line i (from 0) uses the key `fold_in(fold_in(key(seed), line_offset + i), j)` for its j-th
+  sample, so it depends on the seed, the line's place and its source only. `line_offset`: the
+  lines of a whole file before this input, so that a file split into pieces draws as it does
+  whole."""
   temperature: float = 1.0
   top_k: int = 0
   seed: int = 0
+  line_offset: int = 0
 
 
 class Hypothesis(typing.NamedTuple):
@@ -85,8 +88,7 @@ class Hypothesis(typing.NamedTuple):
 class SearchStats:
   """Sentences and output tokens (EOS included) searched, and the time the search took.
 
-  `search_seconds` is the wall time of the compiled searches only (greedy search's n-best
-  lists: with the pass that scores its outputs): every new batch shape is
+  `search_seconds` is the wall time of the compiled searches only: every new batch shape is
   first compiled on an all-padding batch of that shape (its loop ends at once), and that call
   is counted in `compile_seconds` instead. Tokenizing and detokenizing are in neither.
   """
@@ -339,11 +341,12 @@ class Translator:
     other._compiled = set()
     return other
 
-  def with_sampling(self, temperature: float = 1.0, top_k: int = 0, seed: int = 0
-                    ) -> Translator:
+  def with_sampling(self, temperature: float = 1.0, top_k: int = 0, seed: int = 0,
+                    line_offset: int = 0) -> Translator:
     """This translator sampling instead of searching (`Sampling`), checked: a temperature
-    above 0 (finite), a `top_k` from 0 (the whole vocabulary) to the vocabulary size. The same
-    parameters and tokenizer; its own throughput figures and compiled shapes."""
+    above 0 (finite), a `top_k` from 0 (the whole vocabulary) to the vocabulary size, a
+    `line_offset` from 0 to 2^31 - 1. The same parameters and tokenizer; its own throughput
+    figures and compiled shapes."""
     # Used in float32: it and its inverse must be finite and nonzero there, or the logits
     # divided by it overflow or vanish (1e-30 to 1e30 is ample).
     if not (math.isfinite(temperature) and 1e-30 <= temperature <= 1e30):
@@ -354,8 +357,11 @@ class Translator:
     if not 0 <= top_k <= vocab:
       raise RunError(f"top_k={top_k}: must be between 0 (the whole vocabulary) and the "
                      f"vocabulary size ({vocab})")
+    if not 0 <= line_offset < 2**31:
+      raise RunError(f"line_offset={line_offset}: must be between 0 and 2^31 - 1 (the number of "
+                     "lines of the whole file before this input)")
     other = copy.copy(self)
-    other.sampling = Sampling(float(temperature), int(top_k), int(seed))
+    other.sampling = Sampling(float(temperature), int(top_k), int(seed), int(line_offset))
     other.stats = SearchStats()
     other._compiled = set()
     return other
@@ -449,9 +455,12 @@ class Translator:
   def _sample(self, inputs: np.ndarray, index: np.ndarray, draws: int
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`sample_search` on `inputs`, row r being draw `index[r] % draws` of line
-    `index[r] // draws` (`Sampling`'s keys)."""
+    `line_offset + index[r] // draws` (`Sampling`'s keys)."""
     s = self.sampling
-    lines, draw = jnp.asarray(index // draws), jnp.asarray(index % draws)
+    # uint32, what fold_in hashes: line numbers past 2^31 stay distinct (and any int32 line
+    # gives the key it gave before the offset existed).
+    lines = jnp.asarray((index // draws).astype(np.int64) + s.line_offset, jnp.uint32)
+    draw = jnp.asarray(index % draws)
     keys = jax.vmap(jax.random.fold_in)(
         jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(s.seed), lines), draw)
     tokens, lengths, log_probs = sample_search(
@@ -577,14 +586,11 @@ class Translator:
 
   def _search_all(self, inputs: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`(tokens [rows, beam, T], scores [rows, beam])` numpy: every finished hypothesis (greedy
-    search: its one output, scored by a teacher-forced pass)."""
+    search: its one output, with the log-probability its loop summed)."""
     if self.beam_size == 1:
-      tokens, lengths = search_batch(self.config, self.params, inputs, beam_size=1,
-                                     max_len_margin=self.max_len_margin)
-      weights = np.arange(tokens.shape[1])[None] < lengths[:, None]
-      targets = np.where(weights, tokens, self.config.pad_id)
-      scores = np.asarray(target_log_probs(self.config, self.params, inputs, targets))
-      return tokens[:, None], scores[:, None]
+      tokens, _, scores = greedy_search(self.config, self.params, inputs,
+                                        max_len_margin=self.max_len_margin, score=True)
+      return np.asarray(tokens, np.int32)[:, None], np.asarray(scores, np.float32)[:, None]
     tokens, scores = beam_search(self.config, self.params, inputs, beam_size=self.beam_size,
                                  alpha=self.alpha, max_len_margin=self.max_len_margin,
                                  return_all=True)
