@@ -25,7 +25,7 @@ from transformer_jax.inference.flags import define_checkpoint_flags, translator_
 
 
 def define(values):
-  define_checkpoint_flags(values)
+  define_checkpoint_flags(values, ensemble=False)  # one model's attention
   flags.DEFINE_string("source", None, "the source sentence", flag_values=values)
   flags.mark_flag_as_required("source", flag_values=values)
   flags.DEFINE_string("target", None, "teacher-force this target (default: the model's own "

@@ -31,9 +31,14 @@ sampling, Edunov et al., 2018): each token from softmax(logits / `--temperature`
 drawn. Line i's draw depends on `--seed`, i (its place in the input, after `--line_offset`
 lines) and the line only, not on the batch or the other lines: a file split into pieces for
 several commands draws as it does whole when each piece gets, with the same seed, the number
-of lines before it as `--line_offset` (which also numbers `--nbest`'s lines). With `--nbest N`, N samples a line (any N), the most probable first, the score and the
-log-probability both the sample's natural-log probability under the model (at temperature 1,
-without the top-k restriction).
+of lines before it as `--line_offset` (which also numbers `--nbest`'s lines). With `--nbest
+N`, N samples a line (any N), the most probable first, the score and the log-probability both
+the sample's natural-log probability under the model (at temperature 1, without the top-k
+restriction).
+
+`--ensemble PATH,...` decodes more checkpoints (runs of the same model config and tokenizer,
+each PATH as --checkpoint takes it) together with the first, by the mean of the models'
+probabilities (docs/decoding.md).
 
     python scripts/translate.py --workdir runs/default --sample --top_k 10 < mono.en > bt.de
     split -l 100000 -d mono.en piece.  # then, for piece.01 (lines 100,001 to 200,000):

@@ -341,8 +341,8 @@ def test_beam_scores_match_teacher_forcing(tiny, beam4):
 def test_target_log_probs_are_what_the_searches_score(tiny, beam4, greedy):
   """`search.target_log_probs` (scripts/score.py) gives the numpy reference's
   teacher-forced log-probabilities, beam search's finished scores times their length penalty,
-  greedy search's outputs theirs (and greedy search's `score=True` the same), 0 for an all-padding row, and each row alone what it gives in
-  the batch."""
+  greedy search's outputs theirs (and greedy search's `score=True` the same), 0 for an
+  all-padding row, and each row alone what it gives in the batch."""
   cfg, params, src = tiny
   seqs, scores = (np.asarray(x) for x in beam4)
   batch, beam, buffer_len = seqs.shape

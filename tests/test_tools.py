@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from transformer_jax import bleu
+from transformer_jax import bleu, search
 from transformer_jax.data import get_data
 from transformer_jax.inference import attention_maps, evaluation, scoring
 from transformer_jax.inference import flags as tool_flags
@@ -720,6 +720,55 @@ def test_score_pairs_of_ones_own(workdir, tmp_path, capsys):
   rc, _, err = run_main(score_script, ["--workdir", run, "--source", str(src), "--target",
                                        str(tgt)], capsys)
   assert rc == 1 and f"--source {src} has 4 lines but --target {tgt} has 1" in err
+
+
+def test_an_ensemble_decodes_its_members_by_their_mean_probability(workdir, translator, tmp_path,
+                                                                  capsys):
+  """`--ensemble`: the checkpoints named, loaded and decoded together (the search on the
+  members' parameters, loaded by hand, gives the same tokens and log-probabilities); its
+  results go to a directory of their own and name the members; a member twice, a path that
+  holds no checkpoint and another model are refused before anything is decoded."""
+  lines = ["one hundred and two", "seven thousand and three", "twelve"]
+  ens = translator_lib.Translator(workdir, batch_size=4,
+                                  ensemble=[os.path.join(workdir, "checkpoints", "3")])
+  assert isinstance(ens.params, search.Ensemble) and ens.params.size == 2
+  assert [m["step"] for m in ens.settings()["ensemble"]] == [3]
+  sources = ens.encode(lines)
+  found = ens.with_search(1, None).nbest_ids(sources, 1)
+  members = search.Ensemble.of([checkpointing.load_params(workdir, step)[1] for step in (6, 3)])
+  width = max(map(len, sources))
+  inputs = np.array([s + [0] * (width - len(s)) for s in sources], np.int32)
+  tokens, lengths, log_probs = search.greedy_search(ens.config, members, inputs,
+                                                    max_len_margin=ens.max_len_margin, score=True)
+  expected = search.output_ids(tokens, lengths, ens.config.eos_id)
+  assert [h[0].ids for h in found] == expected
+  np.testing.assert_allclose([h[0].log_prob for h in found], log_probs, rtol=1e-5, atol=1e-5)
+  alone = translator.with_search(1, None).nbest_ids(sources, 1)
+  assert [h[0].log_prob for h in alone] != [h[0].log_prob for h in found]
+  # evaluate.py: the ensemble's own directory, its members in the result.
+  rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--split", "test",
+                                            "--beam_size", "1", "--ensemble",
+                                            os.path.join(workdir, "checkpoints", "3")], capsys)
+  assert rc == 0, err
+  result = json.loads(out.splitlines()[-1])
+  assert re.fullmatch(r"step_6\.ensemble2_[0-9a-f]{8}", os.path.basename(
+      os.path.dirname(result["hypotheses"]))), result["hypotheses"]
+  assert result["ensemble"][0]["checkpoint"] == os.path.join(workdir, "checkpoints", "3")
+  # Refused, each with one error line.
+  other = tmp_path / "other_norm"
+  shutil.copytree(workdir, other, ignore=shutil.ignore_patterns("eval", "tfds"))
+  config = json.loads((other / "config.json").read_text())
+  mine = config["resolved_model"]["norm_position"]
+  theirs = config["resolved_model"]["norm_position"] = {"pre": "post", "post": "pre"}[mine]
+  (other / "config.json").write_text(json.dumps(config))
+  for members, message in (
+      ([os.path.join(workdir, "checkpoints", "6")], "is already in the ensemble (the translator's "
+       "own checkpoint)"),
+      ([str(tmp_path / "nowhere")], f"--ensemble {tmp_path / 'nowhere'}: no checkpoint in"),
+      ([str(other)], f"norm_position={theirs!r} (--workdir's: {mine!r})")):
+    rc, _, err = run_main(translate_script, ["--workdir", workdir, "--ensemble",
+                                             ",".join(members), "seven"], capsys)
+    assert rc == 1 and message in err, (members, err)
 
 
 def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, capsys):

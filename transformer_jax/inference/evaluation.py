@@ -8,7 +8,8 @@ BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the ra
 the signatures are in the result. The copy baseline scores what needs no model at all: names,
 numbers, file names and other tokens that a translation keeps unchanged.
 
-Outputs go to `<workdir>/eval/<checkpoint>/` (`step_1000`, `averaged_last5_1000`), never into a
+Outputs go to `<workdir>/eval/<checkpoint>/` (`step_1000`, `averaged_last5_1000`; an ensemble's
+to `<checkpoint>.ensemble<M>_<digest>`, `translator_output_dir`), never into a
 checkpoint's step directory: training deletes old steps (keep-N) and would take an evaluation
 with them, or an evaluation still running when its step went would write a stray step
 directory back. Their names carry the split and the search (`test.greedy`,
@@ -17,6 +18,7 @@ side, and every result is also appended to `<workdir>/eval/results.jsonl`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -192,6 +194,20 @@ def default_output_dir(workdir: str, checkpoint_dir: str, step: int,
   if averaged is not None:
     name = f"{name}_last{averaged}"
   return os.path.join(workdir, EVAL, f"{name}_{step}")
+
+
+def translator_output_dir(translator: Translator) -> str:
+  """`default_output_dir` of the translator's checkpoint; for an ensemble, with
+  `.ensemble<M>_<digest>` after it (M models in all, the digest of the other members'
+  checkpoints), so that an ensemble's files never replace its first member's alone."""
+  averaged = translator.averaged_steps
+  path = default_output_dir(translator.workdir, translator.checkpoint_dir, translator.step,
+                            len(averaged) if averaged is not None else None)
+  if not translator.members:
+    return path
+  names = json.dumps([os.path.abspath(m["checkpoint"]) for m in translator.members])
+  digest = hashlib.sha256(names.encode()).hexdigest()[:8]
+  return f"{path}.ensemble{len(translator.members) + 1}_{digest}"
 
 
 def write_whole(path: str, text: str) -> None:
@@ -454,10 +470,7 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   pairs = nonempty(data.raw_examples(split) if pairs is None else pairs, split)
   warn = (lambda message: None) if quiet else warn_stderr
   empty = check_pairs(pairs, split, origin, warn)
-  averaged = translator.averaged_steps
-  output_dir = output_dir or default_output_dir(
-      translator.workdir, translator.checkpoint_dir, translator.step,
-      len(averaged) if averaged is not None else None)
+  output_dir = output_dir or translator_output_dir(translator)
   writable_dir(output_dir)  # now, not after the whole search
   warnings: list[str] = []
   hypotheses = translator.translate([s for s, _ in pairs], warnings.append,

@@ -13,8 +13,8 @@ from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.run.workdir import RunError
 
 # The flags of define_checkpoint_flags that choose a model and its search: --baseline has none.
-MODEL_FLAGS = ("step", "checkpoint", "averaged", "beam_size", "alpha", "max_len_margin",
-               "batch_size")
+MODEL_FLAGS = ("step", "checkpoint", "averaged", "ensemble", "beam_size", "alpha",
+               "max_len_margin", "batch_size")
 
 
 def _flag_os_error(flag: str, path: str, e: OSError) -> OSError:
@@ -69,11 +69,12 @@ def refuse_ignored(values: flags.FlagValues, names: Sequence[str], because: str,
 
 
 def define_checkpoint_flags(values: flags.FlagValues, grid: bool = False,
-                            search: bool = True) -> None:
+                            search: bool = True, ensemble: bool = True) -> None:
   """The flags that choose a checkpoint and the search; with `grid` (evaluate.py),
   `--beam_size` and `--alpha` take comma-separated lists, searched one combination after
   another (`search_grid`); without `search` (score.py, which searches nothing), only the
-  checkpoint's and `--batch_size`."""
+  checkpoint's and `--batch_size`; with `ensemble`, `--ensemble` (more checkpoints decoded
+  with the first, `Translator`)."""
   def define(kind, name, default, help_text):
     getattr(flags, f"DEFINE_{kind}")(name, default, help_text, flag_values=values)
 
@@ -83,6 +84,11 @@ def define_checkpoint_flags(values: flags.FlagValues, grid: bool = False,
   define("string", "checkpoint", None, "load parameters from here instead: a workdir, "
          "checkpoints or averaged directory, or a checkpoints/<step> dir")
   define("bool", "averaged", False, "use <workdir>/averaged (scripts/average_checkpoints.py)")
+  if ensemble:
+    define("list", "ensemble", None, "more checkpoints, comma-separated, each as --checkpoint "
+           "takes (a workdir: its latest step; <run>/averaged: its average), decoded together "
+           "with the one above by the mean of the models' probabilities; runs of the same "
+           "model config and tokenizer")
   if search and grid:
     define("list", "beam_size", None, "1 = greedy (default: the run's config.beam_size); several, "
            "comma-separated (1,4,8), are each evaluated")
@@ -141,7 +147,8 @@ def translator_from_flags(values: flags.FlagValues,
   return Translator(values.workdir, step=values.step, checkpoint=values.checkpoint,
                     averaged=values.averaged, beam_size=beam_size, alpha=alpha,
                     max_len_margin=values.max_len_margin if searches else None,
-                    batch_size=values.batch_size, **kwargs)
+                    batch_size=values.batch_size,
+                    ensemble=(values.ensemble or ()) if "ensemble" in values else (), **kwargs)
 
 
 def translators_from_flags(values: flags.FlagValues, **kwargs) -> list[Translator]:

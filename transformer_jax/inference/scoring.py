@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.inference.evaluation import (
-  default_output_dir,
   nonempty,
+  translator_output_dir,
   warn_if_other_files,
   writable_dir,
   write_whole,
@@ -164,12 +164,9 @@ def score(translator: Translator, pairs: Sequence[tuple[str, str]], name: str,
           warn: Callable[[str], None] = warn_stderr) -> dict:
   """Score every pair, write `scores.<name>.jsonl` (one record per pair, in order) and the
   result `score.<name>.json` into `output_dir` (default: the checkpoint's evaluation
-  directory, `evaluation.default_output_dir`), both written whole, and return the result:
+  directory, `evaluation.translator_output_dir`), both written whole, and return the result:
   the corpus figures (`corpus_figures`), the checkpoint, the timing and `extra`."""
-  averaged = translator.averaged_steps
-  output_dir = output_dir or default_output_dir(
-      translator.workdir, translator.checkpoint_dir, translator.step,
-      len(averaged) if averaged is not None else None)
+  output_dir = output_dir or translator_output_dir(translator)
   pairs = nonempty(list(pairs), name)
   writable_dir(output_dir)  # now, not after scoring
   scorer = PairScorer(translator)
@@ -179,7 +176,8 @@ def score(translator: Translator, pairs: Sequence[tuple[str, str]], name: str,
   settings = translator.settings()
   figures = corpus_figures(records)
   result = {"split": name, "sentences": len(pairs), **figures,
-            **{k: settings[k] for k in ("step", "checkpoint", "averaged_steps", "batch_size")},
+            **{k: settings[k] for k in ("step", "checkpoint", "averaged_steps", "batch_size",
+                                        "ensemble") if k in settings},
             "pairs_per_sec": figures["scored"] / seconds if seconds > 0 else None,
             "score_seconds": seconds, "compile_seconds": scorer.compile_seconds,
             "compiled_shapes": scorer.compiled_shapes, **(extra or {}),

@@ -49,6 +49,7 @@ from transformer_jax.run.workdir import (
   vocabulary_path,
 )
 from transformer_jax.search import (
+  Ensemble,
   beam_search,
   greedy_search,
   output_ids,
@@ -248,6 +249,32 @@ def check_param_shapes(params, config: TransformerConfig, where: str, workdir: s
       "the workdir of the run these parameters were trained in as --workdir")
 
 
+# Fields that do not change what a trained model computes when decoding: an ensemble's members
+# may differ in them (the workdir's values are used for all).
+DECODE_INERT = frozenset({"dropout_rate", "attention_dropout_rate", "relu_dropout_rate", "remat",
+                          "attention_impl", "padding_as_lengths", "deterministic", "decode"})
+
+
+def _check_member_model(config: TransformerConfig, directory: str, step: int, flag: str,
+                        workdir: str) -> None:
+  """A member inside another run's workdir must be the same model as `config` (the workdir's),
+  not only the same shapes: a post-LN member decoded as pre-LN fits every parameter and
+  computes something else."""
+  run_dir = os.path.dirname(directory)
+  if not os.path.exists(os.path.join(run_dir, CONFIG)):
+    return  # parameters alone: their shapes are checked
+  written_at = step if os.path.basename(directory) in (CHECKPOINTS, AVERAGED) else None
+  other = model_config_from(load_run_config(run_dir, written_at),
+                            run_config_path(run_dir, written_at))
+  mine, theirs = dataclasses.asdict(config), dataclasses.asdict(other)
+  differs = [f"{k}={theirs[k]!r} (--workdir's: {mine[k]!r})" for k in mine
+             if k not in DECODE_INERT and mine[k] != theirs[k]]
+  if differs:
+    raise RunError(f"{flag}: the run {run_dir} is another model than --workdir {workdir}: "
+                   f"{', '.join(differs)}; an ensemble decodes every member as --workdir's "
+                   "model: ensemble runs of one model config only")
+
+
 def _round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
@@ -265,12 +292,16 @@ class Translator:
   max_len tokens, the decoder's buffer); a model with a learned position table has no rows past
   max_len, so they are cut to `max_len - 1` pieces, with a warning (also when `truncate` is
   true). translate.py and evaluate.py decode the same sentence the same way.
+
+  `ensemble`: more checkpoints (each a path as `checkpoint` takes) decoded together with this
+  one (`search.Ensemble`: the mean of the models' probabilities); each must be the workdir's
+  model (`_check_member_model`, the parameter shapes) with its tokenizer, and none twice.
   """
 
   def __init__(self, workdir: str, *, step: int | None = None, checkpoint: str | None = None,
                averaged: bool = False, beam_size: int | None = None, alpha: float | None = None,
                max_len_margin: int | None = None, batch_size: int = 64,
-               truncate: bool | None = None):
+               truncate: bool | None = None, ensemble: Sequence[str] = ()):
     self.workdir = workdir
     workdir_config(workdir)  # a clear error first when this is not a run's workdir
     self.checkpoint_dir, self.step = checkpointing.resolve_checkpoint(workdir, checkpoint, step,
@@ -297,6 +328,9 @@ class Translator:
     # the code changed, not the run.
     inside = os.path.dirname(self.checkpoint_dir) == os.path.abspath(workdir)
     check_param_shapes(params, self.config, self.step_dir, workdir, own=inside)
+    self.members = self._load_members(ensemble, spm_path)
+    if self.members:
+      params = Ensemble.of([params] + [m.pop("params") for m in self.members])
     self.params = jax.device_put(params)
     if self.checkpoint_dir == os.path.join(os.path.abspath(workdir), AVERAGED):
       self._warn_if_stale()
@@ -305,6 +339,31 @@ class Translator:
     self.averaged_steps = averaging.averaged_steps(self.checkpoint_dir, self.step)
     self.stats = SearchStats()
     self._compiled: set = set()
+
+  def _load_members(self, paths: Sequence[str], spm_path: str) -> list[dict]:
+    """Each `--ensemble` path's checkpoint, checked: `{"checkpoint", "step", "averaged_steps",
+    "params"}` (host numpy)."""
+    members: list[dict] = []
+    seen = {(self.checkpoint_dir, self.step): "the translator's own checkpoint"}
+    for path in paths:
+      flag = f"--ensemble {path}"
+      try:
+        directory, step = checkpointing.resolve_checkpoint(self.workdir, checkpoint=path)
+      except RunError as e:
+        raise RunError(f"{flag}: {e}") from None
+      where = os.path.join(directory, str(step))
+      if (directory, step) in seen:
+        raise RunError(f"{flag}: {where} is already in the ensemble ({seen[directory, step]}): "
+                       "a model twice only weighs it double; name each checkpoint once")
+      seen[directory, step] = flag
+      _check_tokenizer(self.workdir, directory, spm_path)
+      _check_member_model(self.config, directory, step, flag, self.workdir)
+      _, params = checkpointing.load_params(directory, step)
+      check_param_shapes(params, self.config, where, self.workdir)
+      members.append({"checkpoint": where, "step": step,
+                      "averaged_steps": averaging.averaged_steps(directory, step),
+                      "params": params})
+    return members
 
   def _set_search(self, beam_size: int | None, alpha: float | None,
                   max_len_margin: int | None, batch_size: int) -> None:
@@ -391,13 +450,16 @@ class Translator:
 
   def settings(self) -> dict:
     """The checkpoint and the search, as evaluate.py records them (`alpha` is None for greedy
-    search, which has no length penalty; `averaged_steps` None unless averaged)."""
+    search, which has no length penalty; `averaged_steps` None unless averaged; `ensemble`,
+    only for an ensemble, its other members' `checkpoint`, `step` and `averaged_steps`)."""
     settings = {"step": self.step, "checkpoint": self.step_dir,
                 "averaged_steps": self.averaged_steps, "beam_size": self.beam_size,
                 "alpha": self.alpha if self.beam_size > 1 else None,
                 "max_len_margin": self.max_len_margin, "batch_size": self.batch_size}
     if self.sampling:  # no search: its beam and alpha are not what ran
       settings.update(beam_size=None, alpha=None, sampling=dataclasses.asdict(self.sampling))
+    if self.members:  # decoded together with the checkpoint above
+      settings["ensemble"] = [dict(m) for m in self.members]
     return settings
 
   # -- text <-> ids
