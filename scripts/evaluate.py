@@ -17,7 +17,8 @@ per pair in the split's order, the references they were scored against to
 stdout, also to `<out>/eval.<split>.<search>.json`, and `--examples` pairs drawn at random
 (seed 0) plus the one with the lowest sentence chrF, as a Markdown table with the references, to
 `<out>/examples.<split>.<search>.md`. <out> is `<workdir>/eval/step_<N>` (or
-`averaged_last<k>_<N>` with --averaged, k checkpoints averaged; --output_dir to choose), never
+`averaged_last<k>_<N>` with --averaged, k checkpoints averaged; `.ensemble<M>_<digest>` after
+it with --ensemble; --output_dir to choose), never
 the checkpoint's own directory, which training deletes when it rotates the step out; <search>
 is `greedy` or e.g. `beam4.alpha0.6`, so evaluations with different searches sit side by side.
 Every result is also appended as one line to `<workdir>/eval/results.jsonl`, the run's history
@@ -69,7 +70,8 @@ def define(values):
   flags.DEFINE_string("data_dir", None, "TFDS data dir (default: the run's config.data.data_dir)",
                       flag_values=values)
   flags.DEFINE_string("output_dir", None, "where the hypotheses go (default: <workdir>/eval/"
-                      "step_<N> or averaged_last<k>_<N>; <workdir>/baselines for --baseline)",
+                      "step_<N> or averaged_last<k>_<N>, + .ensemble<M>_<digest> with --ensemble; "
+                      "<workdir>/baselines for --baseline)",
                       flag_values=values)
   flags.DEFINE_enum("baseline", None, list(evaluation.BASELINES),
                     "score a baseline instead of the model: 'copy' = the source as translation",

@@ -18,7 +18,8 @@ tokens), and `<out>/score.<name>.json`, the result, also printed as one JSON obj
 pairs scored, target tokens, summed `log_prob`, `nll_per_token` and `perplexity` (per target
 token of this run's tokenizer: comparable between runs with the same spm.model only), the
 checkpoint, and the time (`compile_seconds` apart). <out> is evaluate.py's
-(`<workdir>/eval/step_<N>`, `averaged_last<k>_<N>`, ...; `--output_dir` to choose); <name> is
+(`<workdir>/eval/step_<N>`, `averaged_last<k>_<N>`, ..., `.ensemble<M>_<digest>` after it with
+`--ensemble`; `--output_dir` to choose); <name> is
 the split, or the `--target` file's name without its extension (`--name` to choose).
 """
 import json
@@ -52,7 +53,8 @@ def define(values):
                       "files (default: the target file's name without its extension)",
                       flag_values=values)
   flags.DEFINE_string("output_dir", None, "where the files go (default: <workdir>/eval/step_<N> "
-                      "or averaged_last<k>_<N>)", flag_values=values)
+                      "or averaged_last<k>_<N>, + .ensemble<M>_<digest> with --ensemble)",
+                      flag_values=values)
 
 
 def body(values, args):

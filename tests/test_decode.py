@@ -704,14 +704,21 @@ def test_ensemble_greedy_search_follows_the_mean_probability(tiny, ensemble, gre
   twice = search.greedy_search(cfg, search.Ensemble.of([params, params]), src,
                                max_len_margin=MARGIN)
   np.testing.assert_array_equal(twice[0], greedy[0])
+  # Sampling among the top 1 of the mean probability is the ensemble's greedy search.
+  sampled = search.sample_search(cfg, ensemble, src, sample_keys(src.shape[0]), top_k=1,
+                                 max_len_margin=MARGIN)
+  np.testing.assert_array_equal(sampled[0], tokens)
+  np.testing.assert_allclose(sampled[2], scores, rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="2 or more models"):
     search.Ensemble.of([params])
 
 
 def test_ensemble_beam_search_follows_its_rules_step_by_step(peaked):
   """Beam search on two models' mean probability: the whole finished set as the plain-Python
-  rules give it (each beam's parent followed in both members' caches, which grow by stages)."""
+  rules give it (each beam's parent followed in both members' caches, which grow by stages:
+  a margin of 4 makes a 6-position buffer, stages of 4 and 6)."""
   cfg, params, src = peaked
   other = small_vocab_model(3, kernel_scale=2.0)[1]
-  assert_finished_sets_follow_the_rules((cfg, search.Ensemble.of([params, other]), src), 3, 2,
+  assert search.stage_ends(src.shape[1] + 4) == [4, 6]
+  assert_finished_sets_follow_the_rules((cfg, search.Ensemble.of([params, other]), src), 3, 4,
                                         0.6)

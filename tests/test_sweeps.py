@@ -355,7 +355,7 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
 
 def test_report_sorts_by_the_scores_of_evaluate_py(tmp_path, capsys):
   """`--metric test_bleu`: the latest scripts/evaluate.py result per split (eval/results.jsonl),
-  not only what training logged; copy baselines and cut lines left out."""
+  not only what training logged; copy baselines, ensembles and cut lines left out."""
   points = [{"learning_rate": 1.0}, {"learning_rate": 2.0}]
   (tmp_path / "sweep.json").write_text(json.dumps({"points": [{"overrides": p} for p in points]}))
   results = {1.0: [{"split": "test", "bleu": 30.0, "chrf": 50.0},
@@ -364,7 +364,9 @@ def test_report_sorts_by_the_scores_of_evaluate_py(tmp_path, capsys):
                     "averaged_steps": [2, 3], "bleu_ci95": 1.25}],
              2.0: [{"split": "test", "bleu": 35.0, "chrf": 55.0},
                    {"split": "test", "baseline": "copy", "bleu": 90.0, "chrf": 90.0},
-                   {"split": "newstest", "bleu": 12.5, "chrf": 40.0}]}
+                   {"split": "newstest", "bleu": 12.5, "chrf": 40.0},
+                   # with other models (--ensemble): not this point's own figure
+                   {"split": "test", "bleu": 99.0, "chrf": 99.0, "ensemble": [{"step": 3}]}]}
   for lr, lines in results.items():
     d = sweeps.point_dir(str(tmp_path), {"learning_rate": lr})
     os.makedirs(os.path.join(d, "eval"))

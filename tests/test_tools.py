@@ -755,17 +755,23 @@ def test_an_ensemble_decodes_its_members_by_their_mean_probability(workdir, tran
       os.path.dirname(result["hypotheses"]))), result["hypotheses"]
   assert result["ensemble"][0]["checkpoint"] == os.path.join(workdir, "checkpoints", "3")
   # Refused, each with one error line.
-  other = tmp_path / "other_norm"
+  other = tmp_path / "other_activation"
   shutil.copytree(workdir, other, ignore=shutil.ignore_patterns("eval", "tfds"))
   config = json.loads((other / "config.json").read_text())
-  mine = config["resolved_model"]["norm_position"]
-  theirs = config["resolved_model"]["norm_position"] = {"pre": "post", "post": "pre"}[mine]
+  # The same parameter shapes, another model: only the config check can tell.
+  mine = config["resolved_model"]["activation"]
+  theirs = config["resolved_model"]["activation"] = {"relu": "gelu"}.get(mine, "relu")
   (other / "config.json").write_text(json.dumps(config))
+  other_tokenizer = tmp_path / "other_tokenizer"
+  shutil.copytree(workdir, other_tokenizer, ignore=shutil.ignore_patterns("eval", "tfds"))
+  (other_tokenizer / "spm.model").write_bytes(b"another tokenizer")
   for members, message in (
       ([os.path.join(workdir, "checkpoints", "6")], "is already in the ensemble (the translator's "
        "own checkpoint)"),
       ([str(tmp_path / "nowhere")], f"--ensemble {tmp_path / 'nowhere'}: no checkpoint in"),
-      ([str(other)], f"norm_position={theirs!r} (--workdir's: {mine!r})")):
+      ([str(other)], f"activation={theirs!r} (--workdir's: {mine!r})"),
+      ([str(other_tokenizer)], f"--ensemble {other_tokenizer}: "),
+      ([os.path.join(workdir, "checkpoints", "3"), ""], "an empty path (a comma too many?)")):
     rc, _, err = run_main(translate_script, ["--workdir", workdir, "--ensemble",
                                              ",".join(members), "seven"], capsys)
     assert rc == 1 and message in err, (members, err)

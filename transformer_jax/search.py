@@ -51,10 +51,13 @@ class Ensemble:
 
   @classmethod
   def of(cls, members: Sequence) -> Ensemble:
-    """The ensemble of `members`, parameter trees of the same structure and shapes."""
+    """The ensemble of `members`, parameter trees of the same structure and shapes (host numpy
+    arrays stay on the host, stacked there: one copy on the device once put there)."""
     if len(members) < 2:
       raise ValueError(f"an ensemble needs 2 or more models, got {len(members)}")
-    return cls(jax.tree.map(lambda *xs: jnp.stack(xs), *members))
+    def stack(*xs):
+      return np.stack(xs) if all(isinstance(x, np.ndarray) for x in xs) else jnp.stack(xs)
+    return cls(jax.tree.map(stack, *members))
 
   @property
   def size(self) -> int:
@@ -144,6 +147,8 @@ def _step_logits(model: Transformer, params, cache, last_tokens):
   """One decoder step: float32 logits `[rows, vocab]`, new cache. An `Ensemble`'s "logits" are
   the log of its members' mean probabilities (normalised already: `_log_softmax`)."""
   if isinstance(params, Ensemble):
+    # The position counters (scalars, the same in every member) are vmapped over too. Kept
+    # shared (unbatched) instead, an ensemble of 3 decoded no faster (docs/decoding.md).
     logits, cache = jax.vmap(lambda p, c: _step_logits(model, p, c, last_tokens))(
         params.stacked, cache.stacked)
     return _mean_probability(jax.nn.log_softmax(logits, axis=-1)), Ensemble(cache)

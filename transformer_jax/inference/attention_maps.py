@@ -33,6 +33,9 @@ def attention_maps(translator: Translator, source: str, target: str | None = Non
   Decoder queries are labelled with the piece they predict, decoder self-attention keys with
   the decoder's input pieces (`<s>` then the target shifted right).
   """
+  if translator.members:
+    raise RunError("attention maps are one model's: pass a translator without ensemble "
+                   "members")
   (src,) = translator.encode([source], warn_stderr, names=["--source"])
   if not src:
     raise RunError("the source sentence is empty: nothing to attend to")

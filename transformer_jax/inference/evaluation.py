@@ -199,13 +199,14 @@ def default_output_dir(workdir: str, checkpoint_dir: str, step: int,
 def translator_output_dir(translator: Translator) -> str:
   """`default_output_dir` of the translator's checkpoint; for an ensemble, with
   `.ensemble<M>_<digest>` after it (M models in all, the digest of the other members'
-  checkpoints), so that an ensemble's files never replace its first member's alone."""
+  checkpoints, in any order), so that an ensemble's files never replace its first member's alone."""
   averaged = translator.averaged_steps
   path = default_output_dir(translator.workdir, translator.checkpoint_dir, translator.step,
                             len(averaged) if averaged is not None else None)
   if not translator.members:
     return path
-  names = json.dumps([os.path.abspath(m["checkpoint"]) for m in translator.members])
+  # Sorted: the same members in another order are the same ensemble (the mean is symmetric).
+  names = json.dumps(sorted(os.path.abspath(m["checkpoint"]) for m in translator.members))
   digest = hashlib.sha256(names.encode()).hexdigest()[:8]
   return f"{path}.ensemble{len(translator.members) + 1}_{digest}"
 

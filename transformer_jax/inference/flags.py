@@ -144,11 +144,13 @@ def translator_from_flags(values: flags.FlagValues,
   instead of the flags' (one of evaluate.py's lists, `search_grid`)."""
   searches = "beam_size" in values  # not defined with search=False: the run's own settings
   beam_size, alpha = search or ((values.beam_size, values.alpha) if searches else (None, None))
+  ensemble = values.ensemble if "ensemble" in values else None
+  if ensemble is not None and not ensemble:
+    raise RunError("--ensemble is empty: name the other members' checkpoints, comma-separated")
   return Translator(values.workdir, step=values.step, checkpoint=values.checkpoint,
                     averaged=values.averaged, beam_size=beam_size, alpha=alpha,
                     max_len_margin=values.max_len_margin if searches else None,
-                    batch_size=values.batch_size,
-                    ensemble=(values.ensemble or ()) if "ensemble" in values else (), **kwargs)
+                    batch_size=values.batch_size, ensemble=ensemble or (), **kwargs)
 
 
 def translators_from_flags(values: flags.FlagValues, **kwargs) -> list[Translator]:

@@ -42,6 +42,7 @@ from transformer_jax.run.workdir import (
   AVERAGED,
   CHECKPOINTS,
   CONFIG,
+  SAFE_MODEL_FIELDS,
   RunError,
   load_run_config,
   run_config_path,
@@ -249,17 +250,18 @@ def check_param_shapes(params, config: TransformerConfig, where: str, workdir: s
       "the workdir of the run these parameters were trained in as --workdir")
 
 
-# Fields that do not change what a trained model computes when decoding: an ensemble's members
-# may differ in them (the workdir's values are used for all).
-DECODE_INERT = frozenset({"dropout_rate", "attention_dropout_rate", "relu_dropout_rate", "remat",
-                          "attention_impl", "padding_as_lengths", "deterministic", "decode"})
+# Fields that change neither the parameters' shapes nor what they compute (those a resume may
+# change) and the decoding switches: an ensemble's members may differ in them (the workdir's
+# values are used for all).
+DECODE_INERT = frozenset(SAFE_MODEL_FIELDS) | {"deterministic", "decode"}
 
 
 def _check_member_model(config: TransformerConfig, directory: str, step: int, flag: str,
                         workdir: str) -> None:
   """A member inside another run's workdir must be the same model as `config` (the workdir's),
-  not only the same shapes: a post-LN member decoded as pre-LN fits every parameter and
-  computes something else."""
+  not only the same shapes: a member trained with GELU (or without the embedding scale, or
+  another LayerNorm epsilon) decoded as a ReLU model fits every parameter and computes
+  something else."""
   run_dir = os.path.dirname(directory)
   if not os.path.exists(os.path.join(run_dir, CONFIG)):
     return  # parameters alone: their shapes are checked
@@ -345,21 +347,29 @@ class Translator:
     "params"}` (host numpy)."""
     members: list[dict] = []
     seen = {(self.checkpoint_dir, self.step): "the translator's own checkpoint"}
+    paths = list(paths)
+    if not all(p.strip() for p in paths):  # else '' would name --workdir's own checkpoints
+      raise RunError(f"--ensemble {','.join(paths)}: an empty path (a comma too many?): name "
+                     "each member's checkpoint, comma-separated")
     for path in paths:
       flag = f"--ensemble {path}"
       try:
         directory, step = checkpointing.resolve_checkpoint(self.workdir, checkpoint=path)
+        where = os.path.join(directory, str(step))
+        if (directory, step) in seen:
+          raise RunError(f"{where} is already in the ensemble ({seen[directory, step]}): a "
+                         "model twice only weighs it double; name each checkpoint once")
+        seen[directory, step] = flag
+        _check_tokenizer(self.workdir, directory, spm_path)
+        _check_member_model(self.config, directory, step, flag, self.workdir)
+        _, params = checkpointing.load_params(directory, step)
+        check_param_shapes(params, self.config, where, self.workdir)
       except RunError as e:
-        raise RunError(f"{flag}: {e}") from None
-      where = os.path.join(directory, str(step))
-      if (directory, step) in seen:
-        raise RunError(f"{flag}: {where} is already in the ensemble ({seen[directory, step]}): "
-                       "a model twice only weighs it double; name each checkpoint once")
-      seen[directory, step] = flag
-      _check_tokenizer(self.workdir, directory, spm_path)
-      _check_member_model(self.config, directory, step, flag, self.workdir)
-      _, params = checkpointing.load_params(directory, step)
-      check_param_shapes(params, self.config, where, self.workdir)
+        message = str(e)
+        prefix = f"{flag}: "
+        raise RunError(message if message.startswith(prefix) else (
+            f"{prefix}{message} (in an ensemble, every member must be --workdir's model with "
+            "its tokenizer: leave this one out, or ensemble runs of one config)")) from None
       members.append({"checkpoint": where, "step": step,
                       "averaged_steps": averaging.averaged_steps(directory, step),
                       "params": params})

@@ -44,7 +44,8 @@ def evaluated(workdir: str) -> dict:
   of the latest scripts/evaluate.py result per split or test set in
   `<workdir>/eval/results.jsonl`, whatever its checkpoint and search (evaluate every point
   alike), `<split>_bleu_ci95` (its BLEU's 95% bootstrap interval) and `<split>_search`, which
-  they were (`_search`); copy baselines left out."""
+  they were (`_search`); copy baselines and ensembles (the point's model with others'
+  checkpoints, evaluate.py --ensemble) left out."""
   out: dict = {}
   path = os.path.join(workdir, EVAL, EVAL_LOG)
   if not os.path.exists(path):
@@ -55,7 +56,8 @@ def evaluated(workdir: str) -> dict:
         result = json.loads(line)
       except ValueError:  # a line cut short by a crash
         continue
-      if not isinstance(result, dict) or result.get("baseline") or "split" not in result:
+      if (not isinstance(result, dict) or result.get("baseline") or result.get("ensemble")
+          or "split" not in result):
         continue
       for score in ("bleu", "bleu_ci95", "chrf", "tokenized_bleu"):
         if isinstance(result.get(score), (int, float)):
