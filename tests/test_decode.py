@@ -722,3 +722,13 @@ def test_ensemble_beam_search_follows_its_rules_step_by_step(peaked):
   assert search.stage_ends(src.shape[1] + 4) == [4, 6]
   assert_finished_sets_follow_the_rules((cfg, search.Ensemble.of([params, other]), src), 3, 4,
                                         0.6)
+
+
+def test_an_ensemble_of_host_arrays_is_stacked_on_the_host():
+  """The Translator's members come from checkpoints as host numpy arrays: stacked there, the
+  device holds one copy of each once put there (not the members and the stack)."""
+  host = {"w": np.ones((2, 3), np.float32)}
+  stacked = search.Ensemble.of([host, host, host])
+  assert type(stacked.stacked["w"]) is np.ndarray and stacked.size == 3
+  device = {"w": jnp.ones((2, 3))}
+  assert isinstance(search.Ensemble.of([device, device]).stacked["w"], jax.Array)

@@ -745,6 +745,10 @@ def test_an_ensemble_decodes_its_members_by_their_mean_probability(workdir, tran
   np.testing.assert_allclose([h[0].log_prob for h in found], log_probs, rtol=1e-5, atol=1e-5)
   alone = translator.with_search(1, None).nbest_ids(sources, 1)
   assert [h[0].log_prob for h in alone] != [h[0].log_prob for h in found]
+  # score.py's scorer on the ensemble: what its greedy search summed for the same ids.
+  scored = scoring.PairScorer(ens).score_ids(
+      sources, [h[0].ids + [ens.tokenizer.eos_id] * h[0].eos for h in found])
+  np.testing.assert_allclose(scored, log_probs, rtol=1e-5, atol=1e-5)
   # evaluate.py: the ensemble's own directory, its members in the result.
   rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--split", "test",
                                             "--beam_size", "1", "--ensemble",
