@@ -36,6 +36,14 @@ N`, N samples a line (any N), the most probable first, the score and the log-pro
 the sample's natural-log probability under the model (at temperature 1, without the top-k
 restriction).
 
+The input is translated and written `--chunk_lines` lines at a time (default 10,000; each
+chunk sorted by length and batched), flushed after each, so a long job (back-translating a
+large monolingual file) leaves every finished chunk on disk if it stops, and `--verbose` says
+how far it got; the output does not depend on the chunk size (tested; the search batches
+each line independently, and sampling keys follow the line's place). To go on from line K + 1
+of a file after a stop: `tail -n +$((K + 1)) in.txt | translate.py ... --line_offset K >> out`
+(`--line_offset` for sampling or n-best lists; a search needs none).
+
 `--ensemble PATH,...` decodes more checkpoints (runs of the same model config and tokenizer,
 each PATH as --checkpoint takes it) together with the first, by the mean of the models'
 probabilities (docs/decoding.md).
@@ -85,6 +93,10 @@ def define(values):
   flags.DEFINE_integer("line_offset", 0, "this input is a piece of a larger file, after its "
                        "first K lines: --sample draws as the whole file would, --nbest numbers "
                        "lines from K + 1", lower_bound=0, upper_bound=2**31 - 1,
+                       flag_values=values)
+  flags.DEFINE_integer("chunk_lines", 10000, "translate and write this many lines at a time: "
+                       "what is written stays written (flushed) if the command stops; the "
+                       "output is the same as in one piece", lower_bound=1,
                        flag_values=values)
   flags.DEFINE_bool("verbose", False, "print the checkpoint, settings and search throughput "
                     "on stderr", flag_values=values)
@@ -136,12 +148,21 @@ def body(values, sentences):
   if values.verbose:
     print(f"translate: {json.dumps(translator.settings())}", file=sys.stderr)
   try:
-    if values.nbest:
-      out.write(nbest_lines(translator.translate_nbest(sentences, values.nbest, names=names),
-                            values.line_offset))
-    else:
-      out.write("".join(line + "\n" for line in translator.translate(sentences, names=names)))
-    out.flush()
+    for start in range(0, len(sentences), values.chunk_lines):
+      end = min(start + values.chunk_lines, len(sentences))
+      piece, piece_names = sentences[start:end], names[start:end]
+      # A chunk draws as the same lines would in one piece: its keys follow its place.
+      part = (translator.with_line_offset(values.line_offset + start) if translator.sampling
+              else translator)
+      if values.nbest:
+        out.write(nbest_lines(part.translate_nbest(piece, values.nbest, names=piece_names),
+                              values.line_offset + start))
+      else:
+        out.write("".join(line + "\n" for line in part.translate(piece, names=piece_names)))
+      out.flush()
+      if values.verbose and len(sentences) > values.chunk_lines:
+        print(f"translate: {end:,} of {len(sentences):,} lines written", file=sys.stderr,
+              flush=True)
   finally:
     if out is not sys.stdout:
       out.close()

@@ -88,6 +88,11 @@ def test_translate_stdin_keeps_lines_and_survives_odd_input(workdir, capsys, mon
           "built for: read whole") in err, err
   assert "line 4" not in err                                      # unknown characters: no warning
   assert err.count("warning:") == 1
+  # In chunks of 4 lines: the same output, the warning naming the same line.
+  rc, chunked, err = run_main(translate_script, ["--workdir", workdir, "--batch_size", "2",
+                                                 "--chunk_lines", "4"], capsys,
+                              stdin="\n".join(lines) + "\n", monkeypatch=monkeypatch)
+  assert rc == 0 and chunked == out and "stdin line 5: 276 pieces" in err, err
   # A lone carriage return or a form feed inside a line does not end it; CRLF does. The lone
   # carriage return is warned about (old Mac line ends would make the whole file one line).
   rc, out, err = run_main(translate_script, ["--workdir", workdir], capsys,
@@ -821,10 +826,23 @@ def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, 
   rc, _, err = run_main(translate_script, ["--workdir", workdir, "--sample", "--temperature",
                                            "1.5", "--seed", "3", "--line_offset", "3", "--nbest",
                                            "2", "--output", str(out)] + lines[3:], capsys)
-  rows = [row.split("\t") for row in out.read_text(encoding="utf-8").splitlines()]
+  rows = whole = [row.split("\t") for row in out.read_text(encoding="utf-8").splitlines()]
   assert rc == 0 and [row[:2] for row in rows] == [["4", "1"], ["4", "2"], ["5", "1"],
                                                    ["5", "2"]], err
   assert drawn[3] in (rows[0][4], rows[1][4]) and drawn[4] in (rows[2][4], rows[3][4])
+  # In chunks of 2 lines (the keys follow each chunk's place) the same draws, in order, and
+  # n-best rows numbered on from chunk to chunk.
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--sample", "--temperature",
+                                           "1.5", "--seed", "3", "--chunk_lines", "2",
+                                           "--verbose", "--output", str(out)] + lines, capsys)
+  assert rc == 0 and out.read_text(encoding="utf-8").splitlines() == drawn, err
+  assert "translate: 4 of 5 lines written" in err, err
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--sample", "--temperature",
+                                           "1.5", "--seed", "3", "--chunk_lines", "1", "--nbest",
+                                           "2", "--output", str(out)] + lines, capsys)
+  rows = [row.split("\t") for row in out.read_text(encoding="utf-8").splitlines()]
+  assert rc == 0 and [row[0] for row in rows] == ["1", "1", "2", "2", "3", "4", "4", "5", "5"]
+  assert rows[5:] == whole  # lines 4 and 5, drawn as with --line_offset 3 above
   for argv, message in (
       (["--sample", "--beam_size", "4"], "--beam_size is ignored with --sample"),
       (["--line_offset", "5"], "--line_offset is ignored without --sample or --nbest"),

@@ -435,6 +435,20 @@ class Translator:
     other._compiled = set()
     return other
 
+  def with_line_offset(self, line_offset: int) -> Translator:
+    """This sampling translator drawing as if its input began `line_offset` lines into a file
+    (`Sampling.line_offset`; translate.py's chunks). Its throughput figures and compiled shapes
+    are this one's, shared: a chunk after another adds to them."""
+    if not self.sampling:
+      raise ValueError("with_line_offset: a search's translations do not depend on the line's "
+                       "place; only a sampling translator has a line offset")
+    if not 0 <= line_offset < 2**32:
+      raise RunError(f"line_offset={line_offset}: the lines before this input must number "
+                     "fewer than 2^32")
+    other = copy.copy(self)  # shallow: stats and _compiled stay shared
+    other.sampling = dataclasses.replace(self.sampling, line_offset=int(line_offset))
+    return other
+
   def _warn_if_stale(self) -> None:
     """An average made before the run trained on: it decodes, but not what the run is now."""
     steps = checkpointing.checkpoint_steps(checkpointing.checkpoint_dir(self.workdir))
