@@ -40,9 +40,10 @@ The input is translated and written `--chunk_lines` lines at a time (default 10,
 chunk sorted by length and batched), flushed after each, so a long job (back-translating a
 large monolingual file) leaves every finished chunk on disk if it stops, and `--verbose` says
 how far it got; the output does not depend on the chunk size (tested; the search batches
-each line independently, and sampling keys follow the line's place). To go on from line K + 1
-of a file after a stop: `tail -n +$((K + 1)) in.txt | translate.py ... --line_offset K >> out`
-(`--line_offset` for sampling or n-best lists; a search needs none).
+each line independently, and sampling keys follow the line's place; docs/decoding.md says
+where floating point can differ). To go on after K lines of output (`wc -l < out`):
+`tail -n +$((K + 1)) in.txt | translate.py ... --line_offset K >> out` with --sample or
+--nbest; drop --line_offset for a plain search (refused there: nothing depends on it).
 
 `--ensemble PATH,...` decodes more checkpoints (runs of the same model config and tokenizer,
 each PATH as --checkpoint takes it) together with the first, by the mean of the models'

@@ -843,6 +843,13 @@ def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, 
   rows = [row.split("\t") for row in out.read_text(encoding="utf-8").splitlines()]
   assert rc == 0 and [row[0] for row in rows] == ["1", "1", "2", "2", "3", "4", "4", "5", "5"]
   assert rows[5:] == whole  # lines 4 and 5, drawn as with --line_offset 3 above
+  # The offset and the chunks together: lines 4 and 5 alone, one a chunk.
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--sample", "--temperature",
+                                           "1.5", "--seed", "3", "--chunk_lines", "1", "--nbest",
+                                           "2", "--line_offset", "3", "--output", str(out)]
+                        + lines[3:], capsys)
+  assert rc == 0 and [row.split("\t") for row in out.read_text(
+      encoding="utf-8").splitlines()] == whole, err
   for argv, message in (
       (["--sample", "--beam_size", "4"], "--beam_size is ignored with --sample"),
       (["--line_offset", "5"], "--line_offset is ignored without --sample or --nbest"),
