@@ -54,6 +54,8 @@ def define(values):
           "(0: data.batch_size)")
   integer("decode_len", DECODE.decode_len, "decode: output length limit; kernels: "
           "its stages give the cached slots (0: max_target_len)")
+  integer("ensemble_size", DECODE.ensemble_size, "decode: models searched together (an "
+          "ensemble of random ones; 1: one model)", lower_bound=1)
   flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2: a curve (repeatable: the product)",
                             flag_values=values)
   flags.DEFINE_bool("sweep_config", False, "a curve over the config's sweep()", flag_values=values)
@@ -75,6 +77,14 @@ def body(v, args):
     return 2
   if v.sweep and v.sweep_config:
     print("error: pass --sweep or --sweep_config, not both", file=sys.stderr)
+    return 2
+  if v["ensemble_size"].present and v.what != "decode":
+    print(f"error: --ensemble_size applies to --what decode, not {v.what}", file=sys.stderr)
+    return 2
+  if v.ensemble_size > 1 and v.workdir:
+    print(f"error: --ensemble_size {v.ensemble_size} searches models of random parameters, "
+          "not --workdir's: drop --workdir, or decode trained runs together with "
+          "scripts/evaluate.py --ensemble", file=sys.stderr)
     return 2
   try:
     return _measure(v)
@@ -111,7 +121,8 @@ def _options(v):
         workdir=v.workdir, matmul_n=v.matmul_n, matmul_seconds=v.matmul_seconds,
         profile_dir=v.profile_dir, config_path=v["config"].config_filename)
   return DECODE(beams=tuple(int(b) for b in v.beams.split(",")), steps=v.steps,
-                rows=v.decode_rows, decode_len=v.decode_len, workdir=v.workdir)
+                rows=v.decode_rows, decode_len=v.decode_len, workdir=v.workdir,
+                ensemble_size=v.ensemble_size)
 
 
 def main(argv=None):

@@ -216,6 +216,12 @@ def test_benchmark_decode_smoke(capsys):
     # EOS is disabled with random parameters: every sentence runs to its 5-token limit.
     assert f["target_tokens_per_batch"] == 2 * 5, name
     assert f["sentences_per_s"] > 0 and f["target_tokens_per_s"] > 0
+  # Two models searched together.
+  options = bench_decode.DecodeOptions(beams=(2,), steps=1, rows=2, decode_len=5,
+                                       ensemble_size=2)
+  result = bench_decode.run(tiny_config_with(), options)
+  assert result["ensemble_size"] == 2 and "an ensemble of 2 models" in result["parameters"]
+  assert result["figures"]["beam 2"]["target_tokens_per_batch"] == 2 * 5
 
 
 def test_benchmark_kernels_smoke(capsys):
@@ -249,6 +255,9 @@ def test_benchmark_kernels_smoke(capsys):
     (["--what", "data", "--config", TINY], "--config apply to --what train and decode"),
     (["--what", "train", "--warmup", "0"], "--warmup=0"),
     (["--what", "decode", "--beams", "1,0"], "--beams=1,0: must be beam sizes >= 1"),
+    (["--what", "train", "--ensemble_size", "2"], "--ensemble_size applies to --what decode"),
+    (["--what", "decode", "--ensemble_size", "2", "--workdir", "runs/x"],
+     "drop --workdir, or decode trained runs together"),
     (["--what", "train", "--bogus"], "bogus"),
 ])
 def test_benchmark_rejects_bad_flags(argv, message, capsys):
@@ -263,6 +272,8 @@ def test_benchmark_options_check_their_ranges():
     bench_train.TrainOptions(batches="fake")
   with pytest.raises(ValueError, match="beam sizes"):
     bench_decode.DecodeOptions(beams=(0,))
+  with pytest.raises(ValueError, match="evaluate.py --ensemble"):
+    bench_decode.DecodeOptions(ensemble_size=2, workdir="runs/x")
   with pytest.raises(ValueError, match="iterations=0: must be >= 1"):
     bench_kernels.KernelOptions(iterations=0)
 

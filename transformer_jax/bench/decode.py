@@ -7,7 +7,9 @@ length is forced: EOS is set to the padding id, which the search never emits, so
 runs to its limit of `decode_len` tokens (default `data.max_target_len`) and the figures are of
 that many steps. With `workdir` holding a training run, its latest parameters and model config
 are used and sentences stop at EOS as usual (tokens/s counts what was produced; on random
-sources the output lengths are not those of real translations).
+sources the output lengths are not those of real translations). `ensemble_size` M > 1 searches
+an ensemble (`search.Ensemble`) of M models initialised with M seeds (random parameters only:
+evaluate.py --ensemble decodes trained runs together).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from transformer_jax.inference.translator import model_config_from
 from transformer_jax.model import Transformer
 from transformer_jax.run import checkpointing
 from transformer_jax.run.workdir import load_run_config, run_config_path
-from transformer_jax.search import search_batch
+from transformer_jax.search import Ensemble, search_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +36,17 @@ class DecodeOptions:
   rows: int = 0                    # sentences per batch (0: data.batch_size)
   decode_len: int = 0              # output length limit (0: data.max_target_len)
   workdir: str | None = None       # a training run whose latest parameters to use
+  ensemble_size: int = 1           # models decoded together (random parameters only)
 
   def __post_init__(self):
     if self.steps < 1:
       raise ValueError(f"steps={self.steps}: must be >= 1")
+    if self.ensemble_size < 1:
+      raise ValueError(f"ensemble_size={self.ensemble_size}: must be >= 1")
+    if self.ensemble_size > 1 and self.workdir:
+      raise ValueError(f"ensemble_size={self.ensemble_size} decodes models of random parameters: "
+                       "drop workdir, or decode trained runs together with scripts/evaluate.py "
+                       "--ensemble")
     if not self.beams or min(self.beams) < 1:
       raise ValueError(f"beams={self.beams}: beam sizes must be >= 1")
 
@@ -82,13 +91,17 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
     search_cfg = model_cfg
   else:
     model_cfg = transformer_config(config, d.vocab_size).replace(deterministic=True)
-    params = jax.jit(Transformer(model_cfg).init)(
-        jax.random.key(config.seed), np.ones((1, 8), np.int32),
-        np.ones((1, 8), np.int32))["params"]
+    init = jax.jit(Transformer(model_cfg).init)
+    members = [init(jax.random.key(config.seed + m), np.ones((1, 8), np.int32),
+                    np.ones((1, 8), np.int32))["params"] for m in range(options.ensemble_size)]
+    params = members[0] if len(members) == 1 else jax.device_put(Ensemble.of(members))
     # The search never emits the padding id: with EOS = padding every sentence runs to its
     # limit, so the figures are of exactly `decode_len` steps per sentence.
     search_cfg = model_cfg.replace(eos_id=model_cfg.pad_id)
     source = f"random parameters; EOS disabled, {decode_len} tokens per sentence"
+    if options.ensemble_size > 1:
+      source += (f"; an ensemble of {options.ensemble_size} models (seeds {config.seed} to "
+                 f"{config.seed + options.ensemble_size - 1})")
   if search_cfg.max_len < decode_len:
     search_cfg = search_cfg.replace(max_len=decode_len)  # sinusoidal positions only
   rng = np.random.default_rng(0)
@@ -118,6 +131,7 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
   memory, memory_source = common.peak_memory()
   return {"what": "decode", "parameters": source, "sources": sources,
           "shapes": {"inputs": [rows, d.max_source_len], "max_output_len": decode_len},
+          "ensemble_size": options.ensemble_size,
           "model": model_cfg.to_dict(), "config": common.config_json(config),
           **common.environment(model_cfg), "load_average_start": load_start,
           "load_average_end": common.load_average(),
