@@ -774,12 +774,18 @@ def test_an_ensemble_decodes_its_members_by_their_mean_probability(workdir, tran
   other_tokenizer = tmp_path / "other_tokenizer"
   shutil.copytree(workdir, other_tokenizer, ignore=shutil.ignore_patterns("eval", "tfds"))
   (other_tokenizer / "spm.model").write_bytes(b"another tokenizer")
+  # Bare parameters (no run around them) of a wider model: only their shapes can tell.
+  wider = ens.config.replace(d_model=2 * ens.config.d_model, deterministic=True)
+  dummy = np.ones((1, 4), np.int32)
+  checkpointing.save_params(str(tmp_path / "wider"), 3, translator_lib.Transformer(wider).init(
+      jax.random.key(0), dummy, dummy)["params"], {})
   for members, message in (
       ([os.path.join(workdir, "checkpoints", "6")], "is already in the ensemble (the translator's "
        "own checkpoint)"),
       ([str(tmp_path / "nowhere")], f"--ensemble {tmp_path / 'nowhere'}: no checkpoint in"),
       ([str(other)], f"activation={theirs!r} (--workdir's: {mine!r})"),
       ([str(other_tokenizer)], f"--ensemble {other_tokenizer}: "),
+      ([str(tmp_path / "wider")], f"--ensemble {tmp_path / 'wider'}: the parameters in "),
       ([os.path.join(workdir, "checkpoints", "3"), ""], "an empty path (a comma too many?)")):
     rc, _, err = run_main(translate_script, ["--workdir", workdir, "--ensemble",
                                              ",".join(members), "seven"], capsys)
