@@ -64,8 +64,10 @@ class Ensemble:
     return jax.tree.leaves(self.stacked)[0].shape[0]
 
 
-def _mean_probability(log_probs):
-  """`[members, rows, vocab]` log-probabilities -> `[rows, vocab]` log of their mean."""
+def _mean_probability(logits):
+  """The members' logits `[members, ..., vocab]` -> `[..., vocab]` float32, the log of their
+  mean probability (each member normalised first)."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   return jax.nn.logsumexp(log_probs, axis=0) - math.log(log_probs.shape[0])
 
 
@@ -151,7 +153,7 @@ def _step_logits(model: Transformer, params, cache, last_tokens):
     # shared (unbatched) instead, an ensemble of 3 decoded no faster (docs/decoding.md).
     logits, cache = jax.vmap(lambda p, c: _step_logits(model, p, c, last_tokens))(
         params.stacked, cache.stacked)
-    return _mean_probability(jax.nn.log_softmax(logits, axis=-1)), Ensemble(cache)
+    return _mean_probability(logits), Ensemble(cache)
   logits, mutated = model.apply({"params": params, "cache": cache}, last_tokens[:, None],
                                 method=Transformer.decode_step, mutable=["cache"])
   return logits.squeeze(1).astype(jnp.float32), mutated["cache"]  # squeeze: [:, 1] would clamp
@@ -518,7 +520,7 @@ def target_log_probs(config: TransformerConfig, params, inputs, targets):
   if isinstance(params, Ensemble):
     logits = jax.vmap(lambda p: model.apply({"params": p}, inputs, targets))(params.stacked)
     # Normalised log-probabilities: the log-softmax below leaves them as they are (to rounding).
-    logits = _mean_probability(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+    logits = _mean_probability(logits)
   else:
     logits = model.apply({"params": params}, inputs, targets)
   weights = (targets != config.pad_id).astype(jnp.float32)
