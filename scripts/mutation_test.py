@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
+import functools
 import json
 import os
 from pathlib import Path
+import pickle
 import random
 import re
 import shlex
@@ -37,8 +39,9 @@ import sys
 import time
 import tomllib
 
+from cosmic_ray.ast import get_ast
 from cosmic_ray.commands import init as cr_init
-from cosmic_ray.mutating import mutate_code
+from cosmic_ray.mutating import MutationVisitor
 from cosmic_ray.plugins import get_operator
 from cosmic_ray.work_db import WorkDB, use_db
 from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
@@ -83,10 +86,19 @@ def mutant_lines(code: str, mutation) -> tuple[str, str]:
   """The source line and the same line mutated, both stripped: how a mutant is named."""
   line = mutation.start_pos[0]
   operator = get_operator(mutation.operator_name)(**(mutation.operator_args or {}))
-  mutated = mutate_code(code, operator, mutation.occurrence)
+  # cosmic-ray's mutate_code, but the module parsed once: a pickled tree loads about 7x faster
+  # than parso parses it, and the equivalent-mutant check names hundreds of mutants a module.
+  visitor = MutationVisitor(mutation.occurrence, operator)
+  tree = visitor.walk(pickle.loads(_pickled_tree(code)))
+  mutated = tree.get_code() if visitor.mutation_applied else None
   before = code.splitlines()[line - 1].strip()
   after = mutated.splitlines()[line - 1].strip() if mutated is not None else before
   return before, after
+
+
+@functools.lru_cache(maxsize=4)
+def _pickled_tree(code: str) -> bytes:
+  return pickle.dumps(get_ast(code))
 
 
 def classify(code: str, spans, mutation, config: dict, module: str) -> str | None:

@@ -157,6 +157,9 @@ FAKE_TRAIN = textwrap.dedent("""
       os.makedirs(os.path.join(workdir, "checkpoints", str(stop_at)), exist_ok=True)
       if stop_at == 3:
         f.write(json.dumps({"step": 3, "bleu": 10 * lr + warmup, "eval_loss": 1 / lr}) + "\\n")
+      if os.environ.get("FAKE_STOPPED_EARLY"):  # as config.early_stopping_patience ends a run
+        os.makedirs(os.path.join(workdir, "checkpoints", str(stop_at), "state"), exist_ok=True)
+        f.write(json.dumps({"step": stop_at, "stopped_early": {"metric": "bleu"}}) + "\\n")
 """)
 
 
@@ -227,6 +230,23 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
   assert os.path.getsize(os.path.join(sweep_dir, "report_bleu.png")) > 1000
   # Losses sort ascending.
   assert sweeps.report(sweep_dir, metric="eval_loss")["rows"][0]["learning_rate"] == 2.0
+
+
+def test_a_point_that_stopped_early_is_done_and_its_marker_says_where(tmp_path, monkeypatch):
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(FAKE_TRAIN)
+  sweep_dir = str(tmp_path / "sweep")
+  runner = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3})
+  monkeypatch.setenv("FAKE_STOP_AT", "2")
+  monkeypatch.setenv("FAKE_STOPPED_EARLY", "1")
+  assert runner.run([0], log=lambda s: None)[0]["status"] == "done"  # not "stopped"
+  d = sweeps.point_dir(sweep_dir, runner.points[0])
+  assert "stopped early at step 2\n" in open(os.path.join(d, sweeps.DONE)).read()
+  os.remove(os.path.join(d, sweeps.DONE))
+  assert runner.status(0) == "done" and sweeps.status(d) == "done"  # also without the marker
+  assert runner.run([0], log=lambda s: None)[0]["status"] == "skipped (done)"
+  row = sweeps.report(sweep_dir, metric="train_loss")["rows"][0]
+  assert (row["status"], row["step"], row["stopped_early"]) == ("done", 2, 2)
 
 
 def test_points_run_one_by_one_update_their_entries_of_status_json(tmp_path):

@@ -25,8 +25,10 @@ from transformer_jax.data import DataError, fingerprint, get_data
 from transformer_jax.inference import evaluation
 from transformer_jax.inference.translator import Translator
 from transformer_jax.run import best as best_lib
-from transformer_jax.run import checkpointing, loop, metrics
+from transformer_jax.run import checkpointing, early_stopping, loop, metrics
 from transformer_jax.run import workdir as workdir_lib
+from transformer_jax.sweeps import runner as runner_lib
+from transformer_jax.sweeps.report import collect as report_rows
 
 from scripts_under_test import load_script
 import tiny_config
@@ -741,6 +743,86 @@ def test_a_run_with_keep_best_saves_the_best_evaluation_for_the_tools(tmp_path, 
   assert translator.step == best_step
   assert evaluation.default_output_dir(run, translator.checkpoint_dir, best_step) == \
       os.path.join(run, "eval", f"best_eval_loss_{best_step}")
+
+
+def test_early_stopping_counts_evaluations_without_a_new_best():
+  # Lower is better for eval_loss, higher for bleu; ties and NaN are no new best.
+  p = early_stopping.Patience("eval_loss", 2)
+  for step, value in [(1, 3.0), (2, 2.0), (3, 2.0), (4, float("nan"))]:
+    p.offer(step, {"eval_loss": value, "train_loss": 0.0})
+  assert (p.best_step, p.best_value, p.since_best, p.exhausted) == (2, 2.0, 2, True)
+  p.offer(5, {"train_loss": 1.0})  # a record without the metric is no evaluation of it
+  p.offer(6, {"eval_loss": 1.5})
+  assert (p.best_step, p.since_best, p.exhausted) == (6, 0, False)
+  b = early_stopping.from_records("bleu", 1, [
+      {"step": 1, "bleu": float("nan")}, {"step": 2, "bleu": 3.0}, {"step": 3, "bleu": 4.0},
+      {"step": 4, "bleu": 4.0}, {"step": 5, "bleu": 9.0}], last_step=4)
+  assert (b.best_step, b.since_best, b.exhausted) == (3, 1, True)  # step 5: past last_step
+  assert "1 evaluation(s) of bleu without a new best (the best, 4.0000, at step 3" in b.reason()
+
+
+def test_early_stopping_ends_the_run_resumes_to_the_same_step_and_trains_on_with_more_patience(
+    tmp_path, data_dir, capsys):
+  # A learning rate of 1e-30 leaves every parameter as it was (to float32), so each evaluation
+  # ties the first: no new best after step 1. The run lives where a sweep's point would.
+  point = {"seed": 0}
+  run = runner_lib.point_dir(str(tmp_path), point)
+  still = dict(schedule="constant", learning_rate=1e-30, warmup_steps=0, eval_every_steps=1,
+               checkpoint_every_steps=5, keep_checkpoints=3, keep_best="eval_loss",
+               early_stopping_patience=3)
+  # Two steps, then a resume that asks for twelve: the count goes on from metrics.jsonl, and
+  # the run stops at step 4 (evaluations 2, 3, 4 without a new best), as it would unresumed.
+  loop.train_and_evaluate(config(data_dir, num_train_steps=2, **still), run)
+  last = loop.train_and_evaluate(config(data_dir, num_train_steps=12, **still), run)
+  out = "".join(capsys.readouterr())
+  evals = [r["eval_loss"] for r in metrics.read_metrics(run) if "eval_loss" in r]
+  assert len(evals) == 4 and len(set(evals)) == 1
+  assert last["step"] == 4 and "3 evaluation(s) of eval_loss" in last["stopped_early"]
+  assert "step 4: stopped early, after 3 evaluation(s) of eval_loss without a new best" in out
+  assert "--config.early_stopping_patience=N (N > 3" in out
+  # Step 4 is off the checkpoint cadence: saved for the stop, kept out of the paper's average.
+  assert checkpointing.checkpoint_steps(os.path.join(run, "checkpoints")) == [2, 4]
+  assert checkpointing.load_meta(os.path.join(run, "checkpoints"), 4)["on_cadence"] is False
+  assert checkpointing.checkpoint_steps(os.path.join(run, "best_eval_loss")) == [1]
+  assert early_stopping.stop_record(run) == {
+      "metric": "eval_loss", "patience": 3, "evaluations_since_best": 3, "best_step": 1,
+      "best_value": evals[0], "step": 4}
+  # Finished for a sweep: done, and its report row shows where it stopped and its best.
+  assert runner_lib.finished(run, 12) and runner_lib.status(run, 12) == "done"
+  row = report_rows(str(tmp_path), [point])[0][0]
+  assert (row["status"], row["step"], row["stopped_early"], row["best_eval_loss_step"]) == \
+      ("done", 4, 4, 1)
+  # Run again: nothing trains, nothing is written; but a stop whose record a crash lost (after
+  # the save) gets it back.
+  path = os.path.join(run, "metrics.jsonl")
+  before = open(path).read()
+  assert loop.train_and_evaluate(config(data_dir, num_train_steps=12, **still), run)["step"] == 4
+  assert "the run stopped early, after 3 evaluation(s)" in "".join(capsys.readouterr())
+  assert open(path).read() == before
+  lines = before.splitlines(keepends=True)
+  assert early_stopping.RECORD in lines[-1]
+  open(path, "w").write("".join(lines[:-1]))
+  assert early_stopping.stopped_at(run) is None and runner_lib.status(run, 12) == "partial"
+  loop.train_and_evaluate(config(data_dir, num_train_steps=12, **still), run)
+  after = open(path).read().splitlines(keepends=True)
+  assert after[:-1] == lines[:-1] and early_stopping.stopped_at(run) == 4
+  assert json.loads(after[-1])[early_stopping.RECORD] == json.loads(lines[-1])[
+      early_stopping.RECORD]
+  # More patience trains on, from the same count: evaluations 5 and 6 make 5.
+  last = loop.train_and_evaluate(config(data_dir, num_train_steps=12,
+                                        **{**still, "early_stopping_patience": 5}), run)
+  assert last["step"] == 6 and early_stopping.stopped_at(run) == 6
+  assert checkpointing.checkpoint_steps(os.path.join(run, "checkpoints")) == [2, 4, 5, 6][-3:]
+
+
+def test_early_stopping_needs_keep_best():
+  c = tiny_config.get_config()
+  c.early_stopping_patience = 3
+  with pytest.raises(ValueError, match="early_stopping_patience=3: needs config.keep_best"):
+    experiment.validate(c)
+  c.update(keep_best="bleu", early_stopping_patience=-1)
+  with pytest.raises(ValueError, match="early_stopping_patience=-1: must be >= 0"):
+    experiment.validate(c)
 
 
 def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, tmp_path,

@@ -85,6 +85,9 @@ def base_config(size: str = "small") -> ml_collections.ConfigDict:
   # "bleu", "eval_loss", "eval_accuracy", ...: keep the parameters of the best evaluation so far
   # in <workdir>/best_<metric>/ (run/best.py); "" = off, as the paper (it averages the last ones)
   c.keep_best = ""
+  # > 0: stop once keep_best's metric has gone this many evaluations in a row without a new best
+  # (that step saved, the run then finished; run/early_stopping.py); 0 = off, as the paper.
+  c.early_stopping_patience = 0
 
   c.checkpoint_every_steps = 500  # also saved at the end and on SIGTERM/SIGINT
   c.keep_checkpoints = 3          # the last N
@@ -158,6 +161,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
       bad(field, c[field], "must be >= 0 (0 turns it off)")
   if c.keep_best and c.keep_best not in BEST_METRICS:
     bad("keep_best", c.keep_best, f"expected '' (off) or one of {sorted(BEST_METRICS)}")
+  if c.early_stopping_patience < 0:
+    bad("early_stopping_patience", c.early_stopping_patience, "must be >= 0 (0 turns it off)")
+  if c.early_stopping_patience and not c.keep_best:
+    bad("early_stopping_patience", c.early_stopping_patience,
+        "needs config.keep_best, the metric it waits on a new best of (and where the best "
+        f"parameters are kept): add --config.keep_best=bleu, or one of {sorted(BEST_METRICS)}")
   split = {axis: size for axis, size in c.mesh.items() if axis != "data" and size != 1}
   if c.flatten_optimizer and split:
     bad("flatten_optimizer", c.flatten_optimizer,

@@ -3,6 +3,8 @@
 Resumes automatically from `<workdir>/checkpoints` (state, RNG and data iterator position), so a
 resumed run sees exactly the batches and losses of an uninterrupted one. SIGTERM/SIGINT finish
 the current step, save, and return. A non-finite loss stops the run before anything is saved.
+`config.early_stopping_patience` ends a run whose keep_best metric stopped improving: that step
+saved, the run finished (run/early_stopping.py).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import ml_collections
 from transformer_jax import experiment, flops
 from transformer_jax.config import TransformerConfig
 from transformer_jax.run import best as best_lib
-from transformer_jax.run import distributed
+from transformer_jax.run import distributed, early_stopping
 from transformer_jax.run import metrics as metrics_lib
 from transformer_jax.run import workdir as workdir_lib
 from transformer_jax.run.throughput import ThroughputMeter
@@ -56,7 +58,8 @@ class Cadence:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Train (resuming if possible) until `config.num_train_steps`; returns the last metrics.
+  """Train (resuming if possible) until `config.num_train_steps`, or until early stopping ends
+  the run; returns the last metrics (with `stopped_early`, the reason, when it did).
 
   In this order, so that a refused command writes nothing: the workdir is locked (one run at a
   time; process 0 holds the lock), the config is compared with the one the run was started
@@ -136,15 +139,26 @@ class _Run:
     self.step = int(jax.device_get(self.state.step))
     self.batches = trainer.train_batches(saved_data)
     main = distributed.is_main()
-    # Past num_train_steps with the final evaluation done: nothing trains or evaluates.
-    self.finished = (self.step >= self.config.num_train_steps
-                     and self._final_evaluation_done())
+    # Early stopping's count, replayed from metrics.jsonl's records up to the resumed step (the
+    # later ones are about to be dropped): a resumed run stops where an uninterrupted one does,
+    # and one resumed with a larger patience trains on. Process 0's count decides.
+    patience = self.config.early_stopping_patience
+    self.patience = early_stopping.from_records(
+        self.config.keep_best, patience, metrics_lib.read_metrics(workdir) if main else [],
+        self.step) if patience else None
+    self.stopped_early = distributed.from_main(
+        self.patience is not None and self.patience.exhausted
+        and self.step < self.config.num_train_steps)
+    # Past num_train_steps with the final evaluation done, or stopped early: nothing trains or
+    # evaluates.
+    self.finished = self.stopped_early or (self.step >= self.config.num_train_steps
+                                           and self._final_evaluation_done())
     # The oldest checkpoints beyond keep_checkpoints go first, before this command writes
     # anything (metrics.jsonl cut back to the resumed step, TensorBoard, a changed config):
     # Orbax would delete them only after the next save, and a full disk, the reason to lower
     # keep_checkpoints, held no page for any of those writes. Only when this command trains
     # (a save follows); every process calls it.
-    trains = self.step < self.config.num_train_steps
+    trains = self.step < self.config.num_train_steps and not self.stopped_early
     gone = trainer.checkpointer.prune() if trains else []
     # Records past the resumed step (logged before a crash, from steps that are now run again)
     # are dropped, so every step appears once in metrics.jsonl and TensorBoard.
@@ -184,7 +198,12 @@ class _Run:
   def train(self) -> dict:
     last: dict = {}
     try:
-      if self.step >= self.config.num_train_steps:
+      if self.stopped_early:
+        self.progress.write(f"step {self.step}: the run stopped early, after "
+                            f"{self.patience.reason()}; nothing to do. {self._train_on()}")
+        if early_stopping.stopped_at(self.workdir) != self.step:
+          self._write_stop()  # a crash came between the stop's save and its record
+      elif self.step >= self.config.num_train_steps:
         if not self.finished:
           self.progress.write(f"step {self.step}: the final checkpoint has no final "
                               "evaluation yet; running it")
@@ -193,10 +212,19 @@ class _Run:
           self.progress.write(f"step {self.step}: the run is finished (num_train_steps="
                               f"{self.config.num_train_steps}); nothing to do. {self._train_on()}")
       with distributed.StopFlag() as stop:
-        upcoming = self.batches.next() if self.step < self.config.num_train_steps else None
-        while self.step < self.config.num_train_steps:
+        trains = self.step < self.config.num_train_steps and not self.stopped_early
+        upcoming = self.batches.next() if trains else None
+        while self.step < self.config.num_train_steps and not self.stopped_early:
           upcoming, record, stopping = self._one_step(upcoming, stop)
           last = record or last
+          if self.stopped_early:
+            where = f" in {self.best.directory}" if self.best is not None else ""
+            self.progress.write(
+                f"step {self.step}: stopped early, after {self.patience.reason()}: saved step "
+                f"{self.step} in {self.trainer.checkpointer.directory}; the best parameters are"
+                f"{where}. {self._train_on()}")
+            last["stopped_early"] = self.patience.reason()
+            break
           if stopping is not None:
             self.progress.write(f"{stopping}: saved step {self.step} in "
                                 f"{self.trainer.checkpointer.directory}; run the same command "
@@ -254,10 +282,27 @@ class _Run:
                                 meta, force=True)
     if evaluate or bleu:
       logged = {**logged, **self._evaluate(evaluate, bleu)}
+      if (self.patience is not None and not cadence.is_final(step)
+          and distributed.from_main(self.patience.exhausted)):
+        # Stopped early: this step is the run's last, saved (after its evaluation, which
+        # decided it) if the cadence did not, then the record that says so.
+        self.stopped_early = True
+        if not save:
+          save = True
+          meta = {"step": step, "origin": self.origin, "on_cadence": False}
+          trainer.checkpointer.save(step, self.state,
+                                    distributed.gather_data_states(data_state), meta, force=True)
+        self._write_stop()
     if evaluate or bleu or save:
       self.meter.restart()  # evaluation and saving are not training throughput
     self.progress.update(step)
     return upcoming, logged, stopping
+
+  def _write_stop(self) -> None:
+    p = self.patience
+    self._write(self.step, {early_stopping.RECORD: {
+        "metric": p.metric, "patience": p.patience, "evaluations_since_best": p.since_best,
+        "best_step": p.best_step, "best_value": p.best_value}})
 
   def _close(self, quiet: bool = False) -> None:
     try:
@@ -284,12 +329,19 @@ class _Run:
     if self.best is not None and self.best.offer(self.step, params, record):
       self.progress.write(f"step {self.step}: best {self.best.metric} so far; its parameters "
                           f"are in {self.best.directory}")
+    if self.patience is not None:
+      self.patience.offer(self.step, record)
     return record
 
   def _train_on(self) -> str:
     """How to train this finished run further: with the run's own config, which a plain
     `--workdir W` resume (no --config) has and --config.<field> overrides need."""
     w = shlex.quote(self.workdir)
+    if self.stopped_early:
+      resume = shlex.quote("configs/resume.py:" + self.workdir)
+      return (f"To train on: python scripts/train.py --config {resume} --workdir {w} "
+              f"--config.early_stopping_patience=N (N > {self.patience.patience}; 0: no early "
+              "stopping)")
     own = workdir_lib.load_run_config(self.workdir).get("num_train_steps", 0)
     if own > self.step:  # this command's num_train_steps is below the run's own
       return (f"The run's own config ({workdir_lib.current_config_path(self.workdir)}) trains "

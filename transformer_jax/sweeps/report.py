@@ -1,6 +1,8 @@
-"""A sweep's report: one row per point with its fields, status and last metrics, sorted by one
-metric, as `report.csv`, `report.md` and a plot of the metric against each swept field; where a
-setting ran with several seeds, their mean and spread as `report_seeds.csv/.md`."""
+"""A sweep's report: one row per point with its fields, status and last metrics (and, for runs
+with `config.keep_best`, the best evaluation's value and step, `best_bleu` and `best_bleu_step`;
+`stopped_early`, the step where early stopping ended a run), sorted by one metric, as
+`report.csv`, `report.md` and a plot of the metric against each swept field; where a setting ran
+with several seeds, their mean and spread as `report_seeds.csv/.md`."""
 from __future__ import annotations
 
 import csv
@@ -11,6 +13,9 @@ import os
 import re
 import statistics
 
+from transformer_jax.experiment import BEST_METRICS
+from transformer_jax.run.best import BestKeeper, best_dir
+from transformer_jax.run.early_stopping import stopped_at
 from transformer_jax.run.metrics import MAIN_METRICS, last_values
 from transformer_jax.run.workdir import EVAL, EVAL_LOG
 from transformer_jax.sweeps.runner import status
@@ -33,6 +38,13 @@ def collect(sweep_dir: str, points: list[Point]) -> tuple[list[dict], list[str]]
     # A swept field keeps its value where a metric has the same name (learning_rate is both).
     row.update({k: v for k, v in last_values(d).items() if k not in row})
     row.update({k: v for k, v in evaluated(d).items() if k not in row})
+    for name in BEST_METRICS:  # config.keep_best's: the best evaluation, beside the last one
+      if os.path.isdir(best_dir(d, name)):
+        kept = BestKeeper(d, name)
+        if kept.step is not None:
+          row.update({f"best_{name}": kept.value, f"best_{name}_step": kept.step})
+    if stopped_at(d) is not None:  # config.early_stopping_patience ended it at this step
+      row["stopped_early"] = stopped_at(d)
     if row["status"] == "failed":
       row["log"] = os.path.join(d, "train.log")  # FAILED beside it holds the exit and the tail
     rows.append(row)
@@ -103,8 +115,9 @@ def sort_rows(rows: list[dict], metric: str, lower: bool | None = None) -> list[
 
 
 def _columns(rows: list[dict], fields: list[str], metric: str) -> list[str]:
-  preferred = ["name", *fields, "status", "step", metric, "bleu", "test_bleu", "eval_loss",
-               "eval_accuracy", "train_loss", "log"]
+  preferred = ["name", *fields, "status", "step", "stopped_early", metric, f"best_{metric}",
+               f"best_{metric}_step", "bleu", "test_bleu", "eval_loss", "eval_accuracy",
+               "train_loss", "log"]
   # An evaluate.py score is followed by its interval (BLEU) and the search it is of
   # (`test_bleu`, `test_bleu_ci95`, `test_search`).
   for score in (metric, "test_bleu"):

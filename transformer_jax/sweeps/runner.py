@@ -17,6 +17,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from transformer_jax.data.tokenizer import file_lock
+from transformer_jax.run.early_stopping import stopped_at
 from transformer_jax.run.metrics import evaluated
 from transformer_jax.run.workdir import running_here
 from transformer_jax.sweeps.spec import (
@@ -32,12 +33,14 @@ DONE, FAILED, RUNNING = "DONE", "FAILED", "RUNNING"  # marker files in a point's
 
 
 def finished(workdir: str, num_train_steps: int) -> bool:
-  """Whether the run in `workdir` saved its final step and logged that step's evaluation.
+  """Whether the run in `workdir` saved its final step and logged that step's evaluation, or
+  stopped early (`config.early_stopping_patience`: its last checkpoint's step has the record).
 
   Training saves the final checkpoint, then evaluates: a run stopped in between (killed, or
-  stopped early by SIGTERM and exiting 0) is not finished, and resumes on the next run."""
+  stopped by SIGTERM and exiting 0) is not finished, and resumes on the next run."""
   final = os.path.join(workdir, "checkpoints", str(int(num_train_steps)))
-  return os.path.isdir(final) and evaluated(workdir, int(num_train_steps))
+  return (os.path.isdir(final) and evaluated(workdir, int(num_train_steps))
+          or stopped_at(workdir) is not None)
 
 
 def _marked_done(workdir: str, num_train_steps: int | None = None) -> bool:
@@ -73,6 +76,8 @@ def status(workdir: str, num_train_steps: int | None = None) -> str:
     return "failed"  # even past the last step: it may have failed in the final evaluation
   if num_train_steps is not None and finished(workdir, num_train_steps):
     return "done"    # finished outside the sweep driver (e.g. run by hand)
+  if stopped_at(workdir) is not None:
+    return "done"    # stopped early, whatever the number of steps asked for
   if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
     return "partial"
   return "new"
@@ -348,8 +353,10 @@ class Runner:
       outcome = "stopped"
     if self._main:
       if outcome == "done":
+        early = stopped_at(d)
         _write(os.path.join(d, DONE), f"finished in {seconds:.1f} s\n"
-               f"num_train_steps {self.num_steps[index]}\n")
+               f"num_train_steps {self.num_steps[index]}\n"
+               + (f"stopped early at step {early}\n" if early is not None else ""))
       elif outcome == "failed":
         _write(os.path.join(d, FAILED),
                f"{exit_text(returncode)} after {seconds:.1f} s\n$ {' '.join(self.command(index))}"

@@ -1,0 +1,92 @@
+"""Early stopping: `config.early_stopping_patience`, on `config.keep_best`'s metric.
+
+    c.keep_best = "bleu"               # the metric, and where the best parameters are kept
+    c.early_stopping_patience = 5      # stop after 5 evaluations of it without a new best
+
+After every evaluation that reports the metric, the run counts the evaluations since the best
+one so far (a new best resets the count; ties and NaN are no new best, as for keep_best). When
+the count reaches the patience before `num_train_steps`, that step is saved, a record
+`{"stopped_early": ...}` goes to metrics.jsonl and the run ends: finished, as a run that
+reached `num_train_steps` is (run again, it does nothing; a sweep counts the point done). Its
+best parameters are in `<workdir>/best_<metric>/`.
+
+The count is derived from metrics.jsonl, the records up to the step a run resumes from, and
+not kept anywhere else: a run resumed after a crash or a preemption stops where an
+uninterrupted one stops, and a resume with a larger patience (`configs/resume.py:W
+--config.early_stopping_patience=N`, or 0 for none) trains on. The paper trains for a fixed
+number of steps (0, off, is the default); this is for small corpora that overfit and for
+sweeps that should not spend the rest of a point's steps on a run that stopped improving.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Iterable
+
+from transformer_jax.experiment import BEST_METRICS
+from transformer_jax.run import checkpointing
+from transformer_jax.run import metrics as metrics_lib
+
+RECORD = "stopped_early"  # the metrics.jsonl field of the record written when a run stops
+
+
+@dataclasses.dataclass
+class Patience:
+  """The evaluations of `metric` since its best so far, against `patience` (> 0)."""
+
+  metric: str
+  patience: int
+  best_step: int | None = None
+  best_value: float | None = None
+  since_best: int = 0
+
+  def offer(self, step: int, record: dict) -> None:
+    """Count `record`, one evaluation's, if it reports the metric."""
+    value = record.get(self.metric)
+    if value is None:
+      return
+    value = float(value)
+    higher = BEST_METRICS[self.metric]
+    if not math.isnan(value) and (self.best_value is None or (
+        value > self.best_value if higher else value < self.best_value)):
+      self.best_step, self.best_value, self.since_best = int(step), value, 0
+    else:
+      self.since_best += 1
+
+  @property
+  def exhausted(self) -> bool:
+    return self.since_best >= self.patience
+
+  def reason(self) -> str:
+    best = (f"the best, {self.best_value:.4f}, at step {self.best_step}"
+            if self.best_step is not None else "no finite value yet")
+    return (f"{self.since_best} evaluation(s) of {self.metric} without a new best ({best}; "
+            f"early_stopping_patience={self.patience})")
+
+
+def from_records(metric: str, patience: int, records: Iterable[dict],
+                 last_step: int) -> Patience:
+  """The count after the evaluations in `records` (metrics.jsonl's) up to `last_step`."""
+  state = Patience(metric, patience)
+  for record in records:
+    if int(record.get("step", 0)) <= last_step:
+      state.offer(int(record["step"]), record)
+  return state
+
+
+def stop_record(workdir: str) -> dict | None:
+  """The `stopped_early` record (metric, patience, evaluations_since_best, best_step,
+  best_value, and its `step`) if the run in `workdir` stopped early, else None: the record must
+  be of the latest checkpoint's step (a run resumed with a larger patience trained past it)."""
+  steps = checkpointing.checkpoint_steps(os.path.join(workdir, "checkpoints"))
+  records = [r for r in metrics_lib.read_metrics(workdir) if isinstance(r.get(RECORD), dict)]
+  if not steps or not records or int(records[-1].get("step", -1)) != max(steps):
+    return None
+  return {**records[-1][RECORD], "step": max(steps)}
+
+
+def stopped_at(workdir: str) -> int | None:
+  """The step at which the run in `workdir` stopped early, or None (`stop_record`)."""
+  record = stop_record(workdir)
+  return None if record is None else record["step"]
