@@ -400,12 +400,13 @@ def test_bfloat16_compute_stays_close_to_float32(setup):
 
 def test_variants_run():
   src, tgt = random_tokens(20, (2, 6)), random_tokens(21, (2, 5))
-  for overrides in [dict(position_encoding="learned"), dict(activation="gelu", use_bias=False),
-                    dict(attention_bias=True),
-                    dict(kernel_init="normal", scale_embeddings=False),
-                    dict(share_embeddings=False, tie_output_embedding=False,
-                         target_vocab_size=VOCAB + 7),
-                    dict(remat="layer", attention_dropout_rate=0.1, relu_dropout_rate=0.1)]:
+  # remat="layer" is left to test_padding_as_lengths_gives_the_dense_masks_results (gradients
+  # included): op by op, its init alone took 12 s here.
+  for overrides in [dict(position_encoding="learned", activation="gelu", use_bias=False,
+                         kernel_init="normal", scale_embeddings=False),
+                    dict(attention_bias=True, share_embeddings=False, tie_output_embedding=False,
+                         target_vocab_size=VOCAB + 7, attention_dropout_rate=0.1,
+                         relu_dropout_rate=0.1)]:
     cfg, _ = make("pre", num_encoder_layers=1, num_decoder_layers=1, **overrides)
     model = tj.Transformer(cfg)
     # Op by op: on these shapes that is faster than compiling init and apply for each variant.

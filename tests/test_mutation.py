@@ -4,6 +4,7 @@ a sample of seeded bugs in one module is run through cosmic-ray and killed."""
 import ast
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -47,9 +48,17 @@ def test_annotations_and_other_operators_are_not_mutated():
   assert mutation.classify(code, spans, Mutation, config, "m").startswith("operator")
 
 
-def test_every_equivalent_entry_still_names_a_mutant(tmp_path):
+def test_every_equivalent_entry_still_names_a_mutant(tmp_path, monkeypatch):
   config = mutation.load_config()
   entries = config.get("equivalent", [])
+  # Only the operators the runs use make mutants that can be equivalent (classify says
+  # "operator: ..." of the others first); each operator numbers its occurrences on its own, so
+  # leaving the others out of init changes none of these mutants, and saves a walk of each
+  # module per left-out operator.
+  import cosmic_ray.plugins
+  names = cosmic_ray.plugins.operator_names()
+  monkeypatch.setattr(cosmic_ray.plugins, "operator_names", lambda: [
+      n for n in names if any(re.match(p, n) for p in config["operators"]["include"])])
   found = set()
   for name in sorted({e["module"] for e in entries}):
     module = config["modules"][name]
