@@ -1459,11 +1459,13 @@ def test_average_leaves_out_a_checkpoint_a_signal_saved(workdir, capsys, tmp_pat
     json.dump({**meta, "on_cadence": False}, f)
   rc, out, err = run_main(average_script, ["--workdir", run, "--last", "1"], capsys)
   assert rc == 0 and json.loads(out)["averaged_steps"] == [6], err
-  assert "leaving out step(s) [3]: saved when a signal stopped the run" in err
+  assert "leaving out step(s) [3]: saved off the checkpoint cadence where a signal or early " \
+      "stopping stopped the run" in err
   # It took a kept place: where the evenly spaced ones are too few, it is averaged, and said.
   rc, out, err = run_main(average_script, ["--workdir", run, "--last", "2"], capsys)
   assert rc == 0 and json.loads(out)["averaged_steps"] == [3, 6], err
-  assert "warning: averaging step(s) [3] too, saved when a signal stopped the run: only 1 " \
+  assert "warning: averaging step(s) [3] too, saved off the cadence where a signal or early " \
+      "stopping stopped the run: only 1 " \
       "evenly spaced checkpoint(s) are kept for --last 2" in err, err
 
 

@@ -761,58 +761,82 @@ def test_early_stopping_counts_evaluations_without_a_new_best():
   assert "1 evaluation(s) of bleu without a new best (the best, 4.0000, at step 3" in b.reason()
 
 
+def test_a_stop_record_counts_only_as_the_runs_last_word(tmp_path):
+  run = str(tmp_path)
+  os.makedirs(os.path.join(run, "checkpoints", "4", "state"))
+  stop = {"step": 4, early_stopping.RECORD: {"metric": "bleu"}}
+  for records, stopped in [([{"step": 4, "bleu": 1.0}, stop], 4),
+                           ([stop, {"step": 4, "train_loss": 1.0}], 4),
+                           # resumed with more patience and logging, not yet saved again
+                           ([stop, {"step": 5, "train_loss": 1.0}], None),
+                           ([{"step": 2, early_stopping.RECORD: {}}], None)]:
+    with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in records)
+    assert early_stopping.stopped_at(run) == stopped, records
+
+
 def test_early_stopping_ends_the_run_resumes_to_the_same_step_and_trains_on_with_more_patience(
     tmp_path, data_dir, capsys):
   # A learning rate of 1e-30 leaves every parameter as it was (to float32), so each evaluation
   # ties the first: no new best after step 1. The run lives where a sweep's point would.
   point = {"seed": 0}
   run = runner_lib.point_dir(str(tmp_path), point)
+  path = os.path.join(run, "metrics.jsonl")
   still = dict(schedule="constant", learning_rate=1e-30, warmup_steps=0, eval_every_steps=1,
-               checkpoint_every_steps=5, keep_checkpoints=3, keep_best="eval_loss",
-               early_stopping_patience=3)
-  # Two steps, then a resume that asks for twelve: the count goes on from metrics.jsonl, and
-  # the run stops at step 4 (evaluations 2, 3, 4 without a new best), as it would unresumed.
-  loop.train_and_evaluate(config(data_dir, num_train_steps=2, **still), run)
-  last = loop.train_and_evaluate(config(data_dir, num_train_steps=12, **still), run)
+               checkpoint_every_steps=5, keep_checkpoints=3, num_train_steps=12)
+  loop.train_and_evaluate(config(data_dir, **{**still, "num_train_steps": 2}), run)
+  # Early stopping turned on at a resume, its patience used up by the evaluations so far: the
+  # run stops where it resumes, and this command's config is recorded as a training one's.
+  last = loop.train_and_evaluate(config(data_dir, **still, keep_best="eval_loss",
+                                        early_stopping_patience=1), run)
+  out = "".join(capsys.readouterr())
+  assert last["step"] == 2 and early_stopping.stopped_at(run) == 2
+  assert "step 2: stopped early, after 1 evaluation(s) of eval_loss without a new best" in out
+  assert "step 1's parameters were not kept" in out  # keep_best came after step 1
+  assert "early_stopping_patience: 0 -> 1" in out and os.path.exists(
+      os.path.join(run, "config.2.json"))
+  # More patience trains on from the same count (evaluations 2, 3, 4 without a new best), and
+  # stops at step 4, as a run with that patience from the start does.
+  still.update(keep_best="eval_loss", early_stopping_patience=3)
+  last = loop.train_and_evaluate(config(data_dir, **still), run)
   out = "".join(capsys.readouterr())
   evals = [r["eval_loss"] for r in metrics.read_metrics(run) if "eval_loss" in r]
   assert len(evals) == 4 and len(set(evals)) == 1
   assert last["step"] == 4 and "3 evaluation(s) of eval_loss" in last["stopped_early"]
   assert "step 4: stopped early, after 3 evaluation(s) of eval_loss without a new best" in out
+  assert f"({run}/best_eval_loss holds step 3's)" in out  # its first evaluation: a tie
   assert "--config.early_stopping_patience=N (N > 3" in out
   # Step 4 is off the checkpoint cadence: saved for the stop, kept out of the paper's average.
   assert checkpointing.checkpoint_steps(os.path.join(run, "checkpoints")) == [2, 4]
   assert checkpointing.load_meta(os.path.join(run, "checkpoints"), 4)["on_cadence"] is False
-  assert checkpointing.checkpoint_steps(os.path.join(run, "best_eval_loss")) == [1]
-  assert early_stopping.stop_record(run) == {
-      "metric": "eval_loss", "patience": 3, "evaluations_since_best": 3, "best_step": 1,
-      "best_value": evals[0], "step": 4}
+  record = {"metric": "eval_loss", "patience": 3, "evaluations_since_best": 3, "best_step": 1,
+            "best_value": evals[0], "step": 4}
+  assert early_stopping.stop_record(run) == record
   # Finished for a sweep: done, and its report row shows where it stopped and its best.
   assert runner_lib.finished(run, 12) and runner_lib.status(run, 12) == "done"
   row = report_rows(str(tmp_path), [point])[0][0]
   assert (row["status"], row["step"], row["stopped_early"], row["best_eval_loss_step"]) == \
-      ("done", 4, 4, 1)
-  # Run again: nothing trains, nothing is written; but a stop whose record a crash lost (after
-  # the save) gets it back.
-  path = os.path.join(run, "metrics.jsonl")
+      ("done", 4, 4, 3)
+  # Killed during step 4's evaluation, after its save: the resume runs the evaluation, and it
+  # ends the run there as it would have.
   before = open(path).read()
-  assert loop.train_and_evaluate(config(data_dir, num_train_steps=12, **still), run)["step"] == 4
+  lines = before.splitlines(keepends=True)
+  assert early_stopping.RECORD in lines[-1] and '"eval_loss"' in lines[-2]
+  open(path, "w").write("".join(lines[:-2]))
+  assert early_stopping.stopped_at(run) is None and runner_lib.status(run, 12) == "partial"
+  assert loop.train_and_evaluate(config(data_dir, **still), run)["step"] == 4
+  assert "step 4: its evaluation is missing from metrics.jsonl" in "".join(capsys.readouterr())
+  assert early_stopping.stop_record(run) == record
+  # Run again: nothing trains, nothing is written.
+  before = open(path).read()
+  assert "3 evaluation(s)" in loop.train_and_evaluate(config(data_dir, **still), run)[
+      "stopped_early"]
   assert "the run stopped early, after 3 evaluation(s)" in "".join(capsys.readouterr())
   assert open(path).read() == before
-  lines = before.splitlines(keepends=True)
-  assert early_stopping.RECORD in lines[-1]
-  open(path, "w").write("".join(lines[:-1]))
-  assert early_stopping.stopped_at(run) is None and runner_lib.status(run, 12) == "partial"
-  loop.train_and_evaluate(config(data_dir, num_train_steps=12, **still), run)
-  after = open(path).read().splitlines(keepends=True)
-  assert after[:-1] == lines[:-1] and early_stopping.stopped_at(run) == 4
-  assert json.loads(after[-1])[early_stopping.RECORD] == json.loads(lines[-1])[
-      early_stopping.RECORD]
-  # More patience trains on, from the same count: evaluations 5 and 6 make 5.
-  last = loop.train_and_evaluate(config(data_dir, num_train_steps=12,
-                                        **{**still, "early_stopping_patience": 5}), run)
+  # More patience again: evaluations 5 and 6 make 5.
+  last = loop.train_and_evaluate(config(data_dir, **{**still, "early_stopping_patience": 5}),
+                                 run)
   assert last["step"] == 6 and early_stopping.stopped_at(run) == 6
-  assert checkpointing.checkpoint_steps(os.path.join(run, "checkpoints")) == [2, 4, 5, 6][-3:]
 
 
 def test_early_stopping_needs_keep_best():

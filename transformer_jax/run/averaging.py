@@ -62,18 +62,19 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
   if last < 1:
     raise RunError(f"--last {last}: must be >= 1")
   # The paper averages checkpoints written at even intervals: a save forced by a signal (a
-  # preemption) falls between them and is left out where enough others are kept (checkpoints
-  # before 2026-11-25 say nothing: taken as on cadence). It took a kept place, though, so
-  # after a late stop it may be needed: then it is averaged, and said.
+  # preemption) or by early stopping falls between them and is left out where enough others
+  # are kept (checkpoints before 2026-11-25 say nothing: taken as on cadence). It took a kept
+  # place, though, so after a late stop it may be needed: then it is averaged, and said.
   off = [s for s in steps if (checkpointing.load_meta(source, s) or {}).get("on_cadence") is False]
   if off and last <= len(steps) - len(off):
-    log(f"leaving out step(s) {off}: saved when a signal stopped the run, between the run's "
-        "evenly spaced checkpoints")
+    log(f"leaving out step(s) {off}: saved off the checkpoint cadence where a signal or early "
+        "stopping stopped the run, between the run's evenly spaced checkpoints")
     steps = [s for s in steps if s not in off]
   elif off and last <= len(steps):
-    log(f"warning: averaging step(s) {[s for s in off if s in steps[-last:]]} too, saved when "
-        f"a signal stopped the run: only {len(steps) - len(off)} evenly spaced checkpoint(s) "
-        f"are kept for --last {last}; the average spans fewer steps")
+    log(f"warning: averaging step(s) {[s for s in off if s in steps[-last:]]} too, saved off "
+        "the cadence where a signal or early stopping stopped the run: only "
+        f"{len(steps) - len(off)} evenly spaced checkpoint(s) are kept for --last {last}; the "
+        "average spans fewer steps")
   if last > len(steps):
     raise RunError(f"--last {last}, but {source} holds only {len(steps)} checkpoint(s) "
                    f"(steps {steps}): pass --last {len(steps)} or fewer, or keep more while "

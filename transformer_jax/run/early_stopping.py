@@ -70,20 +70,26 @@ def from_records(metric: str, patience: int, records: Iterable[dict],
   """The count after the evaluations in `records` (metrics.jsonl's) up to `last_step`."""
   state = Patience(metric, patience)
   for record in records:
-    if int(record.get("step", 0)) <= last_step:
-      state.offer(int(record["step"]), record)
+    step = int(record.get("step", 0))
+    if step <= last_step:
+      state.offer(step, record)
   return state
 
 
 def stop_record(workdir: str) -> dict | None:
   """The `stopped_early` record (metric, patience, evaluations_since_best, best_step,
   best_value, and its `step`) if the run in `workdir` stopped early, else None: the record must
-  be of the latest checkpoint's step (a run resumed with a larger patience trained past it)."""
+  be of the latest checkpoint's step, with no record of a later step after it (a run resumed
+  with a larger patience logs its next step at once, before its next checkpoint)."""
   steps = checkpointing.checkpoint_steps(os.path.join(workdir, "checkpoints"))
-  records = [r for r in metrics_lib.read_metrics(workdir) if isinstance(r.get(RECORD), dict)]
-  if not steps or not records or int(records[-1].get("step", -1)) != max(steps):
+  records = metrics_lib.read_metrics(workdir)
+  stops = [i for i, r in enumerate(records) if isinstance(r.get(RECORD), dict)]
+  if not steps or not stops:
     return None
-  return {**records[-1][RECORD], "step": max(steps)}
+  step = int(records[stops[-1]].get("step", -1))
+  if step != max(steps) or any(int(r.get("step", 0)) > step for r in records[stops[-1]:]):
+    return None
+  return {**records[stops[-1]][RECORD], "step": step}
 
 
 def stopped_at(workdir: str) -> int | None:

@@ -149,9 +149,15 @@ class _Run:
     self.stopped_early = distributed.from_main(
         self.patience is not None and self.patience.exhausted
         and self.step < self.config.num_train_steps)
-    # Past num_train_steps with the final evaluation done, or stopped early: nothing trains or
-    # evaluates.
-    self.finished = self.stopped_early or (self.step >= self.config.num_train_steps
+    # A stop already on record: this command runs a stopped run again. Otherwise it stops the
+    # run itself, where it resumes (a crash lost the record after the stop's save, or this
+    # command's patience or keep_best is used up by the evaluations so far), and records its
+    # config changes as a run that trains does.
+    self.stop_recorded = self.stopped_early and distributed.from_main(
+        main and early_stopping.stopped_at(workdir) == self.step)
+    # Past num_train_steps with the final evaluation done, or stopped early before this
+    # command: nothing trains or evaluates.
+    self.finished = self.stop_recorded or (self.step >= self.config.num_train_steps
                                            and self._final_evaluation_done())
     # The oldest checkpoints beyond keep_checkpoints go first, before this command writes
     # anything (metrics.jsonl cut back to the resumed step, TensorBoard, a changed config):
@@ -198,11 +204,12 @@ class _Run:
   def train(self) -> dict:
     last: dict = {}
     try:
-      if self.stopped_early:
+      if self.stop_recorded:
         self.progress.write(f"step {self.step}: the run stopped early, after "
                             f"{self.patience.reason()}; nothing to do. {self._train_on()}")
-        if early_stopping.stopped_at(self.workdir) != self.step:
-          self._write_stop()  # a crash came between the stop's save and its record
+        last["stopped_early"] = self.patience.reason()
+      elif self.stopped_early:
+        self._stop_here(last)
       elif self.step >= self.config.num_train_steps:
         if not self.finished:
           self.progress.write(f"step {self.step}: the final checkpoint has no final "
@@ -211,6 +218,8 @@ class _Run:
         else:
           self.progress.write(f"step {self.step}: the run is finished (num_train_steps="
                               f"{self.config.num_train_steps}); nothing to do. {self._train_on()}")
+      elif self.patience is not None or self.best is not None:
+        self._evaluate_if_lost(last)
       with distributed.StopFlag() as stop:
         trains = self.step < self.config.num_train_steps and not self.stopped_early
         upcoming = self.batches.next() if trains else None
@@ -218,12 +227,7 @@ class _Run:
           upcoming, record, stopping = self._one_step(upcoming, stop)
           last = record or last
           if self.stopped_early:
-            where = f" in {self.best.directory}" if self.best is not None else ""
-            self.progress.write(
-                f"step {self.step}: stopped early, after {self.patience.reason()}: saved step "
-                f"{self.step} in {self.trainer.checkpointer.directory}; the best parameters are"
-                f"{where}. {self._train_on()}")
-            last["stopped_early"] = self.patience.reason()
+            self._stopped_message(last)
             break
           if stopping is not None:
             self.progress.write(f"{stopping}: saved step {self.step} in "
@@ -303,6 +307,44 @@ class _Run:
     self._write(self.step, {early_stopping.RECORD: {
         "metric": p.metric, "patience": p.patience, "evaluations_since_best": p.since_best,
         "best_step": p.best_step, "best_value": p.best_value}})
+
+  def _stop_here(self, last: dict) -> None:
+    """Stop early at the resumed step, whose checkpoint is there: the record, the message."""
+    self.stopped_early = True
+    self._write_stop()
+    self._stopped_message(last)
+
+  def _stopped_message(self, last: dict) -> None:
+    p, best = self.patience, self.best
+    if best is not None and best.step == p.best_step:
+      kept = f"the best parameters are in {best.directory}"
+    else:  # keep_best turned on after the best evaluation (a resume), or a re-run's other best
+      kept = (f"step {p.best_step}'s parameters were not kept"
+              + (f" ({best.directory} holds step {best.step}'s)" if best is not None and
+                 best.step is not None else ""))
+    self.progress.write(
+        f"step {self.step}: stopped early, after {p.reason()}: step {self.step} is saved in "
+        f"{self.trainer.checkpointer.directory}; {kept}. {self._train_on()}")
+    last["stopped_early"] = p.reason()
+
+  def _evaluate_if_lost(self, last: dict) -> None:
+    """Run the resumed step's evaluation if its cadence asked for one and metrics.jsonl has
+    none (the run stopped during it, after the step's save): early stopping's count and
+    keep_best's best would otherwise go on without it."""
+    step, cadence, main = self.step, self.cadence, distributed.is_main()
+    logged = [r for r in metrics_lib.read_metrics(self.workdir)
+              if r.get("step") == step] if main and step > 0 else []
+    evaluate = distributed.from_main(main and step > 0 and cadence.evaluate(step)
+                                     and not any("eval_loss" in r for r in logged))
+    bleu = distributed.from_main(main and step > 0 and cadence.bleu(step)
+                                 and not any("bleu" in r for r in logged))
+    if not (evaluate or bleu):
+      return
+    self.progress.write(f"step {step}: its evaluation is missing from metrics.jsonl (the run "
+                        "stopped during it); running it")
+    last.update(self._evaluate(evaluate, bleu))
+    if self.patience is not None and distributed.from_main(self.patience.exhausted):
+      self._stop_here(last)
 
   def _close(self, quiet: bool = False) -> None:
     try:
