@@ -759,6 +759,11 @@ def test_early_stopping_counts_evaluations_without_a_new_best():
       {"step": 4, "bleu": 4.0}, {"step": 5, "bleu": 9.0}], last_step=4)
   assert (b.best_step, b.since_best, b.exhausted) == (3, 1, True)  # step 5: past last_step
   assert "1 evaluation(s) of bleu without a new best (the best, 4.0000, at step 3" in b.reason()
+  # Evaluations before the first finite value count too; a record without a step does not.
+  nan = early_stopping.from_records("bleu", 2, [{"bleu": 50.0}, {"step": 1, "bleu": float("nan")},
+                                                {"step": 2, "bleu": float("nan")}], last_step=2)
+  assert (nan.best_step, nan.since_best, nan.exhausted) == (None, 2, True)
+  assert "no finite value yet" in nan.reason()
 
 
 def test_a_stop_record_counts_only_as_the_runs_last_word(tmp_path):
@@ -766,7 +771,8 @@ def test_a_stop_record_counts_only_as_the_runs_last_word(tmp_path):
   os.makedirs(os.path.join(run, "checkpoints", "4", "state"))
   stop = {"step": 4, early_stopping.RECORD: {"metric": "bleu"}}
   for records, stopped in [([{"step": 4, "bleu": 1.0}, stop], 4),
-                           ([stop, {"step": 4, "train_loss": 1.0}], 4),
+                           ([stop, {"step": 4, "train_loss": 1.0}, {"bleu": 2.0}], 4),
+                           ([stop, {early_stopping.RECORD: {}}], 4),  # no step: no record
                            # resumed with more patience and logging, not yet saved again
                            ([stop, {"step": 5, "train_loss": 1.0}], None),
                            ([{"step": 2, early_stopping.RECORD: {}}], None)]:
@@ -829,8 +835,8 @@ def test_early_stopping_ends_the_run_resumes_to_the_same_step_and_trains_on_with
   assert early_stopping.stop_record(run) == record
   # Run again: nothing trains, nothing is written.
   before = open(path).read()
-  assert "3 evaluation(s)" in loop.train_and_evaluate(config(data_dir, **still), run)[
-      "stopped_early"]
+  last = loop.train_and_evaluate(config(data_dir, **still), run)
+  assert "3 evaluation(s)" in last["stopped_early"] and last["eval_loss"] == evals[0]
   assert "the run stopped early, after 3 evaluation(s)" in "".join(capsys.readouterr())
   assert open(path).read() == before
   # More patience again: evaluations 5 and 6 make 5.

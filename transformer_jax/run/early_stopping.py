@@ -70,9 +70,8 @@ def from_records(metric: str, patience: int, records: Iterable[dict],
   """The count after the evaluations in `records` (metrics.jsonl's) up to `last_step`."""
   state = Patience(metric, patience)
   for record in records:
-    step = int(record.get("step", 0))
-    if step <= last_step:
-      state.offer(step, record)
+    if "step" in record and int(record["step"]) <= last_step:
+      state.offer(int(record["step"]), record)
   return state
 
 
@@ -82,12 +81,12 @@ def stop_record(workdir: str) -> dict | None:
   be of the latest checkpoint's step, with no record of a later step after it (a run resumed
   with a larger patience logs its next step at once, before its next checkpoint)."""
   steps = checkpointing.checkpoint_steps(os.path.join(workdir, "checkpoints"))
-  records = metrics_lib.read_metrics(workdir)
+  records = [r for r in metrics_lib.read_metrics(workdir) if "step" in r]
   stops = [i for i, r in enumerate(records) if isinstance(r.get(RECORD), dict)]
   if not steps or not stops:
     return None
-  step = int(records[stops[-1]].get("step", -1))
-  if step != max(steps) or any(int(r.get("step", 0)) > step for r in records[stops[-1]:]):
+  step = int(records[stops[-1]]["step"])
+  if step != max(steps) or any(int(r["step"]) > step for r in records[stops[-1]:]):
     return None
   return {**records[stops[-1]][RECORD], "step": step}
 

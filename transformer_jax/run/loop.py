@@ -241,8 +241,8 @@ class _Run:
       self._close(quiet=True)
       raise
     self._close()
-    if not last:  # nothing left to do: a finished run, run again
-      last = metrics_lib.last_values(self.workdir)
+    if not last or set(last) == {"stopped_early"}:  # nothing trained: a finished run, again
+      last = {**metrics_lib.last_values(self.workdir), **last}
     last["step"] = self.step
     return last
 
