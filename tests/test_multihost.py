@@ -63,6 +63,9 @@ def _run_two_processes(data_dir, workdir, mesh_flags) -> tuple[list[int], list[s
            f"--config.data.data_dir={data_dir}", "--config.model.dropout_rate=0.0",
            f"--config.num_train_steps={STEPS}", f"--config.checkpoint_every_steps={STEPS}",
            "--config.bleu_num_sentences=4", "--config.keep_best=bleu",
+           # Its collectives (the count's broadcasts at start and after each evaluation) run
+           # on both processes; a patience this long never stops a run of STEPS steps.
+           "--config.early_stopping_patience=50",
            f"--config.coordinator_address=127.0.0.1:{port}",
            f"--config.coordinator_bind_address=127.0.0.1:{port}",
            "--config.num_processes=2", f"--config.process_id={i}", *mesh_flags]
