@@ -23,6 +23,14 @@ from transformer_jax.experiment import BEST_METRICS
 from transformer_jax.run import checkpointing, distributed
 
 
+def improves(value: float | None, best: float | None, higher: bool) -> bool:
+  """Whether `value` beats `best` (None: no best yet): strictly, so ties keep the earlier;
+  NaN never does. The rule of keep_best and of early stopping's count alike."""
+  if value is None or math.isnan(value):
+    return False
+  return best is None or (value > best if higher else value < best)
+
+
 def best_dir(workdir: str, metric: str) -> str:
   return os.path.join(os.path.abspath(workdir), f"best_{metric}")
 
@@ -44,11 +52,7 @@ class BestKeeper:
         self.step, self.value = step, float(meta["value"])
 
   def better(self, value: float) -> bool:
-    if value is None or math.isnan(value):
-      return False
-    if self.value is None:
-      return True
-    return value > self.value if self.higher else value < self.value
+    return improves(value, self.value, self.higher)
 
   def offer(self, step: int, params, record: dict) -> bool:
     """Save `params` as the best if `record[metric]` beats the best so far (a collective: every

@@ -20,13 +20,13 @@ sweeps that should not spend the rest of a point's steps on a run that stopped i
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Iterable
 
 from transformer_jax.experiment import BEST_METRICS
 from transformer_jax.run import checkpointing
 from transformer_jax.run import metrics as metrics_lib
+from transformer_jax.run.best import improves
 
 RECORD = "stopped_early"  # the metrics.jsonl field of the record written when a run stops
 
@@ -47,9 +47,7 @@ class Patience:
     if value is None:
       return
     value = float(value)
-    higher = BEST_METRICS[self.metric]
-    if not math.isnan(value) and (self.best_value is None or (
-        value > self.best_value if higher else value < self.best_value)):
+    if improves(value, self.best_value, BEST_METRICS[self.metric]):
       self.best_step, self.best_value, self.since_best = int(step), value, 0
     else:
       self.since_best += 1

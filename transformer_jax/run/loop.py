@@ -279,11 +279,7 @@ class _Run:
     # Saved before evaluating: an evaluation that fails loses no training, and the
     # asynchronous save writes while the evaluation runs.
     if save:
-      # on_cadence: a save forced by a signal falls between the run's evenly spaced ones, and
-      # the paper's averaging of the last N checkpoints leaves it out (run/averaging.py).
-      meta = {"step": step, "origin": self.origin, "on_cadence": cadence.save(step)}
-      trainer.checkpointer.save(step, self.state, distributed.gather_data_states(data_state),
-                                meta, force=True)
+      self._save(data_state)
     if evaluate or bleu:
       logged = {**logged, **self._evaluate(evaluate, bleu)}
       if (self.patience is not None and not cadence.is_final(step)
@@ -293,14 +289,22 @@ class _Run:
         self.stopped_early = True
         if not save:
           save = True
-          meta = {"step": step, "origin": self.origin, "on_cadence": False}
-          trainer.checkpointer.save(step, self.state,
-                                    distributed.gather_data_states(data_state), meta, force=True)
+          self._save(data_state)
         self._write_stop()
     if evaluate or bleu or save:
       self.meter.restart()  # evaluation and saving are not training throughput
     self.progress.update(step)
     return upcoming, logged, stopping
+
+  def _save(self, data_state) -> None:
+    """Save this step (with the data iterator's position after it); every process calls it.
+    on_cadence: a save forced by a signal or by early stopping falls between the run's evenly
+    spaced ones, and the paper's averaging of the last N checkpoints leaves it out
+    (run/averaging.py)."""
+    meta = {"step": self.step, "origin": self.origin,
+            "on_cadence": self.cadence.save(self.step)}
+    self.trainer.checkpointer.save(self.step, self.state,
+                                   distributed.gather_data_states(data_state), meta, force=True)
 
   def _write_stop(self) -> None:
     p = self.patience

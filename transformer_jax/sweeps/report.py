@@ -43,8 +43,9 @@ def collect(sweep_dir: str, points: list[Point]) -> tuple[list[dict], list[str]]
         kept = BestKeeper(d, name)
         if kept.step is not None:
           row.update({f"best_{name}": kept.value, f"best_{name}_step": kept.step})
-    if stopped_at(d) is not None:  # config.early_stopping_patience ended it at this step
-      row["stopped_early"] = stopped_at(d)
+    stop = stopped_at(d)
+    if stop is not None:  # config.early_stopping_patience ended it at this step
+      row["stopped_early"] = stop
     if row["status"] == "failed":
       row["log"] = os.path.join(d, "train.log")  # FAILED beside it holds the exit and the tail
     rows.append(row)

@@ -38,9 +38,13 @@ def finished(workdir: str, num_train_steps: int) -> bool:
 
   Training saves the final checkpoint, then evaluates: a run stopped in between (killed, or
   stopped by SIGTERM and exiting 0) is not finished, and resumes on the next run."""
+  return _reached(workdir, num_train_steps) or stopped_at(workdir) is not None
+
+
+def _reached(workdir: str, num_train_steps: int) -> bool:
+  """Whether the run saved step `num_train_steps` and logged its final evaluation."""
   final = os.path.join(workdir, "checkpoints", str(int(num_train_steps)))
-  return (os.path.isdir(final) and evaluated(workdir, int(num_train_steps))
-          or stopped_at(workdir) is not None)
+  return os.path.isdir(final) and evaluated(workdir, int(num_train_steps))
 
 
 def _marked_done(workdir: str, num_train_steps: int | None = None) -> bool:
@@ -74,10 +78,11 @@ def status(workdir: str, num_train_steps: int | None = None) -> str:
     return "running"
   if os.path.exists(os.path.join(workdir, FAILED)):
     return "failed"  # even past the last step: it may have failed in the final evaluation
-  if num_train_steps is not None and finished(workdir, num_train_steps):
-    return "done"    # finished outside the sweep driver (e.g. run by hand)
-  if stopped_at(workdir) is not None:
-    return "done"    # stopped early, whatever the number of steps asked for
+  # Finished outside the sweep driver (e.g. run by hand), or stopped early, whatever the number
+  # of steps asked for.
+  if ((num_train_steps is not None and _reached(workdir, num_train_steps))
+      or stopped_at(workdir) is not None):
+    return "done"
   if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
     return "partial"
   return "new"
