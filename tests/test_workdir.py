@@ -33,6 +33,8 @@ from transformer_jax.sweeps.report import collect as report_rows
 from scripts_under_test import load_script
 import tiny_config
 
+replay_script = load_script("replay_early_stopping")
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = [sys.executable, os.path.join(REPO, "scripts", "train.py"), "--config",
          os.path.join(REPO, "tests", "tiny_config.py")]
@@ -689,6 +691,13 @@ def test_keep_best_keeps_only_the_best_and_survives_a_resume_from_before_it(tmp_
   assert not again.offer(6, params(6.0), {"eval_loss": 2.5})
   assert again.offer(6, params(6.5), {"eval_loss": 1.5})
   assert checkpointing.checkpoint_steps(directory) == [6]
+  # A crash between that lower step's save and the higher one's deletion leaves both: the
+  # better value is read back, not the higher step.
+  checkpointing.save_params(directory, 8, params(8.0),
+                            {"step": 8, "metric": "eval_loss", "value": 2.0})
+  assert checkpointing.checkpoint_steps(directory) == [6, 8]
+  assert (best_lib.BestKeeper(run, "eval_loss").step, again.step) == (6, 6)
+  shutil.rmtree(os.path.join(directory, "8"))
   # A write that fails (here: the directory made read-only) is one StorageError, and loses
   # nothing: the best so far stays, and stays readable.
   if os.geteuid() != 0:  # root writes into read-only directories
@@ -706,9 +715,14 @@ def test_keep_best_keeps_only_the_best_and_survives_a_resume_from_before_it(tmp_
   assert checkpointing.checkpoint_steps(directory) == [6] and (again.step, again.value) == (6, 1.5)
   assert checkpointing.load_params(directory)[1]["dense"]["kernel"][0, 0] == 6.5
   # The same step better again (a resume from before it) whose save fails: the old save of
-  # that step was set aside, not deleted, and is put back.
-  monkeypatch.setattr(checkpointing.ocp.CheckpointManager, "save", _no_space)
-  with pytest.raises(checkpointing.StorageError, match="The best so far, step 6, is untouched"):
+  # that step was set aside, not deleted, and is put back. The message quotes the error's
+  # first line.
+  def no_space_with_detail(*args, **kwargs):
+    raise OSError(28, "No space left on device\nwhile writing a shard")
+  monkeypatch.setattr(checkpointing.ocp.CheckpointManager, "save", no_space_with_detail)
+  with pytest.raises(checkpointing.StorageError,
+                     match=r"failed: \[Errno 28\] No space left on device\. The best so far, "
+                           "step 6, is untouched"):
     again.offer(6, params(6.9), {"eval_loss": 1.0})
   monkeypatch.undo()
   assert sorted(os.listdir(directory)) == ["6"]
@@ -766,6 +780,70 @@ def test_early_stopping_counts_evaluations_without_a_new_best():
   assert "no finite value yet" in nan.reason()
 
 
+def test_early_stopping_min_delta_counts_only_gains_larger_than_it():
+  # BLEU, min_delta 0.5: 30.5 and 30.25 beat 30 by 0.5 or less (keep_best would save 30.5); 31
+  # beats it by more and becomes the count's best. eval_loss, 0.25: lower by more than 0.25.
+  records = [{"step": s, "bleu": v} for s, v in [(1, 30.0), (2, 30.5), (3, 30.25), (4, 31.0),
+                                                   (5, 31.5)]]
+  b = early_stopping.from_records("bleu", 3, records, last_step=3, min_delta=0.5)
+  assert (b.best_step, b.best_value, b.since_best) == (1, 30.0, 2)
+  assert "2 evaluation(s) of bleu without beating 30.0000 (step 1's) by more than 0.5" in \
+      b.reason()
+  b = early_stopping.from_records("bleu", 3, records, last_step=5, min_delta=0.5)
+  assert (b.best_step, b.since_best) == (4, 1)  # 31.5: only 0.5 above 31
+  assert early_stopping.from_records("bleu", 3, records, 5).since_best == 0  # no min_delta
+  p = early_stopping.Patience("eval_loss", 1, min_delta=0.25)
+  for step, value in [(1, 2.0), (2, 1.75), (3, 1.5)]:
+    p.offer(step, {"eval_loss": value})
+    assert p.best_step == (1 if step < 3 else 3), step
+  assert best_lib.improves(1.75, 2.0, higher=False) and not best_lib.improves(2.0, 2.0, False)
+
+
+def test_replaying_early_stopping_over_a_finished_runs_metrics(tmp_path, capsys):
+  c = tiny_config.get_config()
+  c.update(num_train_steps=10, keep_best="bleu")
+  run = str(tmp_path / "run")
+  os.makedirs(run)
+  workdir_lib.write_config(run, c, experiment.transformer_config(c, vocab_size=32))
+  bleu = [(2, 10.0), (4, 12.0), (6, 12.5), (8, 11.0), (10, 12.25)]
+  with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+    for step, value in bleu:
+      f.write(json.dumps({"step": step, "train_loss": 1.0}) + "\n")
+      f.write(json.dumps({"step": step, "bleu": value, "eval_loss": 3.0 - step / 10}) + "\n")
+  assert early_stopping.replay("bleu", 2, []) [0] is None
+  assert early_stopping.replay("bleu", 1, [{"step": 1, "bleu": 1.0}, {"step": 2}])[0] is None
+  assert replay_script.main(["--workdir", run, "--patience", "1,2,3", "--min_delta",
+                             "0,1"]) == 0
+  out = capsys.readouterr().out
+  rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+  got = {(r["patience"], r["min_delta"]): (r["stop_step"], r["steps_saved"],
+                                           r["count_best_step"]) for r in rows}
+  assert got == {(1, 0.0): (8, 2, 6), (2, 0.0): (None, 0, 6), (3, 0.0): (None, 0, 6),
+                 # min_delta 1: 12.5 beats 12 by 0.5 only; the count's best stays step 4's
+                 (1, 1.0): (6, 4, 4), (2, 1.0): (8, 2, 4), (3, 1.0): (None, 0, 4)}, got
+  assert (rows[0]["metric"], rows[0]["run_best_step"], rows[0]["run_best_value"],
+          rows[0]["num_train_steps"], rows[0]["trained_to"]) == ("bleu", 6, 12.5, 10, 10)
+  assert "| 2 | 0 | does not stop | 10 (10) | 12.5000 (6) | 12.5000 (6) |" in out  # 10: the end
+  assert replay_script.main(["--metric", "eval_loss", "--patience", "1", run, run]) == 0
+  lines = capsys.readouterr().out.splitlines()  # runs as arguments too (a sweep's points)
+  assert [json.loads(line)["stop_step"] for line in lines[-2:]] == [None, None]
+  assert replay_script.main(["--patience", "1"]) == 1
+  assert "no run to replay" in capsys.readouterr().err
+  for flags, message in [(["--patience", "0"], "--patience=0: expected comma-separated integers"),
+                         (["--patience", "2", "--min_delta", "-1"], "finite numbers >= 0"),
+                         (["--patience", "2", "--metric", "train_loss"], "--metric=train_loss"),
+                         (["--patience", "2", "--metric", "eval_accuracy"],
+                          "has no evaluation of eval_accuracy")]:
+    assert replay_script.main(["--workdir", run, *flags]) == 1
+    assert message in capsys.readouterr().err, flags
+  c.keep_best = ""
+  workdir_lib.write_config(run, c, experiment.transformer_config(c, vocab_size=32))
+  assert replay_script.main(["--workdir", run, "--patience", "2"]) == 1
+  assert "trained without keep_best: name the metric" in capsys.readouterr().err
+  assert replay_script.main(["--workdir", str(tmp_path), "--patience", "2"]) == 1
+  assert "holds no records" in capsys.readouterr().err
+
+
 def test_a_stop_record_counts_only_as_the_runs_last_word(tmp_path):
   run = str(tmp_path)
   os.makedirs(os.path.join(run, "checkpoints", "4", "state"))
@@ -815,8 +893,8 @@ def test_early_stopping_ends_the_run_resumes_to_the_same_step_and_trains_on_with
   # Step 4 is off the checkpoint cadence: saved for the stop, kept out of the paper's average.
   assert checkpointing.checkpoint_steps(os.path.join(run, "checkpoints")) == [2, 4]
   assert checkpointing.load_meta(os.path.join(run, "checkpoints"), 4)["on_cadence"] is False
-  record = {"metric": "eval_loss", "patience": 3, "evaluations_since_best": 3, "best_step": 1,
-            "best_value": evals[0], "step": 4}
+  record = {"metric": "eval_loss", "patience": 3, "min_delta": 0.0, "evaluations_since_best": 3,
+            "best_step": 1, "best_value": evals[0], "step": 4}
   assert early_stopping.stop_record(run) == record
   # Finished for a sweep: done, and its report row shows where it stopped and its best.
   assert runner_lib.finished(run, 12) and runner_lib.status(run, 12) == "done"
@@ -839,10 +917,19 @@ def test_early_stopping_ends_the_run_resumes_to_the_same_step_and_trains_on_with
   assert "3 evaluation(s)" in last["stopped_early"] and last["eval_loss"] == evals[0]
   assert "the run stopped early, after 3 evaluation(s)" in "".join(capsys.readouterr())
   assert open(path).read() == before
-  # More patience again: evaluations 5 and 6 make 5.
-  last = loop.train_and_evaluate(config(data_dir, **{**still, "early_stopping_patience": 5}),
-                                 run)
+  # More patience again, and a min_delta: evaluations 5 and 6 make 5; keep_best's step 3 ties
+  # step 1, the count's best, and holds the best parameters.
+  last = loop.train_and_evaluate(config(data_dir, **{**still, "early_stopping_patience": 5,
+                                                     "early_stopping_min_delta": 0.5}), run)
   assert last["step"] == 6 and early_stopping.stopped_at(run) == 6
+  out = "".join(capsys.readouterr())
+  assert (f"5 evaluation(s) of eval_loss without beating {evals[0]:.4f} (step 1's) by more than "
+          "0.5 (early_stopping_patience=5, early_stopping_min_delta=0.5)") in out
+  assert f"the best parameters, step 3's, are in {run}/best_eval_loss" in out
+  assert early_stopping.stop_record(run)["min_delta"] == 0.5
+  # Replayed over its metrics.jsonl with its own settings, the count stops where the run did.
+  assert replay_script.main(["--workdir", run, "--patience", "5", "--min_delta", "0.5"]) == 0
+  assert json.loads(capsys.readouterr().out.splitlines()[-1])["stop_step"] == 6
 
 
 def test_early_stopping_needs_keep_best():
@@ -853,6 +940,16 @@ def test_early_stopping_needs_keep_best():
   c.update(keep_best="bleu", early_stopping_patience=-1)
   with pytest.raises(ValueError, match="early_stopping_patience=-1: must be >= 0"):
     experiment.validate(c)
+  c.update(early_stopping_patience=0, early_stopping_min_delta=0.5)
+  with pytest.raises(ValueError, match="early_stopping_min_delta=0.5: has no effect without "
+                     "config.early_stopping_patience"):
+    experiment.validate(c)
+  for bad in (-0.5, float("nan"), float("inf")):
+    c.update(early_stopping_patience=2, early_stopping_min_delta=bad)
+    with pytest.raises(ValueError, match="must be a finite number >= 0"):
+      experiment.validate(c)
+  c.early_stopping_min_delta = 0.5
+  experiment.validate(c)
 
 
 def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, tmp_path,

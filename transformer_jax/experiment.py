@@ -7,6 +7,7 @@ precedence of what a run starts from is: resume (the workdir already holds check
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import ml_collections
 
@@ -88,6 +89,9 @@ def base_config(size: str = "small") -> ml_collections.ConfigDict:
   # > 0: stop once keep_best's metric has gone this many evaluations in a row without a new best
   # (that step saved, the run then finished; run/early_stopping.py); 0 = off, as the paper.
   c.early_stopping_patience = 0
+  # > 0: early stopping counts an evaluation as a new best only when it beats the count's best
+  # by more than this, in the metric's units (BLEU points, nats of eval_loss); 0 = any gain
+  c.early_stopping_min_delta = 0.0
 
   c.checkpoint_every_steps = 500  # also saved at the end and on SIGTERM/SIGINT
   c.keep_checkpoints = 3          # the last N
@@ -163,6 +167,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
     bad("keep_best", c.keep_best, f"expected '' (off) or one of {sorted(BEST_METRICS)}")
   if c.early_stopping_patience < 0:
     bad("early_stopping_patience", c.early_stopping_patience, "must be >= 0 (0 turns it off)")
+  if not (math.isfinite(c.early_stopping_min_delta) and c.early_stopping_min_delta >= 0):
+    bad("early_stopping_min_delta", c.early_stopping_min_delta,
+        "must be a finite number >= 0, in the metric's units (BLEU points, nats of eval_loss; "
+        "0: any improvement counts)")
+  if c.early_stopping_min_delta and not c.early_stopping_patience:
+    bad("early_stopping_min_delta", c.early_stopping_min_delta,
+        "has no effect without config.early_stopping_patience: add "
+        "--config.early_stopping_patience=P, or leave early_stopping_min_delta at 0")
   if c.early_stopping_patience and not c.keep_best:
     bad("early_stopping_patience", c.early_stopping_patience,
         "needs config.keep_best, the metric it waits on a new best of (and where the best "

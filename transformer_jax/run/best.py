@@ -23,12 +23,14 @@ from transformer_jax.experiment import BEST_METRICS
 from transformer_jax.run import checkpointing, distributed
 
 
-def improves(value: float | None, best: float | None, higher: bool) -> bool:
-  """Whether `value` beats `best` (None: no best yet): strictly, so ties keep the earlier;
-  NaN never does. The rule of keep_best and of early stopping's count alike."""
+def improves(value: float | None, best: float | None, higher: bool,
+             margin: float = 0.0) -> bool:
+  """Whether `value` beats `best` (None: no best yet) by more than `margin`: strictly, so ties
+  keep the earlier; NaN never does. The rule of keep_best (margin 0) and of early stopping's
+  count (margin: config.early_stopping_min_delta) alike."""
   if value is None or math.isnan(value):
     return False
-  return best is None or (value > best if higher else value < best)
+  return best is None or (value > best + margin if higher else value < best - margin)
 
 
 def best_dir(workdir: str, metric: str) -> str:

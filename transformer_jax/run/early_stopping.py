@@ -2,6 +2,7 @@
 
     c.keep_best = "bleu"               # the metric, and where the best parameters are kept
     c.early_stopping_patience = 5      # stop after 5 evaluations of it without a new best
+    c.early_stopping_min_delta = 0.1   # optional: a new best must beat the last by more than 0.1
 
 After every evaluation that reports the metric, the run counts the evaluations since the best
 one so far (a new best resets the count; ties and NaN are no new best, as for keep_best). When
@@ -9,6 +10,12 @@ the count reaches the patience before `num_train_steps`, that step is saved, a r
 `{"stopped_early": ...}` goes to metrics.jsonl and the run ends: finished, as a run that
 reached `num_train_steps` is (run again, it does nothing; a sweep counts the point done). Its
 best parameters are in `<workdir>/best_<metric>/`.
+
+With `early_stopping_min_delta` D > 0 (in the metric's units: BLEU points, nats of eval_loss),
+an evaluation resets the count only when it beats the count's best by more than D, and only
+then becomes the count's best (as Keras' and PyTorch Lightning's `min_delta`): a validation
+loss creeping down by 0.001 an evaluation no longer keeps a run going for ever. keep_best
+still saves every new best, however small the gain.
 
 The count is derived from metrics.jsonl, the records up to the step a run resumes from, and
 not kept anywhere else: a run resumed after a crash or a preemption stops where an
@@ -37,6 +44,7 @@ class Patience:
 
   metric: str
   patience: int
+  min_delta: float = 0.0
   best_step: int | None = None
   best_value: float | None = None
   since_best: int = 0
@@ -47,7 +55,7 @@ class Patience:
     if value is None:
       return
     value = float(value)
-    if improves(value, self.best_value, BEST_METRICS[self.metric]):
+    if improves(value, self.best_value, BEST_METRICS[self.metric], self.min_delta):
       self.best_step, self.best_value, self.since_best = int(step), value, 0
     else:
       self.since_best += 1
@@ -57,20 +65,41 @@ class Patience:
     return self.since_best >= self.patience
 
   def reason(self) -> str:
-    best = (f"the best, {self.best_value:.4f}, at step {self.best_step}"
-            if self.best_step is not None else "no finite value yet")
-    return (f"{self.since_best} evaluation(s) of {self.metric} without a new best ({best}; "
-            f"early_stopping_patience={self.patience})")
+    settings = f"early_stopping_patience={self.patience}"
+    if self.best_step is None:
+      return (f"{self.since_best} evaluation(s) of {self.metric} without a new best (no finite "
+              f"value yet; {settings})")
+    if not self.min_delta:
+      return (f"{self.since_best} evaluation(s) of {self.metric} without a new best (the best, "
+              f"{self.best_value:.4f}, at step {self.best_step}; {settings})")
+    return (f"{self.since_best} evaluation(s) of {self.metric} without beating "
+            f"{self.best_value:.4f} (step {self.best_step}'s) by more than {self.min_delta:g} "
+            f"({settings}, early_stopping_min_delta={self.min_delta:g})")
 
 
 def from_records(metric: str, patience: int, records: Iterable[dict],
-                 last_step: int) -> Patience:
+                 last_step: int, min_delta: float = 0.0) -> Patience:
   """The count after the evaluations in `records` (metrics.jsonl's) up to `last_step`."""
-  state = Patience(metric, patience)
+  state = Patience(metric, patience, float(min_delta))
   for record in records:
     if "step" in record and int(record["step"]) <= last_step:
       state.offer(int(record["step"]), record)
   return state
+
+
+def replay(metric: str, patience: int, records: Iterable[dict],
+           min_delta: float = 0.0) -> tuple[int | None, Patience]:
+  """Where a run whose metrics.jsonl holds `records` would have stopped with this patience and
+  min_delta: the step of the evaluation that used the patience up (None: none did), and the
+  count then (or after the last record). The loop's rule, so a run's own settings give back
+  its own stop; a stop at the run's last step is where it ended anyway."""
+  state = Patience(metric, patience, float(min_delta))
+  for record in records:
+    if "step" in record:
+      state.offer(int(record["step"]), record)
+      if metric in record and state.exhausted:
+        return int(record["step"]), state
+  return None, state
 
 
 def stop_record(workdir: str) -> dict | None:

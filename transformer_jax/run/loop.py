@@ -145,7 +145,7 @@ class _Run:
     patience = self.config.early_stopping_patience
     self.patience = early_stopping.from_records(
         self.config.keep_best, patience, metrics_lib.read_metrics(workdir) if main else [],
-        self.step) if patience else None
+        self.step, self.config.early_stopping_min_delta) if patience else None
     self.stopped_early = distributed.from_main(
         self.patience is not None and self.patience.exhausted
         and self.step < self.config.num_train_steps)
@@ -309,8 +309,9 @@ class _Run:
   def _write_stop(self) -> None:
     p = self.patience
     self._write(self.step, {early_stopping.RECORD: {
-        "metric": p.metric, "patience": p.patience, "evaluations_since_best": p.since_best,
-        "best_step": p.best_step, "best_value": p.best_value}})
+        "metric": p.metric, "patience": p.patience, "min_delta": p.min_delta,
+        "evaluations_since_best": p.since_best, "best_step": p.best_step,
+        "best_value": p.best_value}})
 
   def _stop_here(self, last: dict) -> None:
     """Stop early at the resumed step, whose checkpoint is there: the record, the message."""
@@ -322,6 +323,11 @@ class _Run:
     p, best = self.patience, self.best
     if best is not None and best.step == p.best_step:
       kept = f"the best parameters are in {best.directory}"
+    elif (p.min_delta and best is not None and best.step is not None
+          and not best_lib.improves(p.best_value, best.value, best.higher)):
+      # early_stopping_min_delta: keep_best kept a later step that beat the count's best by
+      # less than min_delta
+      kept = f"the best parameters, step {best.step}'s, are in {best.directory}"
     else:  # keep_best turned on after the best evaluation (a resume), or a re-run's other best
       kept = (f"step {p.best_step}'s parameters were not kept"
               + (f" ({best.directory} holds step {best.step}'s)" if best is not None and
@@ -387,7 +393,8 @@ class _Run:
       resume = shlex.quote("configs/resume.py:" + self.workdir)
       return (f"To train on: python scripts/train.py --config {resume} --workdir {w} "
               f"--config.early_stopping_patience=N (N > {self.patience.patience}; 0: no early "
-              "stopping)")
+              "stopping)" + (", or a smaller --config.early_stopping_min_delta"
+                             if self.patience.min_delta else ""))
     own = workdir_lib.load_run_config(self.workdir).get("num_train_steps", 0)
     if own > self.step:  # this command's num_train_steps is below the run's own
       return (f"The run's own config ({workdir_lib.current_config_path(self.workdir)}) trains "
