@@ -1374,6 +1374,7 @@ def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
   result = json.loads(out)
   averaged_dir = os.path.join(workdir, "averaged")
   assert result == {"output": averaged_dir, "step": 6, "averaged_steps": [3, 6]}
+  assert "replacing" not in err
   # Training's own directory is untouched.
   assert checkpointing.checkpoint_steps(os.path.join(workdir, "checkpoints")) == [3, 6]
   _, p3 = checkpointing.load_params(workdir, 3)
@@ -1386,17 +1387,26 @@ def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
                                atol=1e-7)
   assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p3), jax.tree.leaves(p6)))
   assert averaging.averaged_steps(averaged_dir, 6) == [3, 6]
+  assert averaging.averaged_steps(os.path.join(workdir, "checkpoints"), 6) is None  # trained
   # Loadable by the tools; running it again replaces the average.
   rc, out, err = run_main(translate_script, ["--workdir", workdir, "--averaged"], capsys,
                           stdin="seven\n\n", monkeypatch=monkeypatch)
   assert rc == 0 and len(out.split("\n")) == 3, err
   rc, _, err = run_main(average_script, ["--workdir", workdir, "--last", "1"], capsys)
-  assert rc == 0, err
+  assert rc == 0 and f"replacing the earlier average saved as step 6 in {averaged_dir}" in err, err
   _, avg1 = checkpointing.load_params(averaged_dir)
   for a, b in zip(jax.tree.leaves(avg1), jax.tree.leaves(p6)):
     np.testing.assert_array_equal(a, b)
   rc, _, err = run_main(average_script, ["--workdir", workdir, "--last", "5"], capsys)
   assert rc == 1 and "holds only 2 checkpoint(s)" in err and "keep_checkpoints=5" in err
+  # A workdir with no checkpoint: what to train.
+  empty = os.path.join(os.path.dirname(workdir), "no_run")
+  with pytest.raises(workdir_lib.RunError,
+                     match=r"no checkpoint in .*no_run/checkpoints: train first with "
+                           r"scripts/train\.py --config configs/default\.py"):
+    averaging.average_checkpoints(empty, 2)
+  with pytest.raises(workdir_lib.RunError, match="--last 0: must be >= 1"):  # not "all of them"
+    averaging.average_checkpoints(workdir, 0)
 
 
 def test_an_average_of_one_checkpoint_is_warned_about(workdir, capsys, tmp_path):
@@ -1469,7 +1479,8 @@ def test_average_leaves_out_a_checkpoint_a_signal_saved(workdir, capsys, tmp_pat
       "evenly spaced checkpoint(s) are kept for --last 2" in err, err
 
 
-def test_average_of_a_damaged_checkpoint_names_the_step(workdir, capsys, tmp_path):
+def test_average_of_a_damaged_checkpoint_names_the_step(workdir, capsys, tmp_path,
+                                                        monkeypatch):
   # Training sets a damaged step aside; averaging used to print TensorStore's traceback.
   damaged = str(tmp_path / "run")
   shutil.copytree(workdir, damaged)
@@ -1482,6 +1493,17 @@ def test_average_of_a_damaged_checkpoint_names_the_step(workdir, capsys, tmp_pat
       "cannot be averaged (") in err, err
   assert "it is damaged; average only the steps after it (--last 1)" in err and \
       "Traceback" not in err, err
+  # The last step damaged: no later one to average; the error's first line is quoted.
+  load = checkpointing.load_params
+  def damaged_6(directory, step=None):
+    if step == 6:
+      raise ValueError("chunk 0 of state/params is short\nwhile reading a shard")
+    return load(directory, step)
+  monkeypatch.setattr(checkpointing, "load_params", damaged_6)
+  rc, _, err = run_main(average_script, ["--workdir", workdir, "--last", "2"], capsys)
+  assert rc == 1 and ("(ValueError: chunk 0 of state/params is short): it is damaged; there is "
+                      "no later step to average, or train on until 2 good checkpoints follow "
+                      "it") in err, err
 
 
 # ---------------------------------------------------------------- attention plots
