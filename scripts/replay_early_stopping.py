@@ -5,14 +5,15 @@ their metrics.jsonl, before the next sweep spends the steps.
         --patience 2,3,5 --min_delta 0,0.01
     python scripts/replay_early_stopping.py --patience 3 runs/sweep/*/   # a sweep's points
 
-Runs are the `--workdir` flags and the arguments. For each run, each patience and each min_delta (every combination), the count that
-`config.early_stopping_patience` keeps (run/early_stopping.py) is replayed over the run's
-recorded evaluations of `--metric` (default: the run's keep_best): the step where it would have
-stopped, the count's best then, the best evaluation of the whole run, and the steps it would
-have saved. Only a stop before the run's `num_train_steps` (its config now) counts, as in the
-training loop: at that step a run ends anyway. A run still training is replayed as far as it
-got ("trained to"). Nothing is trained or read but metrics.jsonl and config.json. Prints a
-Markdown table, then one JSON line per row.
+Runs are the `--workdir` flags and the arguments. For each run, each patience and each
+min_delta (every combination), the count that `config.early_stopping_patience` keeps
+(run/early_stopping.py) is replayed over the run's recorded evaluations of `--metric`
+(default: the run's keep_best): the step where it would have stopped, the count's best then,
+the best evaluation of the whole run, and the steps it would have saved. Only a stop before
+the run's `num_train_steps` (its config now) counts, as in the training loop: at that step a
+run ends anyway. A run still training is replayed as far as it got ("trained to"). Nothing is
+trained or read but metrics.jsonl and config.json. Prints a Markdown table, then one JSON line
+per row.
 """
 import json
 import os

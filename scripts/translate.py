@@ -36,12 +36,15 @@ N`, N samples a line (any N), the most probable first, the score and the log-pro
 the sample's natural-log probability under the model (at temperature 1, without the top-k
 restriction).
 
-The input is translated and written `--chunk_lines` lines at a time (default 10,000; each
-chunk sorted by length and batched), flushed after each, so a long job (back-translating a
-large monolingual file) leaves every finished chunk on disk if it stops, and `--verbose` says
-how far it got; the output does not depend on the chunk size (tested; the search batches
-each line independently, and sampling keys follow the line's place; docs/decoding.md says
-where floating point can differ). To go on after K lines of output (`wc -l < out`):
+The input is read, translated and written `--chunk_lines` lines at a time (default 10,000;
+each chunk sorted by length and batched), flushed after each, so a long job (back-translating
+a large monolingual file) holds one chunk in memory, starts writing after its first chunk
+(also from a pipe), leaves every finished chunk on disk if it stops, and `--verbose` says how
+far it got; a line that is not UTF-8 stops it at that line's chunk, with the lines before that
+chunk written and the error naming the line (the first chunk is read before the model
+loads). The output does not depend on the chunk size (tested; the search batches each line
+independently, and sampling keys follow the line's place; docs/decoding.md says where
+floating point can differ). To go on after K lines of output (`wc -l < out`):
 `tail -n +$((K + 1)) in.txt | translate.py ... --line_offset K >> out` with --sample or
 --nbest; drop --line_offset for a plain search (refused there: nothing depends on it).
 
@@ -54,6 +57,7 @@ probabilities (docs/decoding.md).
     python scripts/translate.py --workdir runs/default --sample --top_k 10 \
         --line_offset 100000 < piece.01 > bt.01.de
 """
+import itertools
 import json
 import logging
 import sys
@@ -64,8 +68,8 @@ from transformer_jax import cli
 from transformer_jax.inference import translator as translator_lib
 from transformer_jax.inference.flags import (
   define_checkpoint_flags,
+  flag_line_chunks,
   open_flag_output,
-  read_flag_lines,
   refuse_ignored,
   translator_from_flags,
 )
@@ -116,19 +120,22 @@ def nbest_lines(nbest, line_offset: int = 0) -> str:
 
 
 def body(values, sentences):
-  # Read before loading the model: a bad --input fails at once.
+  # The first chunk is read before loading the model: a bad --input fails at once. The rest
+  # is read a chunk at a time, as it is translated.
+  size = values.chunk_lines
   if sentences:
     refuse_ignored(values, ["input"], "when sentences are given as arguments",
                    "pass either --input or the sentences, not both")
-    names = [f"argument {i + 1}" for i in range(len(sentences))]
+    chunks = iter([sentences[i:i + size] for i in range(0, len(sentences), size)])
+    name = "argument {}".format
   else:
     if values.input == "-" and sys.stdin.isatty():
       # Otherwise a bare command waits without a word, and looks hung.
       print("translate: reading sentences from the terminal, one a line; end with Ctrl-D "
             "(or pass them as arguments, or --input FILE)", file=sys.stderr, flush=True)
-    sentences = read_flag_lines("input", values.input)
-    where = "stdin" if values.input == "-" else values.input
-    names = [f"{where} line {i + 1}" for i in range(len(sentences))]
+    chunks = flag_line_chunks("input", values.input, size)
+    name = f"{'stdin' if values.input == '-' else values.input} line {{}}".format
+  chunks = itertools.chain([next(chunks, [])], chunks)
   if values.sample:
     refuse_ignored(values, ["beam_size", "alpha"], "with --sample, which searches nothing",
                    "drop {flags}, or drop --sample to search")
@@ -148,10 +155,13 @@ def body(values, sentences):
   out = sys.stdout if values.output == "-" else open_flag_output("output", values.output)
   if values.verbose:
     print(f"translate: {json.dumps(translator.settings())}", file=sys.stderr)
+  start = 0
   try:
-    for start in range(0, len(sentences), values.chunk_lines):
-      end = min(start + values.chunk_lines, len(sentences))
-      piece, piece_names = sentences[start:end], names[start:end]
+    for piece in chunks:
+      if not piece:  # an empty input
+        continue
+      end = start + len(piece)
+      piece_names = [name(i) for i in range(start + 1, end + 1)]
       # A chunk draws as the same lines would in one piece: its keys follow its place.
       part = (translator.with_line_offset(values.line_offset + start) if translator.sampling
               else translator)
@@ -161,9 +171,9 @@ def body(values, sentences):
       else:
         out.write("".join(line + "\n" for line in part.translate(piece, names=piece_names)))
       out.flush()
-      if values.verbose and len(sentences) > values.chunk_lines:
-        print(f"translate: {end:,} of {len(sentences):,} lines written", file=sys.stderr,
-              flush=True)
+      if values.verbose and (start or len(piece) == size):  # more than one chunk, or may be
+        print(f"translate: {end:,} lines written", file=sys.stderr, flush=True)
+      start = end
   finally:
     if out is not sys.stdout:
       out.close()

@@ -75,7 +75,8 @@ def run_main(module, argv, capsys, stdin=None, monkeypatch=None):
 # ---------------------------------------------------------------- translate
 
 
-def test_translate_stdin_keeps_lines_and_survives_odd_input(workdir, capsys, monkeypatch):
+def test_translate_stdin_keeps_lines_and_survives_odd_input(workdir, capsys, monkeypatch,
+                                                            tmp_path):
   lines = ["one hundred and two", "", "   ", "日本語 ☃ seven", LONG, "five"]
   rc, out, err = run_main(translate_script, ["--workdir", workdir, "--batch_size", "2"], capsys,
                           stdin="\n".join(lines) + "\n", monkeypatch=monkeypatch)
@@ -100,6 +101,21 @@ def test_translate_stdin_keeps_lines_and_survives_odd_input(workdir, capsys, mon
   assert rc == 0 and len(out.split("\n")) == 3, err
   assert ("warning: --input stdin: 1 line(s) hold a carriage return not followed by a line feed "
           "(first: line 1)") in err and "tr '\\r' '\\n'" in err, err
+  # Read a chunk at a time: a line that is not UTF-8 in the third chunk stops the command with
+  # the two chunks before it written; in the first chunk, before the model loads. A carriage
+  # return is warned about with the chunk it comes in.
+  streamed, never = tmp_path / "streamed.txt", tmp_path / "never.txt"
+  bad = b"seven\nfive\none\rten\nsix\nzw\xf6lf\nnine\n"
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--chunk_lines", "2",
+                                           "--output", str(streamed)], capsys, stdin=bad,
+                        monkeypatch=monkeypatch)
+  assert rc == 1 and "error: stdin line 5 is not UTF-8 (invalid start byte" in err, err
+  assert ("--input stdin: 1 line(s) of lines 3-4 hold a carriage return not followed by a line "
+          "feed (first: line 3)") in err, err
+  assert len(streamed.read_text(encoding="utf-8").splitlines()) == 4
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--output", str(never)],
+                        capsys, stdin=bad, monkeypatch=monkeypatch)
+  assert rc == 1 and "stdin line 5 is not UTF-8" in err and not never.exists(), err
 
 
 def test_translate_arguments_to_file_with_overrides(workdir, tmp_path, capsys):
@@ -842,7 +858,7 @@ def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, 
                                            "1.5", "--seed", "3", "--chunk_lines", "2",
                                            "--verbose", "--output", str(out)] + lines, capsys)
   assert rc == 0 and out.read_text(encoding="utf-8").splitlines() == drawn, err
-  assert "translate: 4 of 5 lines written" in err, err
+  assert "translate: 2 lines written" in err and "translate: 5 lines written" in err, err
   rc, _, err = run_main(translate_script, ["--workdir", workdir, "--sample", "--temperature",
                                            "1.5", "--seed", "3", "--chunk_lines", "1", "--nbest",
                                            "2", "--output", str(out)] + lines, capsys)

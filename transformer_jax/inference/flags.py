@@ -4,11 +4,11 @@ flag; and the refusal of flags that another flag makes them ignore (evaluate.py'
 `check_evaluate_flags`)."""
 from __future__ import annotations
 
-from typing import Sequence, TextIO
+from typing import Iterator, Sequence, TextIO
 
 from absl import flags
 
-from transformer_jax.data.lines import read_lines
+from transformer_jax.data.lines import line_chunks
 from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.run.workdir import RunError
 
@@ -26,17 +26,42 @@ def read_flag_lines(flag: str, path: str) -> list[str]:
   """`read_lines(path)`; a file that cannot be read is `--<flag> PATH: <why>`. Lines end at
   line feeds only: a carriage return left inside a line (old Mac line ends) gets a warning,
   since the lines it separates are read, and translated, as one."""
+  return next(flag_line_chunks(flag, path))
+
+
+def flag_line_chunks(flag: str, path: str, size: int | None = None) -> Iterator[list[str]]:
+  """`read_flag_lines`, `size` lines at a time, read as they are asked for (`line_chunks`): a
+  file that cannot be opened fails now; the carriage-return warning comes with the first chunk
+  that has one (counting that chunk's, when more may follow)."""
   try:
-    lines = read_lines(path)
+    chunks = line_chunks(path, size)
   except OSError as e:
     raise _flag_os_error(flag, path, e) from None
-  with_cr = [i for i, line in enumerate(lines, 1) if "\r" in line]
-  if with_cr:
-    warn_stderr(f"--{flag} {'stdin' if path == '-' else path}: {len(with_cr):,} line(s) hold a "
-                f"carriage return not followed by a line feed (first: line {with_cr[0]}): lines "
-                "end at line feeds only, so what it separates is read as one line; if it ends "
-                "lines (old Mac line ends), convert them, e.g. with `tr '\\r' '\\n'`")
-  return lines
+  return _warned(flag, path, chunks, size)
+
+
+def _warned(flag: str, path: str, chunks: Iterator[list[str]],
+            size: int | None) -> Iterator[list[str]]:
+  start, warned = 0, False
+  while True:
+    try:
+      lines = next(chunks)
+    except StopIteration:
+      return
+    except OSError as e:  # a read error after the open (an input on a failing disk)
+      raise _flag_os_error(flag, path, e) from None
+    with_cr = [i for i, line in enumerate(lines, start + 1) if "\r" in line]
+    if with_cr and not warned:
+      warned = True
+      part = f" of lines {start + 1:,}-{start + len(lines):,}" if start or \
+          len(lines) == size else ""
+      warn_stderr(f"--{flag} {'stdin' if path == '-' else path}: {len(with_cr):,} line(s){part} "
+                  "hold a carriage return not followed by a line feed (first: line "
+                  f"{with_cr[0]}): lines end at line feeds only, so what it separates is read "
+                  "as one line; if it ends lines (old Mac line ends), convert them, e.g. with "
+                  "`tr '\\r' '\\n'`")
+    start += len(lines)
+    yield lines
 
 
 def open_flag_output(flag: str, path: str) -> TextIO:
