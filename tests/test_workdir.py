@@ -812,6 +812,11 @@ def test_replaying_early_stopping_over_a_finished_runs_metrics(tmp_path, capsys)
       f.write(json.dumps({"step": step, "bleu": value, "eval_loss": 3.0 - step / 10}) + "\n")
   assert early_stopping.replay("bleu", 2, []) [0] is None
   assert early_stopping.replay("bleu", 1, [{"step": 1, "bleu": 1.0}, {"step": 2}])[0] is None
+  # min_delta 0 by default: any gain is a new best, a loss is none
+  assert early_stopping.replay("bleu", 1, [{"step": 1, "bleu": 10.0},
+                                           {"step": 2, "bleu": 10.5}])[0] is None
+  assert early_stopping.replay("bleu", 1, [{"step": 1, "bleu": 10.0},
+                                           {"step": 2, "bleu": 9.5}])[0] == 2
   assert replay_script.main(["--workdir", run, "--patience", "1,2,3", "--min_delta",
                              "0,1"]) == 0
   out = capsys.readouterr().out
