@@ -38,7 +38,7 @@ def define(values):
   flags.DEFINE_list("patience", None, "evaluations without a new best, comma-separated values",
                     flag_values=values)
   flags.mark_flag_as_required("patience", flag_values=values)
-  flags.DEFINE_list("min_delta", ["0"], "a new best must beat the last by more than this; "
+  flags.DEFINE_list("min_delta", ["0"], "a new best must beat the count's best by more than this; "
                     "comma-separated values", flag_values=values)
 
 
@@ -107,7 +107,10 @@ def table(all_rows: list[dict]) -> str:
   lines = ["| run | metric | patience | min_delta | stops at | num_train_steps (trained to) | "
            "count's best (step) | run's best (step) |", "|---|---|---|---|---|---|---|---|"]
   for r in all_rows:
-    stop = r["stop_step"] if r["stop_step"] is not None else "does not stop"
+    stop = r["stop_step"]
+    if stop is None:  # a run still training, or one that stopped early itself, ends sooner
+      stop = ("does not stop" if r["trained_to"] >= r["num_train_steps"] else
+              f"not by step {r['trained_to']}")
     lines.append(
         f"| {r['workdir']} | {r['metric']} | {r['patience']} | {r['min_delta']:g} | {stop} | "
         f"{r['num_train_steps']} ({r['trained_to']}) | {value(r['count_best_value'])} "

@@ -134,8 +134,9 @@ def body(values, sentences):
       print("translate: reading sentences from the terminal, one a line; end with Ctrl-D "
             "(or pass them as arguments, or --input FILE)", file=sys.stderr, flush=True)
     chunks = flag_line_chunks("input", values.input, size)
-    name = f"{'stdin' if values.input == '-' else values.input} line {{}}".format
-  chunks = itertools.chain([next(chunks, [])], chunks)
+    where = "stdin" if values.input == "-" else values.input
+    name = lambda i: f"{where} line {i}"  # noqa: E731 - not a format string: paths hold braces
+  source, chunks = chunks, itertools.chain([next(chunks, [])], chunks)
   if values.sample:
     refuse_ignored(values, ["beam_size", "alpha"], "with --sample, which searches nothing",
                    "drop {flags}, or drop --sample to search")
@@ -175,6 +176,8 @@ def body(values, sentences):
         print(f"translate: {end:,} lines written", file=sys.stderr, flush=True)
       start = end
   finally:
+    if hasattr(source, "close"):  # the input file, also when a search fails mid-way
+      source.close()
     if out is not sys.stdout:
       out.close()
   if values.verbose:

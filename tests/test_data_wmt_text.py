@@ -148,6 +148,10 @@ def test_byte_order_mark_is_dropped(tmp_path, monkeypatch):
   # translate.py reads its input (stdin for "-") the same way.
   monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(bom + b"I buy 3 dogs.\n")))
   assert builders.read_lines("-") == ["I buy 3 dogs."]
+  # The mark alone is an empty file; with a line feed after it, one empty line.
+  for data, lines in [(bom, []), (bom + b"\n", [""]), (b"", []), (b"\n\n", ["", ""])]:
+    (tmp_path / "src").write_bytes(data)
+    assert builders.read_lines(str(tmp_path / "src")) == lines, data
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -793,9 +793,13 @@ def test_early_stopping_min_delta_counts_only_gains_larger_than_it():
   assert (b.best_step, b.since_best) == (4, 1)  # 31.5: only 0.5 above 31
   assert early_stopping.from_records("bleu", 3, records, 5).since_best == 0  # no min_delta
   p = early_stopping.Patience("eval_loss", 1, min_delta=0.25)
-  for step, value in [(1, 2.0), (2, 1.75), (3, 1.5)]:
+  for step, value, gain in [(1, 2.0, 0.0), (2, 1.75, 0.25), (3, 1.5, 0.0), (4, 1.5, 0.0)]:
     p.offer(step, {"eval_loss": value})
-    assert p.best_step == (1 if step < 3 else 3), step
+    assert (p.best_step, p.gain_since_best) == ((1 if step < 3 else 3), gain), step
+    if step == 2:  # the stop message's advice: a min_delta below that gain counts it
+      assert loop._Run._smaller_min_delta(types.SimpleNamespace(patience=p)) == (
+          ", or --config.early_stopping_min_delta below 0.25 (the largest gain on step 1's "
+          "eval_loss since, which it would count as a new best)")
   assert best_lib.improves(1.75, 2.0, higher=False) and not best_lib.improves(2.0, 2.0, False)
 
 
@@ -931,10 +935,14 @@ def test_early_stopping_ends_the_run_resumes_to_the_same_step_and_trains_on_with
   assert (f"5 evaluation(s) of eval_loss without beating {evals[0]:.4f} (step 1's) by more than "
           "0.5 (early_stopping_patience=5, early_stopping_min_delta=0.5)") in out
   assert f"the best parameters, step 3's, are in {run}/best_eval_loss" in out
+  assert ("(N > 5; 0: no early stopping, with --config.early_stopping_min_delta=0)" in out
+          and "below" not in out)  # no gain at all since step 1: a smaller min_delta won't do
   assert early_stopping.stop_record(run)["min_delta"] == 0.5
   # Replayed over its metrics.jsonl with its own settings, the count stops where the run did.
   assert replay_script.main(["--workdir", run, "--patience", "5", "--min_delta", "0.5"]) == 0
   assert json.loads(capsys.readouterr().out.splitlines()[-1])["stop_step"] == 6
+  assert replay_script.main(["--workdir", run, "--patience", "9"]) == 0  # it ended at step 6
+  assert "| not by step 6 | 12 (6) |" in capsys.readouterr().out
 
 
 def test_early_stopping_needs_keep_best():

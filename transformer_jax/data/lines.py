@@ -40,6 +40,8 @@ def _chunks(f: BinaryIO, name: str, size: int | None, close: bool) -> Iterator[l
       if first is None:
         first = line
         line = line.removeprefix(codecs.BOM_UTF8)
+        if not line:  # the byte-order mark alone: an empty file
+          break
       try:
         text = line.removesuffix(b"\n").decode("utf-8")
       except UnicodeDecodeError as e:

@@ -26,7 +26,7 @@ def read_flag_lines(flag: str, path: str) -> list[str]:
   """`read_lines(path)`; a file that cannot be read is `--<flag> PATH: <why>`. Lines end at
   line feeds only: a carriage return left inside a line (old Mac line ends) gets a warning,
   since the lines it separates are read, and translated, as one."""
-  return next(flag_line_chunks(flag, path))
+  return [line for chunk in flag_line_chunks(flag, path) for line in chunk]
 
 
 def flag_line_chunks(flag: str, path: str, size: int | None = None) -> Iterator[list[str]]:
@@ -43,25 +43,28 @@ def flag_line_chunks(flag: str, path: str, size: int | None = None) -> Iterator[
 def _warned(flag: str, path: str, chunks: Iterator[list[str]],
             size: int | None) -> Iterator[list[str]]:
   start, warned = 0, False
-  while True:
-    try:
-      lines = next(chunks)
-    except StopIteration:
-      return
-    except OSError as e:  # a read error after the open (an input on a failing disk)
-      raise _flag_os_error(flag, path, e) from None
-    with_cr = [i for i, line in enumerate(lines, start + 1) if "\r" in line]
-    if with_cr and not warned:
-      warned = True
-      part = f" of lines {start + 1:,}-{start + len(lines):,}" if start or \
-          len(lines) == size else ""
-      warn_stderr(f"--{flag} {'stdin' if path == '-' else path}: {len(with_cr):,} line(s){part} "
-                  "hold a carriage return not followed by a line feed (first: line "
-                  f"{with_cr[0]}): lines end at line feeds only, so what it separates is read "
-                  "as one line; if it ends lines (old Mac line ends), convert them, e.g. with "
-                  "`tr '\\r' '\\n'`")
-    start += len(lines)
-    yield lines
+  try:
+    while True:
+      try:
+        lines = next(chunks)
+      except StopIteration:
+        return
+      except OSError as e:  # a read error after the open (an input on a failing disk)
+        raise _flag_os_error(flag, path, e) from None
+      with_cr = [i for i, line in enumerate(lines, start + 1) if "\r" in line]
+      if with_cr and not warned:
+        warned = True
+        part = f" of lines {start + 1:,}-{start + len(lines):,}" if start or \
+            len(lines) == size else ""
+        warn_stderr(f"--{flag} {'stdin' if path == '-' else path}: {len(with_cr):,} line(s)"
+                    f"{part} hold a carriage return not followed by a line feed (first: line "
+                    f"{with_cr[0]}): lines end at line feeds only, so what it separates is read "
+                    "as one line; if it ends lines (old Mac line ends), convert them, e.g. with "
+                    "`tr '\\r' '\\n'`")
+      start += len(lines)
+      yield lines
+  finally:
+    chunks.close()  # the file, also when the reader stops early (an error downstream)
 
 
 def open_flag_output(flag: str, path: str) -> TextIO:

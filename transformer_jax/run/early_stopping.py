@@ -2,7 +2,7 @@
 
     c.keep_best = "bleu"               # the metric, and where the best parameters are kept
     c.early_stopping_patience = 5      # stop after 5 evaluations of it without a new best
-    c.early_stopping_min_delta = 0.1   # optional: a new best must beat the last by more than 0.1
+    c.early_stopping_min_delta = 0.1   # optional: a new best must beat the count's by > 0.1
 
 After every evaluation that reports the metric, the run counts the evaluations since the best
 one so far (a new best resets the count; ties and NaN are no new best, as for keep_best). When
@@ -20,9 +20,10 @@ still saves every new best, however small the gain.
 The count is derived from metrics.jsonl, the records up to the step a run resumes from, and
 not kept anywhere else: a run resumed after a crash or a preemption stops where an
 uninterrupted one stops, and a resume with a larger patience (`configs/resume.py:W
---config.early_stopping_patience=N`, or 0 for none) trains on. The paper trains for a fixed
-number of steps (0, off, is the default); this is for small corpora that overfit and for
-sweeps that should not spend the rest of a point's steps on a run that stopped improving.
+--config.early_stopping_patience=N`, or 0 for none, with a min_delta back to 0) trains on.
+The paper trains for a fixed number of steps (0, off, is the default); this is for small
+corpora that overfit and for sweeps that should not spend the rest of a point's steps on a run
+that stopped improving.
 """
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ class Patience:
   best_step: int | None = None
   best_value: float | None = None
   since_best: int = 0
+  # The largest gain on the count's best since it was set, too small for min_delta (0: none):
+  # a min_delta below it would have counted that evaluation as a new best.
+  gain_since_best: float = 0.0
 
   def offer(self, step: int, record: dict) -> None:
     """Count `record`, one evaluation's, if it reports the metric."""
@@ -55,10 +59,15 @@ class Patience:
     if value is None:
       return
     value = float(value)
-    if improves(value, self.best_value, BEST_METRICS[self.metric], self.min_delta):
+    higher = BEST_METRICS[self.metric]
+    if improves(value, self.best_value, higher, self.min_delta):
       self.best_step, self.best_value, self.since_best = int(step), value, 0
+      self.gain_since_best = 0.0
     else:
       self.since_best += 1
+      if improves(value, self.best_value, higher):
+        gain = value - self.best_value if higher else self.best_value - value
+        self.gain_since_best = max(self.gain_since_best, gain)
 
   @property
   def exhausted(self) -> bool:
@@ -103,7 +112,7 @@ def replay(metric: str, patience: int, records: Iterable[dict],
 
 
 def stop_record(workdir: str) -> dict | None:
-  """The `stopped_early` record (metric, patience, evaluations_since_best, best_step,
+  """The `stopped_early` record (metric, patience, min_delta, evaluations_since_best, best_step,
   best_value, and its `step`) if the run in `workdir` stopped early, else None: the record must
   be of the latest checkpoint's step, with no record of a later step after it (a run resumed
   with a larger patience logs its next step at once, before its next checkpoint)."""

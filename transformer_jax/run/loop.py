@@ -393,8 +393,8 @@ class _Run:
       resume = shlex.quote("configs/resume.py:" + self.workdir)
       return (f"To train on: python scripts/train.py --config {resume} --workdir {w} "
               f"--config.early_stopping_patience=N (N > {self.patience.patience}; 0: no early "
-              "stopping)" + (", or a smaller --config.early_stopping_min_delta"
-                             if self.patience.min_delta else ""))
+              "stopping" + (", with --config.early_stopping_min_delta=0" if self.patience.min_delta
+                            else "") + ")" + self._smaller_min_delta())
     own = workdir_lib.load_run_config(self.workdir).get("num_train_steps", 0)
     if own > self.step:  # this command's num_train_steps is below the run's own
       return (f"The run's own config ({workdir_lib.current_config_path(self.workdir)}) trains "
@@ -402,6 +402,14 @@ class _Run:
     return (f"To train on: python scripts/train.py --config "
             f"{shlex.quote('configs/resume.py:' + self.workdir)} --workdir {w} "
             f"--config.num_train_steps=N (N > {self.step})")
+
+  def _smaller_min_delta(self) -> str:
+    gain = self.patience.gain_since_best
+    if not gain:  # no evaluation since the count's best beat it at all
+      return ""
+    return (f", or --config.early_stopping_min_delta below {gain:.4g} (the largest gain on "
+            f"step {self.patience.best_step}'s {self.patience.metric} since, which it would "
+            "count as a new best)")
 
   def _final_evaluation_done(self) -> bool:
     """Whether metrics.jsonl holds the evaluation (with BLEU) of this step; decided by the
