@@ -24,7 +24,15 @@ is `greedy` or e.g. `beam4.alpha0.6`, so evaluations with different searches sit
 Every result is also appended as one line to `<workdir>/eval/results.jsonl`, the run's history
 of evaluations. Comma-separated `--beam_size` and `--alpha` values run one evaluation per search
 (every beam above 1 with every alpha, greedy once), each as the command with that one search
-would, printing one JSON line each and a table of them at the end.
+would, printing one JSON line each and a table of them at the end. Comma-separated `--step`
+values evaluate several checkpoints of the run the same way, one after another (each with every
+search; one step's parameters in memory at a time; the compiled search is reused), each into
+its own `eval/step_<N>`, and the closing table gives each one's step and its paired p-value
+against the best: the curve of test BLEU over training, or the checkpoint to pick on the
+validation split:
+
+    python scripts/evaluate.py --workdir runs/mine --split validation --beam_size 4 \
+        --step 2000,2500,3000,3500
 
 `--baseline copy` needs no checkpoint: it scores each source copied as its translation, the
 floor that names, numbers and other unchanged tokens give for free, into
@@ -105,20 +113,22 @@ def body(values, args):
           f"chrF {result['chrf']:.2f} (tokenized BLEU {result['tokenized_bleu']:.2f}) on "
           f"{result['sentences']} sentences", file=sys.stderr)
   else:
-    translators = translators_from_flags(values)
-    data = None if pairs is not None else get_data(
-        evaluation.data_config(translators[0].run, values.workdir, values.data_dir),
-        values.workdir)
+    count, translators = translators_from_flags(values)
+    data = None
     results = []
     for n, translator in enumerate(translators):
+      if n == 0 and pairs is None:
+        data = get_data(evaluation.data_config(translator.run, values.workdir, values.data_dir),
+                        values.workdir)
       result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,
                                    pairs=pairs, extra=extra, origin=origin, quiet=n > 0)
-      print(f"evaluate: {name}: {evaluation.search_name(translator)}: "
+      at = f"step {translator.step}, " if values.step and len(values.step) > 1 else ""
+      print(f"evaluate: {name}: {at}{evaluation.search_name(translator)}: "
             f"{evaluation.bleu_text(result)}, chrF {result['chrf']:.2f} (tokenized BLEU "
             f"{result['tokenized_bleu']:.2f}) on {result['sentences']} sentences; "
             f"{translator_lib.throughput_line(translator.stats)}; hypotheses in "
             f"{result['hypotheses']}", file=sys.stderr)
-      if len(translators) > 1:  # one JSON line per search, as it ends
+      if count > 1:  # one JSON line per search, as it ends
         print(json.dumps(result), flush=True)
       results.append(result)
     if len(results) > 1:

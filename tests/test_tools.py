@@ -1030,6 +1030,41 @@ def test_evaluate_searches_a_grid_of_beams_and_alphas_as_separate_commands_would
     assert f.read() == logged
 
 
+def test_evaluate_several_steps_as_separate_commands_would(workdir, tmp_path, capsys):
+  """`--step 3,6`: each checkpoint evaluated as `--step N` alone would be, into its own
+  eval/step_<N>; a closing table with the steps; a missing step, or one --output_dir for all,
+  refused before anything is searched."""
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  shutil.rmtree(os.path.join(run, "eval"), ignore_errors=True)
+  base = ["--workdir", run, "--split", "test", "--examples", "0", "--beam_size", "1"]
+  rc, out, err = run_main(evaluate_script, base + ["--step", "3,6,3"], capsys)
+  assert rc == 0, err
+  steps = [json.loads(line) for line in out.splitlines()]
+  assert [(r["step"], os.path.basename(os.path.dirname(r["hypotheses"]))) for r in steps] == [
+      (3, "step_3"), (6, "step_6")]
+  assert "evaluate: test: step 3, greedy: BLEU" in err, err
+  table = err[err.index("evaluate: test: 2 evaluations"):].splitlines()
+  assert table[1].split()[:3] == ["step", "beam", "alpha"], table
+  assert [line.lstrip("* ").split()[0] for line in table[2:4]] == ["3", "6"], table
+  rc, out, err = run_main(evaluate_script, base + ["--step", "3"], capsys)
+  alone = json.loads(out)
+  timing = ("time", "sentences_per_sec", "target_tokens_per_sec", "search_seconds",
+            "compile_seconds")
+  assert rc == 0 and {k: v for k, v in alone.items() if k not in timing} == {
+      k: v for k, v in steps[0].items() if k not in timing}, err
+  with open(os.path.join(run, "eval", "results.jsonl"), encoding="utf-8") as f:
+    logged = f.read()
+  for argv, message in (
+      (["--step", "3,99"], "error: step 99 is not in"),
+      (["--step", "3,6", "--output_dir", str(tmp_path / "o")],
+       "error: --output_dir with several --step values (3,6): each step's files would replace")):
+    rc, out, err = run_main(evaluate_script, base + argv, capsys)
+    assert rc == 1 and out == "" and err.startswith(message), (argv, err)
+  with open(os.path.join(run, "eval", "results.jsonl"), encoding="utf-8") as f:
+    assert f.read() == logged
+
+
 def test_tokenized_bleu_takes_the_runs_target_language_and_tokenized_references_are_warned_of(
     workdir, tmp_path, capsys):
   """The Moses tokenizer gets the run's config.data.target_lang; references that are Moses

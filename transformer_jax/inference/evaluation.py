@@ -137,14 +137,17 @@ def grid_table(split: str, results: Sequence[dict],
   """evaluate.py's closing table for several searches (`--beam_size 1,4 --alpha 0.6,1.0`): one
   row each, in the order searched, the best BLEU marked, every row that has it (the paper chose
   beam and alpha on the development set); with `p_values` (`grid_p_values`), a column of each
-  search's paired bootstrap p-value against the first best one."""
+  search's paired bootstrap p-value against the first best one. Results of several
+  checkpoints (`--step 2000,2500`) get a step column, and the choice names the step."""
   top = max(r["bleu"] for r in results)
   same = all(r["bleu"] == top for r in results)
   show_p = p_values is not None and not same and any(p is not None for p in p_values)
-  rows = [f"evaluate: {split}: {len(results)} searches "
+  steps = len({r.get("step") for r in results}) > 1
+  rows = [f"evaluate: {split}: {len(results)} " + ("evaluations " if steps else "searches ")
           + ("(all the same sacreBLEU)" if same else "(the best sacreBLEU marked *)"),
-          f"  {'beam':>4}  {'alpha':>5}  {'BLEU':>6}  {'+-95%':>5}  {'chrF':>6}  "
-          f"{'tokenized BLEU':>14}  {'sentences/s':>11}" + ("  p vs best" if show_p else "")]
+          "  " + (f"{'step':>7}  " if steps else "") + f"{'beam':>4}  {'alpha':>5}  "
+          f"{'BLEU':>6}  {'+-95%':>5}  {'chrF':>6}  {'tokenized BLEU':>14}  {'sentences/s':>11}"
+          + ("  p vs best" if show_p else "")]
   for i, r in enumerate(results):
     alpha = "-" if r["alpha"] is None else f"{r['alpha']:g}"
     best = r["bleu"] == top and not same
@@ -152,7 +155,8 @@ def grid_table(split: str, results: Sequence[dict],
     p = ""
     if show_p:
       p = "  " + ("-" if p_values[i] is None else f"{p_values[i]:.3f}").rjust(10)
-    rows.append(f"{'*' if best else ' '} {r['beam_size']:>4}  {alpha:>5}  {r['bleu']:>6.2f}  "
+    step = f"{r.get('step')!s:>7}  " if steps else ""
+    rows.append(f"{'*' if best else ' '} {step}{r['beam_size']:>4}  {alpha:>5}  {r['bleu']:>6.2f}  "
                 f"{ci}  {r['chrf']:>6.2f}  {r['tokenized_bleu']:>14.2f}  "
                 f"{r['sentences_per_sec']:>11.1f}{p}")
   if show_p:
@@ -164,6 +168,8 @@ def grid_table(split: str, results: Sequence[dict],
     w = winners[0]
     search = (f"--beam_size {w['beam_size']}" if w["alpha"] is None
               else f"--beam_size {w['beam_size']} --alpha {w['alpha']:g}")
+    if steps:
+      search = f"--step {w['step']} {search}"
     rows.append(f"chosen on the development set: score the test split with {search} "
                 "--split test")
   return "\n".join(rows)

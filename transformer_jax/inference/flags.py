@@ -10,6 +10,7 @@ from absl import flags
 
 from transformer_jax.data.lines import line_chunks
 from transformer_jax.inference.translator import Translator, warn_stderr
+from transformer_jax.run import checkpointing
 from transformer_jax.run.workdir import RunError
 
 # The flags of define_checkpoint_flags that choose a model and its search: --baseline has none.
@@ -108,7 +109,11 @@ def define_checkpoint_flags(values: flags.FlagValues, grid: bool = False,
 
   define("string", "workdir", None, "the training run's directory")
   flags.mark_flag_as_required("workdir", flag_values=values)
-  define("integer", "step", None, "a step of <workdir>/checkpoints (default: the latest)")
+  if grid:
+    define("list", "step", None, "a step of <workdir>/checkpoints (default: the latest); "
+           "several, comma-separated (2000,2500,3000), are each evaluated, one at a time")
+  else:
+    define("integer", "step", None, "a step of <workdir>/checkpoints (default: the latest)")
   define("string", "checkpoint", None, "load parameters from here instead: a workdir, "
          "checkpoints or averaged directory, or a checkpoints/<step> dir")
   define("bool", "averaged", False, "use <workdir>/averaged (scripts/average_checkpoints.py)")
@@ -167,26 +172,44 @@ def search_grid(values: flags.FlagValues) -> list[tuple[int | None, float | None
 
 def translator_from_flags(values: flags.FlagValues,
                           search: tuple[int | None, float | None] | None = None,
-                          **kwargs) -> Translator:
+                          step: int | None = None, **kwargs) -> Translator:
   """A Translator from the flags of `define_checkpoint_flags`; `search`: (beam_size, alpha)
-  instead of the flags' (one of evaluate.py's lists, `search_grid`)."""
+  and `step` instead of the flags' (one of evaluate.py's lists, `search_grid`, `--step`)."""
   searches = "beam_size" in values  # not defined with search=False: the run's own settings
   beam_size, alpha = search or ((values.beam_size, values.alpha) if searches else (None, None))
   ensemble = values.ensemble if "ensemble" in values else None
   if ensemble is not None and not ensemble:
     raise RunError("--ensemble is empty: name the other members' checkpoints, comma-separated")
-  return Translator(values.workdir, step=values.step, checkpoint=values.checkpoint,
+  step = step if step is not None else values.step
+  return Translator(values.workdir, step=step, checkpoint=values.checkpoint,
                     averaged=values.averaged, beam_size=beam_size, alpha=alpha,
                     max_len_margin=values.max_len_margin if searches else None,
                     batch_size=values.batch_size, ensemble=ensemble or (), **kwargs)
 
 
-def translators_from_flags(values: flags.FlagValues, **kwargs) -> list[Translator]:
-  """evaluate.py's: a Translator for each search of `search_grid`, sharing one set of
-  parameters; every combination is checked before any is searched."""
+def translators_from_flags(values: flags.FlagValues,
+                           **kwargs) -> tuple[int, Iterator[Translator]]:
+  """evaluate.py's: how many, and a Translator for each step of `--step` (in order) with each
+  search of `search_grid` (one step's searches share its parameters). Every step and search is
+  checked before any is searched (the first step's Translator is built now, the other steps'
+  checkpoints looked up); the parameters are loaded one step at a time, as the iterator gets
+  there, so a long list of steps holds one step's in memory."""
+  steps = _numbers(values, "step", int)
   first, *rest = search_grid(values)
-  translator = translator_from_flags(values, first, **kwargs)
-  return [translator] + [translator.with_search(b, a) for b, a in rest]
+  translator = translator_from_flags(values, first, step=steps[0], **kwargs)
+  searches = [translator] + [translator.with_search(b, a) for b, a in rest]
+  for step in steps[1:]:  # a missing step is an error before the first search
+    checkpointing.resolve_checkpoint(values.workdir, values.checkpoint, step, values.averaged)
+
+  def each() -> Iterator[Translator]:
+    while searches:  # handed over, not kept: the next step's parameters replace these
+      yield searches.pop(0)
+    for step in steps[1:]:
+      this = translator_from_flags(values, first, step=step, **kwargs)
+      yield this
+      yield from (this.with_search(b, a) for b, a in rest)
+  count = len(steps) * len(searches)
+  return count, each()
 
 
 def check_pair_flags(values: flags.FlagValues, target_flag: str, files: str) -> None:
@@ -213,3 +236,7 @@ def check_evaluate_flags(values: flags.FlagValues) -> None:
   if values.baseline:
     refuse_ignored(values, MODEL_FLAGS, f"with --baseline {values.baseline}, which uses no "
                    "model", "drop {flags}, or drop --baseline to evaluate the model")
+  elif values.output_dir and len(_numbers(values, "step", int)) > 1:
+    raise RunError(f"--output_dir with several --step values ({','.join(values.step)}): each "
+                   "step's files would replace the one before's; leave --output_dir out (each "
+                   "step's go to <workdir>/eval/step_<N>), or evaluate one step a command")
