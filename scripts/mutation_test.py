@@ -84,11 +84,18 @@ def annotation_spans(code: str) -> list[tuple[tuple[int, int], tuple[int, int]]]
 
 def mutant_lines(code: str, mutation) -> tuple[str, str]:
   """The source line and the same line mutated, both stripped: how a mutant is named."""
-  line = mutation.start_pos[0]
-  operator = get_operator(mutation.operator_name)(**(mutation.operator_args or {}))
+  return _mutant_lines(code, mutation.operator_name, mutation.occurrence,
+                       mutation.start_pos[0],
+                       json.dumps(mutation.operator_args or {}, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=4096)  # classify and the equivalent-mutant check name one twice
+def _mutant_lines(code: str, operator_name: str, occurrence: int, line: int,
+                  operator_args: str) -> tuple[str, str]:
+  operator = get_operator(operator_name)(**json.loads(operator_args))
   # cosmic-ray's mutate_code, but the module parsed once: a pickled tree loads about 7x faster
   # than parso parses it, and the equivalent-mutant check names hundreds of mutants a module.
-  visitor = MutationVisitor(mutation.occurrence, operator)
+  visitor = MutationVisitor(occurrence, operator)
   tree = visitor.walk(pickle.loads(_pickled_tree(code)))
   mutated = tree.get_code() if visitor.mutation_applied else None
   before = code.splitlines()[line - 1].strip()
