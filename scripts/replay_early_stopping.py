@@ -26,7 +26,6 @@ from transformer_jax.experiment import BEST_METRICS
 from transformer_jax.run import early_stopping
 from transformer_jax.run import metrics as metrics_lib
 from transformer_jax.run import workdir as workdir_lib
-from transformer_jax.run.best import improves
 from transformer_jax.run.workdir import RunError
 
 
@@ -81,10 +80,8 @@ def rows(workdir: str, metric: str | None, patiences: list[int],
   # The loop stops early only before num_train_steps (the run's config now: a resume may have
   # changed it); at that step the run ends anyway.
   target = int(run["num_train_steps"])
-  best = None
-  for r in evaluations:
-    if improves(float(r[metric]), None if best is None else best[1], BEST_METRICS[metric]):
-      best = (int(r["step"]), float(r[metric]))
+  # The run's best evaluation: the count's best with no min_delta, after every record.
+  best = early_stopping.from_records(metric, 1, records, trained)
   out = []
   for patience in patiences:
     for min_delta in min_deltas:
@@ -95,8 +92,7 @@ def rows(workdir: str, metric: str | None, patiences: list[int],
           "stop_step": stop if early else None, "num_train_steps": target,
           "trained_to": trained, "steps_saved": target - stop if early else 0,
           "count_best_step": state.best_step, "count_best_value": state.best_value,
-          "run_best_step": best[0] if best else None,
-          "run_best_value": best[1] if best else None,
+          "run_best_step": best.best_step, "run_best_value": best.best_value,
           "evaluations": len(evaluations)})
   return out
 
