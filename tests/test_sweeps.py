@@ -427,6 +427,95 @@ def test_report_before_any_metric_warns_of_a_metric_the_trainer_does_not_log(tmp
     assert "warning" not in capsys.readouterr().err
 
 
+def _made_run(workdir, last_step, bleu, results=(), **fields):
+  """A run's workdir as training leaves it: config.json (the tiny config with `fields`), the
+  checkpoint of `last_step` and metrics.jsonl to it (BLEU at its last evaluation)."""
+  from transformer_jax import experiment
+  from transformer_jax.run import workdir as workdir_lib
+  c = tiny_config.get_config()
+  c.num_train_steps = 4
+  c = sweeps.apply_overrides(c, fields)
+  os.makedirs(os.path.join(workdir, "checkpoints", str(last_step)))
+  workdir_lib.write_config(workdir, c, experiment.transformer_config(c, vocab_size=32))
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    for step in range(1, last_step + 1):
+      f.write(json.dumps({"step": step, "train_loss": 5.0 - step}) + "\n")
+    f.write(json.dumps({"step": last_step, "eval_loss": 9.0 - bleu / 10, "bleu": bleu}) + "\n")
+  if results:
+    os.makedirs(os.path.join(workdir, "eval"))
+    with open(os.path.join(workdir, "eval", "results.jsonl"), "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in results)
+
+
+def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsys):
+  """scripts/compare_runs.py: the config fields the runs differ in are the columns (found from
+  config.json: a field an older run did not record counts as what it did), each run's status
+  against its own num_train_steps, metrics and evaluate.py scores, best first, and the spread
+  over runs that differ in the seed alone; workdirs, sweeps and directories of them."""
+  script = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
+      "compare_runs", os.path.join(REPO, "scripts", "compare_runs.py")))
+  script.__spec__.loader.exec_module(script)
+  runs = tmp_path / "runs"
+  def test(bleu, **more):
+    return [{"split": "test", "bleu": bleu, "beam_size": 4, "alpha": 0.6, "step": 4, **more}]
+  _made_run(str(runs / "base"), 4, 20.0, test(21.5, chrf=50.0))
+  _made_run(str(runs / "base_seed1"), 4, 22.0, test(23.5), seed=1)
+  _made_run(str(runs / "lr2"), 4, 30.0, test(19.0), learning_rate=2.0)
+  _made_run(str(runs / "lr2_short"), 2, 35.0, learning_rate=2.0, seed=1)  # stopped at step 2
+  # An older run's config.json without a field added since: read as the default it had...
+  path = runs / "base_seed1" / "config.json"
+  old = json.loads(path.read_text())
+  del old["early_stopping_min_delta"]
+  path.write_text(json.dumps(old))
+  # ... and a sweep beside the runs: its started point counts, the other has no run yet.
+  sweep = runs / "sweep"
+  points = [{"model.d_model": 16}, {"model.d_model": 32}]
+  sweep.mkdir()
+  (sweep / "sweep.json").write_text(json.dumps({"points": [{"overrides": p} for p in points]}))
+  _made_run(sweeps.point_dir(str(sweep), points[0]), 4, 5.0, **{"model.d_model": 16})
+
+  assert script.main([str(runs), "--out", str(tmp_path / "table")]) == 0
+  out, err = capsys.readouterr()
+  lines = out.splitlines()
+  assert lines[0] == ("| name | seed | learning_rate | model.d_model | status | step | bleu | "
+                      "test_bleu | test_search | eval_loss | train_loss |"), out
+  names = [line.split(" | ")[0].lstrip("| ") for line in lines[2:7]]
+  assert names == ["lr2_short", "lr2", "base_seed1", "base", "model.d_model=16"], out
+  assert lines[2].startswith("| lr2_short | 1 | 2 | 32 | partial | 2 | 35 |  |  |"), out
+  assert lines[4] == ("| base_seed1 | 1 | 1 | 32 | done | 4 | 22 | 23.5 | beam 4, alpha 0.6, "
+                      "step 4 | 6.8 | 1 |"), out
+  assert "Over seeds (bleu" in out and "| 1 | 32 | 0 1 | 2 | 21 | 1.414 | 20 | 22 |  |" in out
+  # lr 2's seed 1 stopped before its last step: left out of the mean, with its status.
+  assert "| 2 | 32 | 0 | 1 | 30 | nan | 30 | 30 | 1 (partial) |" in out, out
+  assert "wrote " in err and (tmp_path / "table_seeds.md").exists()
+  with open(tmp_path / "table.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert rows[1]["workdir"] == str(runs / "lr2") and rows[3]["test_chrf"] == "50.0"
+
+  # Two runs by path, by the evaluate.py score; a field they share, shown on request; one run
+  # named twice counts once; the seeds' table of an earlier --out goes.
+  assert script.main([str(runs / "lr2"), str(runs / "base"), str(runs / "base") + "/",
+                      "--metric", "test_bleu", "--field", "model.d_model",
+                      "--out", str(tmp_path / "table")]) == 0
+  out = capsys.readouterr().out
+  assert out.splitlines()[0].startswith("| name | learning_rate | model.d_model | status |")
+  assert [line.split(" | ")[0] for line in out.splitlines()[2:]] == ["| base", "| lr2"], out
+  assert not (tmp_path / "table_seeds.md").exists()
+  # Losses sort lowest first.
+  assert script.main([str(runs / "lr2"), str(runs / "base"), "--metric", "eval_loss"]) == 0
+  assert capsys.readouterr().out.splitlines()[2].startswith("| lr2 |")
+
+  for argv, said in (
+      ([], "error: give the runs to compare"),
+      ([str(tmp_path / "missing")], f"{tmp_path / 'missing'} does not exist"),
+      ([str(sweep.parent.parent)], f"{tmp_path} holds no training run: no config.json in it"),
+      ([str(runs), "--metric", "blue"], "--metric blue: no run logged it; did you mean 'bleu'?"),
+      ([str(runs), "--field", "model.d_mdoel"],
+       "--field model.d_mdoel: no such config field; did you mean 'model.d_model'?")):
+    assert script.main(argv) in (1, 2), argv
+    assert said in capsys.readouterr().err, argv
+
+
 def test_report_of_a_directory_that_is_not_a_sweep_says_so(tmp_path, capsys):
   """Not the bare `[Errno 2] ... sweep.json`: what the directory is and what to pass."""
   script = load_sweep_script()

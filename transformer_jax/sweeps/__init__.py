@@ -16,6 +16,8 @@ flags, in its own workdir named after its overrides.
   runner.py  local subprocesses on disjoint devices; DONE/FAILED markers and status
   slurm.py   the same points as a SLURM array job
   report.py  the table and plot of a metric over the points, mean and spread over seeds
+  compare.py the same table for runs no sweep made (scripts/compare_runs.py; not imported
+             here: it draws on run/curves.py, which loads matplotlib)
 """
 from transformer_jax.sweeps.report import (
     collect,

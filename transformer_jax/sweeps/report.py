@@ -31,25 +31,31 @@ def collect(sweep_dir: str, points: list[Point]) -> tuple[list[dict], list[str]]
   fields: list[str] = []
   for p in points:
     fields += [k for k in p if k not in fields]
-  rows = []
-  for p in points:
-    d = point_dir(sweep_dir, p)
-    row = {"name": point_name(p), **{k: p.get(k) for k in fields}, "status": status(d)}
-    # A swept field keeps its value where a metric has the same name (learning_rate is both).
-    row.update({k: v for k, v in last_values(d).items() if k not in row})
-    row.update({k: v for k, v in evaluated(d).items() if k not in row})
-    for name in BEST_METRICS:  # config.keep_best's: the best evaluation, beside the last one
-      if os.path.isdir(best_dir(d, name)):
-        kept = BestKeeper(d, name)
-        if kept.step is not None:
-          row.update({f"best_{name}": kept.value, f"best_{name}_step": kept.step})
-    stop = stopped_at(d)
-    if stop is not None:  # config.early_stopping_patience ended it at this step
-      row["stopped_early"] = stop
-    if row["status"] == "failed":
-      row["log"] = os.path.join(d, "train.log")  # FAILED beside it holds the exit and the tail
-    rows.append(row)
+  rows = [run_row(point_dir(sweep_dir, p),
+                  {"name": point_name(p), **{k: p.get(k) for k in fields}}) for p in points]
   return rows, fields
+
+
+def run_row(workdir: str, row: dict, num_train_steps: int | None = None) -> dict:
+  """`row` (a name and field values) with what the run in `workdir` did: its status (`status`,
+  with `num_train_steps` for a run no sweep marked), its last logged metrics, its latest
+  evaluate.py scores per split, keep_best's best evaluation and its step, the step early
+  stopping ended it at, and a failed run's log."""
+  row = {**row, "status": status(workdir, num_train_steps)}
+  # A field keeps its value where a metric has the same name (learning_rate is both).
+  row.update({k: v for k, v in last_values(workdir).items() if k not in row})
+  row.update({k: v for k, v in evaluated(workdir).items() if k not in row})
+  for name in BEST_METRICS:  # config.keep_best's: the best evaluation, beside the last one
+    if os.path.isdir(best_dir(workdir, name)):
+      kept = BestKeeper(workdir, name)
+      if kept.step is not None:
+        row.update({f"best_{name}": kept.value, f"best_{name}_step": kept.step})
+  stop = stopped_at(workdir)
+  if stop is not None:  # config.early_stopping_patience ended it at this step
+    row["stopped_early"] = stop
+  if row["status"] == "failed":
+    row["log"] = os.path.join(workdir, "train.log")  # FAILED beside it: the exit and the tail
+  return row
 
 
 def evaluated(workdir: str) -> dict:
@@ -149,20 +155,25 @@ def write_rows(rows: list[dict], csv_columns: list[str], md_columns: list[str],
 
   `md_cells` maps a column to (its Markdown header, a function from a value to its text), for
   columns that read better in other units than the CSV's raw numbers."""
-  md_cells = md_cells or {}
   with open(out_prefix + ".csv", "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=csv_columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
+  with open(out_prefix + ".md", "w") as f:
+    f.write(markdown(rows, md_columns, md_cells))
+  return [out_prefix + ".csv", out_prefix + ".md"]
+
+
+def markdown(rows: list[dict], columns: list[str], md_cells: dict | None = None) -> str:
+  """`rows` as a Markdown table of `columns` (`md_cells`: as `write_rows`)."""
+  md_cells = md_cells or {}
   def cell(c, v):
     return _cell(v) if v is None or c not in md_cells else md_cells[c][1](v)
-  header = [md_cells[c][0] if c in md_cells else c for c in md_columns]
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(md_columns)]
+  header = [md_cells[c][0] if c in md_cells else c for c in columns]
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(columns)]
   for r in rows:
-    lines.append("| " + " | ".join(cell(c, r.get(c)) for c in md_columns) + " |")
-  with open(out_prefix + ".md", "w") as f:
-    f.write("\n".join(lines) + "\n")
-  return [out_prefix + ".csv", out_prefix + ".md"]
+    lines.append("| " + " | ".join(cell(c, r.get(c)) for c in columns) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def write_table(rows: list[dict], fields: list[str], metric: str, out_prefix: str) -> list[str]:
@@ -171,6 +182,17 @@ def write_table(rows: list[dict], fields: list[str], metric: str, out_prefix: st
   for r in rows:
     all_cols += [k for k in r if k not in all_cols]
   return write_rows(rows, all_cols, _columns(rows, fields, metric), out_prefix)
+
+
+def table(rows: list[dict], fields: list[str], metric: str) -> str:
+  """The Markdown `write_table` writes, without writing it."""
+  return markdown(rows, _columns(rows, fields, metric))
+
+
+def seed_columns(fields: list[str], metric: str) -> list[str]:
+  """The columns of `seed_summary`'s rows, in order."""
+  return [*[f for f in fields if f != "seed"], "seeds", "n", f"{metric}_mean", f"{metric}_std",
+          f"{metric}_min", f"{metric}_max", "left_out"]
 
 
 def plot(rows: list[dict], fields: list[str], metric: str, path: str) -> str | None:
@@ -263,13 +285,35 @@ def _check_sweep_dir(sweep_dir: str) -> None:
     return
   if os.path.exists(os.path.join(sweep_dir, "config.json")):
     what = (f"it is one training run: plot its metrics with scripts/plot_metrics.py --workdir "
-            f"{sweep_dir}, or pass the sweep directory above it")
+            f"{sweep_dir}, compare it with other runs with scripts/compare_runs.py {sweep_dir} "
+            "OTHER_RUN..., or pass the sweep directory above it")
   elif os.path.isdir(sweep_dir):
     what = ("pass the --workdir a sweep ran in (scripts/sweep.py --config FILE --workdir DIR "
             "writes sweep.json there)")
   else:
     what = "it does not exist: pass the --workdir a sweep ran in"
   raise SweepError(f"{sweep_dir} is not a sweep directory (no sweep.json): {what}")
+
+
+def check_metric(rows: list[dict], fields: list[str], metric: str, what: str) -> str | None:
+  """A SweepError for a `metric` none of the rows (`what`s: points, runs) logged, once any
+  logged metrics; before that, a warning (a line for the user) for one the trainer does not
+  log, or None."""
+  logged = sorted({k for r in rows for k, v in r.items()
+                   if isinstance(v, (int, float)) and k not in fields and k != "step"})
+  if logged and metric not in logged:  # a misspelt metric: no column, no plot, no word
+    close = difflib.get_close_matches(metric, logged, n=1)
+    raise SweepError(f"--metric {metric}: no {what} logged it"
+                     + (f"; did you mean {close[0]!r}?" if close else "")
+                     + f" The {what}s logged: {', '.join(logged)}")
+  if not logged and metric not in MAIN_METRICS and not _evaluated_name(metric):
+    # Nothing to check a misspelling against yet: say so rather than sort by a column that
+    # may never exist (a metric of one's own, logged later, is still allowed).
+    close = difflib.get_close_matches(metric, MAIN_METRICS, n=1)
+    return (f"no {what} has logged a metric yet, so --metric {metric} cannot be checked; "
+            f"the trainer logs {', '.join(MAIN_METRICS)} and more"
+            + (f"; did you mean {close[0]!r}?" if close else ""))
+  return None
 
 
 def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> dict:
@@ -280,21 +324,7 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> d
   with open(os.path.join(sweep_dir, "sweep.json")) as f:
     points = [p["overrides"] for p in json.load(f)["points"]]
   rows, fields = collect(sweep_dir, points)
-  logged = sorted({k for r in rows for k, v in r.items()
-                   if isinstance(v, (int, float)) and k not in fields and k != "step"})
-  if logged and metric not in logged:  # a misspelt metric: no column, no plot, no word
-    close = difflib.get_close_matches(metric, logged, n=1)
-    raise SweepError(f"--metric {metric}: no point logged it"
-                     + (f"; did you mean {close[0]!r}?" if close else "")
-                     + f" The points logged: {', '.join(logged)}")
-  warning = None
-  if not logged and metric not in MAIN_METRICS and not _evaluated_name(metric):
-    # Nothing to check a misspelling against yet: say so rather than sort by a column that
-    # may never exist (a metric of one's own, logged later, is still allowed).
-    close = difflib.get_close_matches(metric, MAIN_METRICS, n=1)
-    warning = (f"no point has logged a metric yet, so --metric {metric} cannot be checked; "
-               f"the trainer logs {', '.join(MAIN_METRICS)} and more"
-               + (f"; did you mean {close[0]!r}?" if close else ""))
+  warning = check_metric(rows, fields, metric, "point")
   rows = sort_rows(rows, metric, lower)
   prefix = os.path.join(sweep_dir, "report")
   files = write_table(rows, fields, metric, prefix)
@@ -308,8 +338,7 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> d
     if os.path.exists(stale):
       os.remove(stale)
   if seeds:
-    columns = [*[f for f in fields if f != "seed"], "seeds", "n", f"{metric}_mean",
-               f"{metric}_std", f"{metric}_min", f"{metric}_max", "left_out"]
+    columns = seed_columns(fields, metric)
     files += write_rows(seeds, columns, columns, prefix + "_seeds")
     with open(prefix + "_seeds.md") as f:
       table += f"\nOver seeds ({metric}: mean, sample standard deviation, range):\n\n" + f.read()

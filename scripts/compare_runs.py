@@ -1,0 +1,60 @@
+r"""Compare training runs made one by one: one row per run, the config fields they differ in as
+columns, then status, step, metrics, evaluate.py scores and the best evaluation, best first.
+
+    python scripts/compare_runs.py runs/default runs/pre_big_lr
+    python scripts/compare_runs.py runs/ --metric test_bleu            # every run under runs/
+    python scripts/compare_runs.py runs/ende_seed* --metric test_bleu --out runs/seeds
+    python scripts/compare_runs.py runs/a runs/b --field model.d_model --field learning_rate
+
+Each argument is a run's workdir (it holds config.json), a sweep's directory (its started
+points) or a directory of those, one level down. The columns are found from the runs' configs
+(the config each trains with now; a field added since a run was made reads as what it did):
+`--field` adds a field every run shares. Runs that differ in `seed` alone are also summed up
+over their seeds (mean, sample standard deviation, range; finished runs only), as a sweep
+report's seeds are. `--metric` sorts (losses lowest first; `--lower_is_better` to choose), and
+takes what training logged (`bleu`, `eval_loss`, ...) or evaluate.py's latest score per split
+(`test_bleu`, `test_chrf`). Prints the Markdown table; `--out PREFIX` also writes PREFIX.csv
+(every metric, each run's workdir) and PREFIX.md (and PREFIX_seeds.csv/.md).
+"""
+import sys
+
+from absl import flags
+
+from transformer_jax import cli
+from transformer_jax.sweeps import SweepError
+from transformer_jax.sweeps.compare import compare
+
+
+def define(values):
+  v = {"flag_values": values}
+  flags.DEFINE_string("metric", "bleu", "the metric to sort by", **v)
+  flags.DEFINE_bool("lower_is_better", None, "sort ascending (default: losses)", **v)
+  flags.DEFINE_multi_string("field", [], "a config field to show although no run differs in "
+                            "it (repeatable)", **v)
+  flags.DEFINE_string("out", None, "write PREFIX.csv and PREFIX.md", **v)
+
+
+def body(values, args):
+  if not args:
+    print("error: give the runs to compare: their workdirs, sweep directories, or a directory "
+          "of them (e.g. runs/)", file=sys.stderr)
+    return 2
+  try:
+    out = compare(args, values.metric, values.lower_is_better, values.field, values.out)
+  except SweepError as e:  # a misspelt --metric
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  print(out["markdown"], end="")
+  if out["warning"]:
+    print(f"warning: {out['warning']}", file=sys.stderr)
+  if out["files"]:
+    print("wrote " + ", ".join(out["files"]), file=sys.stderr)
+  return 0
+
+
+def main(argv=None):
+  return cli.run(body, argv, doc=__doc__, define=define, positional=True)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,157 @@
+"""Runs made one by one, as one table: a sweep's report for workdirs that no sweep made.
+
+The columns are the config fields in which the runs differ, found in their config.json (the
+config each trains with now, fields added since a run was made read as what it did), then each
+run's status, last metrics, latest evaluate.py scores, keep_best's best evaluation and where
+early stopping ended it (`report.run_row`, the sweep report's row). Runs that differ in `seed`
+and nothing else get their mean and spread, as a sweep's seeds do (`report.seed_summary`).
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from typing import Sequence
+
+from transformer_jax.run.curves import default_labels
+from transformer_jax.run.workdir import (
+    CONFIG,
+    LAUNCH_FIELDS,
+    RunError,
+    load_run_config,
+    recorded_values,
+)
+from transformer_jax.sweeps.report import (
+    check_metric,
+    markdown,
+    run_row,
+    seed_columns,
+    seed_summary,
+    sort_rows,
+    table,
+    write_rows,
+    write_table,
+)
+from transformer_jax.sweeps.spec import point_dir
+
+SWEEP_SPEC = "sweep.json"
+
+
+def _is_run(path: str) -> bool:
+  return os.path.isfile(os.path.join(path, CONFIG))
+
+
+def _sweep_points(sweep_dir: str) -> list[str]:
+  """The workdirs of a sweep's points that have started (written their config.json), in the
+  sweep's order."""
+  path = os.path.join(sweep_dir, SWEEP_SPEC)
+  try:
+    with open(path) as f:
+      points = [p["overrides"] for p in json.load(f)["points"]]
+  except (ValueError, KeyError, TypeError) as e:
+    raise RunError(f"{path} is not a sweep's record ({type(e).__name__}: {e}): pass the "
+                   "workdirs of its points instead") from None
+  return [d for d in (point_dir(sweep_dir, p) for p in points) if _is_run(d)]
+
+
+def find_runs(paths: Sequence[str]) -> list[str]:
+  """The run workdirs `paths` name: each a run's workdir (it holds config.json), a sweep's
+  directory (its points that have started), or a directory of those one level down (`runs/`).
+  A run named twice counts once; a path that holds no run is a RunError saying what it is."""
+  found: list[str] = []
+  for path in paths:
+    if _is_run(path):
+      found.append(path)
+    elif os.path.isfile(os.path.join(path, SWEEP_SPEC)):
+      found += _sweep_points(path)
+    elif os.path.isdir(path):
+      inside = []
+      for name in sorted(os.listdir(path)):
+        child = os.path.join(path, name)
+        if _is_run(child):
+          inside.append(child)
+        elif os.path.isfile(os.path.join(child, SWEEP_SPEC)):
+          inside += _sweep_points(child)
+      if not inside:
+        raise RunError(f"{path} holds no training run: no {CONFIG} in it or in the "
+                       "directories directly under it. Pass the workdirs of training runs "
+                       "(each holds config.json), sweep directories, or a directory of them")
+      found += inside
+    else:
+      raise RunError(f"{path} does not exist: pass the workdirs of training runs")
+  unique, seen = [], set()
+  for run in found:
+    key = os.path.realpath(run)
+    if key not in seen:
+      seen.add(key)
+      unique.append(run)
+  return unique
+
+
+_MISSING = object()
+
+
+def _same(a, b) -> bool:
+  """Equal as config values: a tuple and the list JSON read it back as, 1 and 1.0 (as sweeps
+  name them); a field one config lacks equals only another's lack."""
+  if a is _MISSING or b is _MISSING:
+    return a is b
+  if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+    return a == b
+  return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def differing_fields(configs: Sequence[dict]) -> list[str]:
+  """The flat config fields (`model.d_model`) whose value is not the same in every config of
+  `configs` (`recorded_values` dicts), in the config's order; how a process joined a run
+  (LAUNCH_FIELDS) is left out."""
+  fields: list[str] = []
+  for config in configs:
+    fields += [k for k in config if k not in fields]
+  return [k for k in fields if k not in LAUNCH_FIELDS
+          and not all(_same(c.get(k, _MISSING), configs[0].get(k, _MISSING)) for c in configs)]
+
+
+def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = None,
+            show: Sequence[str] = (), out_prefix: str | None = None) -> dict:
+  """The table of the runs `paths` name (`find_runs`), best `metric` first.
+
+  `show`: config fields to add as columns although every run has the same value. With
+  `out_prefix`, writes `<prefix>.csv` (every metric), `<prefix>.md` and, where runs differ
+  only in `seed`, `<prefix>_seeds.csv/.md`. Returns the rows, the fields, the Markdown, the
+  seed rows, the files written and a warning line (`report.check_metric`) or None."""
+  runs = find_runs(paths)
+  if not runs:
+    raise RunError("no run to compare: the sweep directories given hold no started point")
+  configs = [recorded_values(load_run_config(w)) for w in runs]
+  fields = differing_fields(configs)
+  for field in show:
+    if field not in configs[0]:
+      close = difflib.get_close_matches(field, list(configs[0]), n=1)
+      raise RunError(f"--field {field}: no such config field"
+                     + (f"; did you mean {close[0]!r}?" if close else ""))
+    if field not in fields:
+      fields.append(field)
+  rows = []
+  for label, workdir, config in zip(default_labels(runs), runs, configs):
+    row = run_row(workdir, {"name": label, **{f: config.get(f) for f in fields}},
+                             num_train_steps=config["num_train_steps"])
+    rows.append({**row, "workdir": workdir})
+  warning = check_metric(rows, fields, metric, "run")
+  rows = sort_rows(rows, metric, lower)
+  text = table(rows, fields, metric)
+  seeds = seed_summary(rows, fields, metric, lower)
+  columns = seed_columns(fields, metric)
+  if seeds:
+    text += (f"\nOver seeds ({metric}: mean, sample standard deviation, range):\n\n"
+             + markdown(seeds, columns))
+  files = []
+  if out_prefix:
+    files = write_table(rows, fields, metric, out_prefix)
+    for stale in (out_prefix + "_seeds.csv", out_prefix + "_seeds.md"):  # an earlier table's
+      if os.path.exists(stale):
+        os.remove(stale)
+    if seeds:
+      files += write_rows(seeds, columns, columns, out_prefix + "_seeds")
+  return {"rows": rows, "fields": fields, "markdown": text, "seeds": seeds, "files": files,
+          "warning": warning}
