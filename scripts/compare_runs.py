@@ -45,8 +45,8 @@ def body(values, args):
     print(f"error: {e}", file=sys.stderr)
     return 1
   print(out["markdown"], end="")
-  if out["warning"]:
-    print(f"warning: {out['warning']}", file=sys.stderr)
+  for warning in out["warnings"]:
+    print(f"warning: {warning}", file=sys.stderr)
   if out["files"]:
     print("wrote " + ", ".join(out["files"]), file=sys.stderr)
   return 0

@@ -477,10 +477,13 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
   assert script.main([str(runs), "--out", str(tmp_path / "table")]) == 0
   out, err = capsys.readouterr()
   lines = out.splitlines()
+  assert (f"warning: sweep {sweep}: 1 of its 2 points have no config.json yet (not started, or "
+          "failed before it): not shown") in err, err
   assert lines[0] == ("| name | seed | learning_rate | model.d_model | status | step | bleu | "
                       "test_bleu | test_search | eval_loss | train_loss |"), out
   names = [line.split(" | ")[0].lstrip("| ") for line in lines[2:7]]
   assert names == ["lr2_short", "lr2", "base_seed1", "base", "model.d_model=16"], out
+  assert lines[7] == "", out
   assert lines[2].startswith("| lr2_short | 1 | 2 | 32 | partial | 2 | 35 |  |  |"), out
   assert lines[4] == ("| base_seed1 | 1 | 1 | 32 | done | 4 | 22 | 23.5 | beam 4, alpha 0.6, "
                       "step 4 | 6.8 | 1 |"), out
@@ -493,8 +496,10 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
   assert rows[1]["workdir"] == str(runs / "lr2") and rows[3]["test_chrf"] == "50.0"
 
   # Two runs by path, by the evaluate.py score; a field they share, shown on request; one run
-  # named twice counts once; the seeds' table of an earlier --out goes.
+  # named twice (by a link too) counts once; the seeds' table of an earlier --out goes.
+  os.symlink(runs / "base", tmp_path / "link")
   assert script.main([str(runs / "lr2"), str(runs / "base"), str(runs / "base") + "/",
+                      str(tmp_path / "link"),
                       "--metric", "test_bleu", "--field", "model.d_model",
                       "--out", str(tmp_path / "table")]) == 0
   out = capsys.readouterr().out
@@ -505,14 +510,43 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
   assert script.main([str(runs / "lr2"), str(runs / "base"), "--metric", "eval_loss"]) == 0
   assert capsys.readouterr().out.splitlines()[2].startswith("| lr2 |")
 
-  for argv, said in (
-      ([], "error: give the runs to compare"),
-      ([str(tmp_path / "missing")], f"{tmp_path / 'missing'} does not exist"),
-      ([str(sweep.parent.parent)], f"{tmp_path} holds no training run: no config.json in it"),
-      ([str(runs), "--metric", "blue"], "--metric blue: no run logged it; did you mean 'bleu'?"),
-      ([str(runs), "--field", "model.d_mdoel"],
+  # A run whose config.json was cut short, and one another version made: the first is left
+  # out, the second compared without the field this code does not know; both are said.
+  other = tmp_path / "other"
+  _made_run(str(other / "cut"), 4, 99.0)
+  (other / "cut" / "config.json").write_text('{"seed": ')
+  _made_run(str(other / "newer"), 4, 1.0, seed=3)
+  newer = json.loads((other / "newer" / "config.json").read_text())
+  (other / "newer" / "config.json").write_text(json.dumps({**newer, "new_field": 1}))
+  assert script.main([str(other), str(runs / "base")]) == 0
+  out, err = capsys.readouterr()
+  assert (f"warning: {other / 'cut' / 'config.json'} is not valid JSON (Expecting value: line 1 "
+          f"column 10 (char 9)): {other / 'cut'} left out; mend or remove that file") in err, err
+  assert (f"warning: {other / 'newer' / 'config.json'} has fields this code does not know: "
+          "['new_field'] (another version of transformer-jax made the run): not compared") in err
+  assert out.splitlines()[0].startswith("| name | seed | status |")
+  assert [line.split(" | ")[0] for line in out.splitlines()[2:4]] == ["| base", "| newer"]
+  empty = tmp_path / "empty"
+  (empty / "sweep").mkdir(parents=True)
+  (empty / "sweep" / "sweep.json").write_text(json.dumps({"points": [{"overrides": {}}]}))
+  (tmp_path / "not_a_run").mkdir()
+  (tmp_path / "not_a_run" / "config.json").write_text("{}")
+  for argv, code, said in (
+      ([], 2, "error: give the runs to compare"),
+      ([str(tmp_path / "missing")], 1, f"{tmp_path / 'missing'} does not exist"),
+      ([str(runs / "base" / "config.json")], 1,
+       f"{runs / 'base' / 'config.json'} is a file: pass the run's workdir"),
+      ([str(empty)], 1, f"{empty} holds no training run: no config.json in it or in the "
+       f"directories directly under it (its sweeps ['{empty / 'sweep'}'] have no started "
+       "point). Pass the workdirs"),
+      ([str(other / "cut"), str(tmp_path / "not_a_run")], 1,
+       f"error: no run to compare: {other / 'cut' / 'config.json'} is not valid JSON"),
+      ([str(tmp_path / "not_a_run")], 1, "has no 'resolved_model': it was not written by"),
+      ([str(runs), "--metric", "blue"], 1,
+       "--metric blue: no run logged it; did you mean 'bleu'?"),
+      ([str(runs), "--field", "model.d_mdoel"], 1,
        "--field model.d_mdoel: no such config field; did you mean 'model.d_model'?")):
-    assert script.main(argv) in (1, 2), argv
+    assert script.main(argv) == code, argv
     assert said in capsys.readouterr().err, argv
 
 

@@ -283,7 +283,7 @@ def busy_message(workdir: str, holder: dict | None) -> str:
           f"{holder.get('started', '?')} ({holder.get('command', '?')}). Wait for it to finish "
           f"or stop it (kill {pid} saves and exits) and run this again to resume; to train "
           "something else, pass another --workdir. Read-only tools (translate, evaluate, "
-          "plot_metrics, sweep --report) work on a workdir in use.")
+          "plot_metrics, compare_runs, sweep --report) work on a workdir in use.")
 
 
 # ---------------------------------------------------------------- config changes on resume

@@ -18,8 +18,10 @@ from transformer_jax.run.workdir import (
     CONFIG,
     LAUNCH_FIELDS,
     RunError,
+    field_defaults,
     load_run_config,
     recorded_values,
+    run_config_path,
 )
 from transformer_jax.sweeps.report import (
     check_metric,
@@ -41,9 +43,9 @@ def _is_run(path: str) -> bool:
   return os.path.isfile(os.path.join(path, CONFIG))
 
 
-def _sweep_points(sweep_dir: str) -> list[str]:
+def _sweep_points(sweep_dir: str, warnings: list[str]) -> list[str]:
   """The workdirs of a sweep's points that have started (written their config.json), in the
-  sweep's order."""
+  sweep's order; the others are named in `warnings`."""
   path = os.path.join(sweep_dir, SWEEP_SPEC)
   try:
     with open(path) as f:
@@ -51,32 +53,46 @@ def _sweep_points(sweep_dir: str) -> list[str]:
   except (ValueError, KeyError, TypeError) as e:
     raise RunError(f"{path} is not a sweep's record ({type(e).__name__}: {e}): pass the "
                    "workdirs of its points instead") from None
-  return [d for d in (point_dir(sweep_dir, p) for p in points) if _is_run(d)]
+  dirs = [point_dir(sweep_dir, p) for p in points]
+  started = [d for d in dirs if _is_run(d)]
+  if len(started) < len(dirs):
+    warnings.append(f"sweep {sweep_dir}: {len(dirs) - len(started)} of its {len(dirs)} points "
+                    f"have no {CONFIG} yet (not started, or failed before it): not shown; "
+                    f"scripts/sweep.py --workdir {sweep_dir} --report lists every point")
+  return started
 
 
-def find_runs(paths: Sequence[str]) -> list[str]:
+def find_runs(paths: Sequence[str], warnings: list[str] | None = None) -> list[str]:
   """The run workdirs `paths` name: each a run's workdir (it holds config.json), a sweep's
-  directory (its points that have started), or a directory of those one level down (`runs/`).
-  A run named twice counts once; a path that holds no run is a RunError saying what it is."""
+  directory (its points that have started; the others are named in `warnings`), or a
+  directory of those one level down (`runs/`). A run named twice (or by a link) counts once; a
+  path that holds no run is a RunError saying what it is."""
+  warnings = [] if warnings is None else warnings
   found: list[str] = []
   for path in paths:
     if _is_run(path):
       found.append(path)
     elif os.path.isfile(os.path.join(path, SWEEP_SPEC)):
-      found += _sweep_points(path)
+      found += _sweep_points(path, warnings)
     elif os.path.isdir(path):
-      inside = []
+      inside, sweeps = [], []
       for name in sorted(os.listdir(path)):
         child = os.path.join(path, name)
         if _is_run(child):
           inside.append(child)
         elif os.path.isfile(os.path.join(child, SWEEP_SPEC)):
-          inside += _sweep_points(child)
+          sweeps.append(child)
+          inside += _sweep_points(child, warnings)
       if not inside:
         raise RunError(f"{path} holds no training run: no {CONFIG} in it or in the "
-                       "directories directly under it. Pass the workdirs of training runs "
-                       "(each holds config.json), sweep directories, or a directory of them")
+                       "directories directly under it"
+                       + (f" (its sweeps {sweeps} have no started point)" if sweeps else "")
+                       + ". Pass the workdirs of training runs (each holds config.json), "
+                       "sweep directories, or a directory of them")
       found += inside
+    elif os.path.exists(path):
+      raise RunError(f"{path} is a file: pass the run's workdir (the directory that holds "
+                     f"{CONFIG}), a sweep directory, or a directory of them")
     else:
       raise RunError(f"{path} does not exist: pass the workdirs of training runs")
   unique, seen = [], set()
@@ -86,6 +102,26 @@ def find_runs(paths: Sequence[str]) -> list[str]:
       seen.add(key)
       unique.append(run)
   return unique
+
+
+def _read(workdir: str, warnings: list[str]) -> dict | None:
+  """The run's flat config (`recorded_values`), or None with a warning where its config
+  cannot be read (the other runs are still compared)."""
+  try:
+    run = load_run_config(workdir)
+  except ValueError as e:  # json.JSONDecodeError: a half-written or edited file
+    warnings.append(f"{run_config_path(workdir)} is not valid JSON ({e}): {workdir} left out; "
+                    "mend or remove that file")
+    return None
+  except RunError as e:  # not a training run's config
+    warnings.append(f"{e} ({workdir} left out)")
+    return None
+  config = recorded_values(run)
+  unknown = sorted(set(config) - set(field_defaults()))
+  if unknown:
+    warnings.append(f"{run_config_path(workdir)} has fields this code does not know: "
+                    f"{unknown} (another version of transformer-jax made the run): not compared")
+  return config
 
 
 _MISSING = object()
@@ -119,25 +155,35 @@ def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = Non
   `show`: config fields to add as columns although every run has the same value. With
   `out_prefix`, writes `<prefix>.csv` (every metric), `<prefix>.md` and, where runs differ
   only in `seed`, `<prefix>_seeds.csv/.md`. Returns the rows, the fields, the Markdown, the
-  seed rows, the files written and a warning line (`report.check_metric`) or None."""
-  runs = find_runs(paths)
+  seed rows, the files written and `warnings`: lines for the user (a run left out and why,
+  sweep points not started, a metric that cannot be checked yet)."""
+  warnings: list[str] = []
+  runs, configs = [], []
+  for workdir in find_runs(paths, warnings):
+    config = _read(workdir, warnings)
+    if config is not None:
+      runs.append(workdir)
+      configs.append(config)
   if not runs:
-    raise RunError("no run to compare: the sweep directories given hold no started point")
-  configs = [recorded_values(load_run_config(w)) for w in runs]
-  fields = differing_fields(configs)
+    raise RunError("no run to compare: " + "; ".join(warnings or ["none was found"]))
+  known = field_defaults()
+  fields = [f for f in differing_fields(configs) if f in known]
   for field in show:
-    if field not in configs[0]:
-      close = difflib.get_close_matches(field, list(configs[0]), n=1)
+    if field not in known:
+      close = difflib.get_close_matches(field, list(known), n=1)
       raise RunError(f"--field {field}: no such config field"
                      + (f"; did you mean {close[0]!r}?" if close else ""))
     if field not in fields:
       fields.append(field)
   rows = []
   for label, workdir, config in zip(default_labels(runs), runs, configs):
-    row = run_row(workdir, {"name": label, **{f: config.get(f) for f in fields}},
-                             num_train_steps=config["num_train_steps"])
+    values = {f: _cell_value(config.get(f)) for f in fields}
+    row = run_row(workdir, {"name": label, **values},
+                  num_train_steps=config["num_train_steps"])
     rows.append({**row, "workdir": workdir})
   warning = check_metric(rows, fields, metric, "run")
+  if warning:
+    warnings.append(warning)
   rows = sort_rows(rows, metric, lower)
   text = table(rows, fields, metric)
   seeds = seed_summary(rows, fields, metric, lower)
@@ -154,4 +200,9 @@ def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = Non
     if seeds:
       files += write_rows(seeds, columns, columns, out_prefix + "_seeds")
   return {"rows": rows, "fields": fields, "markdown": text, "seeds": seeds, "files": files,
-          "warning": warning}
+          "warnings": warnings}
+
+
+def _cell_value(value):
+  """A field's value for the table and the CSV: lists and dicts as JSON (not Python's repr)."""
+  return json.dumps(value) if isinstance(value, (list, tuple, dict)) else value

@@ -332,7 +332,7 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> d
   if png:
     files.append(png)
   with open(prefix + ".md") as f:
-    table = f.read()
+    text = f.read()
   seeds = seed_summary(rows, fields, metric, lower)
   for stale in (prefix + "_seeds.csv", prefix + "_seeds.md"):  # from an earlier report
     if os.path.exists(stale):
@@ -341,6 +341,6 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> d
     columns = seed_columns(fields, metric)
     files += write_rows(seeds, columns, columns, prefix + "_seeds")
     with open(prefix + "_seeds.md") as f:
-      table += f"\nOver seeds ({metric}: mean, sample standard deviation, range):\n\n" + f.read()
-  return {"rows": rows, "fields": fields, "files": files, "markdown": table, "seeds": seeds,
+      text += f"\nOver seeds ({metric}: mean, sample standard deviation, range):\n\n" + f.read()
+  return {"rows": rows, "fields": fields, "files": files, "markdown": text, "seeds": seeds,
           "warning": warning}
