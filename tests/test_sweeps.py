@@ -502,10 +502,17 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
                       str(tmp_path / "link"),
                       "--metric", "test_bleu", "--field", "model.d_model",
                       "--out", str(tmp_path / "table")]) == 0
-  out = capsys.readouterr().out
+  out, err = capsys.readouterr()
   assert out.splitlines()[0].startswith("| name | learning_rate | model.d_model | status |")
+  assert "warning" not in err, err   # nothing left out, nothing to warn of
   assert [line.split(" | ")[0] for line in out.splitlines()[2:]] == ["| base", "| lr2"], out
   assert not (tmp_path / "table_seeds.md").exists()
+  # Once every point of the sweep has started, all are shown and none is warned about.
+  _made_run(sweeps.point_dir(str(sweep), points[1]), 4, 6.0, **{"model.d_model": 32})
+  assert script.main([str(sweep)]) == 0
+  out, err = capsys.readouterr()
+  assert [line.split(" | ")[0] for line in out.splitlines()[2:]] == [
+      "| model.d_model=32", "| model.d_model=16"] and "warning" not in err, (out, err)
   # Losses sort lowest first.
   assert script.main([str(runs / "lr2"), str(runs / "base"), "--metric", "eval_loss"]) == 0
   assert capsys.readouterr().out.splitlines()[2].startswith("| lr2 |")

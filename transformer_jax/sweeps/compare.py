@@ -124,28 +124,14 @@ def _read(workdir: str, warnings: list[str]) -> dict | None:
   return config
 
 
-_MISSING = object()
-
-
-def _same(a, b) -> bool:
-  """Equal as config values: a tuple and the list JSON read it back as, 1 and 1.0 (as sweeps
-  name them); a field one config lacks equals only another's lack."""
-  if a is _MISSING or b is _MISSING:
-    return a is b
-  if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
-    return a == b
-  return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
 def differing_fields(configs: Sequence[dict]) -> list[str]:
-  """The flat config fields (`model.d_model`) whose value is not the same in every config of
-  `configs` (`recorded_values` dicts), in the config's order; how a process joined a run
-  (LAUNCH_FIELDS) is left out."""
-  fields: list[str] = []
-  for config in configs:
-    fields += [k for k in config if k not in fields]
-  return [k for k in fields if k not in LAUNCH_FIELDS
-          and not all(_same(c.get(k, _MISSING), configs[0].get(k, _MISSING)) for c in configs)]
+  """The flat config fields (`model.d_model`) this code has whose value is not the same in
+  every config of `configs` (`recorded_values` dicts, which hold every such field), in the
+  config's order; how a process joined a run (LAUNCH_FIELDS) is left out. Values compare as
+  JSON read them back: 1 equals 1.0 (as sweeps name them), a list a list."""
+  first, *rest = configs
+  return [k for k in field_defaults() if k not in LAUNCH_FIELDS
+          and any(c[k] != first[k] for c in rest)]
 
 
 def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = None,
@@ -167,7 +153,7 @@ def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = Non
   if not runs:
     raise RunError("no run to compare: " + "; ".join(warnings or ["none was found"]))
   known = field_defaults()
-  fields = [f for f in differing_fields(configs) if f in known]
+  fields = differing_fields(configs)
   for field in show:
     if field not in known:
       close = difflib.get_close_matches(field, list(known), n=1)
