@@ -5,13 +5,15 @@ columns, then status, step, metrics, evaluate.py scores and the best evaluation,
     python scripts/compare_runs.py runs/ --metric test_bleu            # every run under runs/
     python scripts/compare_runs.py runs/ende_seed* --metric test_bleu --out runs/seeds
     python scripts/compare_runs.py runs/a runs/b --field model.d_model --field learning_rate
+    python scripts/compare_runs.py runs/ --ignore data.data_dir    # runs from two machines
 
 Each argument is a run's workdir (it holds config.json), a sweep's directory (its started
 points) or a directory of those, one level down. The columns are found from the runs' configs
 (the config each trains with now; a field added since a run was made reads as what it did):
-`--field` adds a field every run shares. Runs that differ in `seed` alone are also summed up
-over their seeds (mean, sample standard deviation, range; finished runs only), as a sweep
-report's seeds are. `--metric` sorts (losses lowest first; `--lower_is_better` to choose), and
+`--field` adds a field every run shares, `--ignore` leaves out one they differ in by accident
+(`data.data_dir` of runs made on two machines). Runs that differ in `seed` alone are also
+summed up over their seeds (mean, sample standard deviation, range; finished runs only), as a
+sweep report's seeds are. `--metric` sorts (losses lowest first; `--lower_is_better` to choose), and
 takes what training logged (`bleu`, `eval_loss`, ...) or evaluate.py's latest score per split
 (`test_bleu`, `test_chrf`). Prints the Markdown table; `--out PREFIX` also writes PREFIX.csv
 (every metric, each run's workdir) and PREFIX.md (and PREFIX_seeds.csv/.md).
@@ -31,6 +33,8 @@ def define(values):
   flags.DEFINE_bool("lower_is_better", None, "sort ascending (default: losses)", **v)
   flags.DEFINE_multi_string("field", [], "a config field to show although no run differs in "
                             "it (repeatable)", **v)
+  flags.DEFINE_multi_string("ignore", [], "a config field the runs differ in by accident, left "
+                            "out of the columns and of the seed grouping (repeatable)", **v)
   flags.DEFINE_string("out", None, "write PREFIX.csv and PREFIX.md", **v)
 
 
@@ -40,7 +44,8 @@ def body(values, args):
           "of them (e.g. runs/)", file=sys.stderr)
     return 2
   try:
-    out = compare(args, values.metric, values.lower_is_better, values.field, values.out)
+    out = compare(args, values.metric, values.lower_is_better, values.field, values.out,
+                  values.ignore)
   except SweepError as e:  # a misspelt --metric
     print(f"error: {e}", file=sys.stderr)
     return 1

@@ -513,6 +513,18 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
   out, err = capsys.readouterr()
   assert [line.split(" | ")[0] for line in out.splitlines()[2:]] == [
       "| model.d_model=32", "| model.d_model=16"] and "warning" not in err, (out, err)
+  # A seed made on another machine differs in data.data_dir too: a column, and a group of its
+  # own, unless --ignore leaves that field out.
+  _made_run(str(tmp_path / "moved"), 4, 24.0, seed=2, **{"data.data_dir": "/elsewhere"})
+  three = [str(runs / "base"), str(runs / "base_seed1"), str(tmp_path / "moved")]
+  assert script.main(three) == 0
+  out = capsys.readouterr().out
+  assert out.splitlines()[0].startswith("| name | data.data_dir | seed | status |"), out
+  assert "| 0 1 | 2 | 21 |" in out
+  assert script.main([*three, "--ignore", "data.data_dir"]) == 0
+  out = capsys.readouterr().out
+  assert out.splitlines()[0].startswith("| name | seed | status |"), out
+  assert "| 0 1 2 | 3 | 22 | 2 | 20 | 24 |  |" in out, out
   # Losses sort lowest first.
   assert script.main([str(runs / "lr2"), str(runs / "base"), "--metric", "eval_loss"]) == 0
   assert capsys.readouterr().out.splitlines()[2].startswith("| lr2 |")
@@ -552,7 +564,12 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
       ([str(runs), "--metric", "blue"], 1,
        "--metric blue: no run logged it; did you mean 'bleu'?"),
       ([str(runs), "--field", "model.d_mdoel"], 1,
-       "--field model.d_mdoel: no such config field; did you mean 'model.d_model'?")):
+       "--field model.d_mdoel: no such config field; did you mean 'model.d_model'?"),
+      ([str(runs), "--ignore", "data.data_dri"], 1,
+       "--ignore data.data_dri: no such config field; did you mean 'data.data_dir'?"),
+      ([str(runs), "--ignore", "seed", "--field", "seed", "--field", "learning_rate",
+        "--ignore", "learning_rate"], 1,
+       "learning_rate, seed: given to both --field and --ignore; pick one for each")):
     assert script.main(argv) == code, argv
     assert said in capsys.readouterr().err, argv
 

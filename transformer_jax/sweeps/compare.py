@@ -135,14 +135,27 @@ def differing_fields(configs: Sequence[dict]) -> list[str]:
 
 
 def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = None,
-            show: Sequence[str] = (), out_prefix: str | None = None) -> dict:
+            show: Sequence[str] = (), out_prefix: str | None = None,
+            ignore: Sequence[str] = ()) -> dict:
   """The table of the runs `paths` name (`find_runs`), best `metric` first.
 
-  `show`: config fields to add as columns although every run has the same value. With
-  `out_prefix`, writes `<prefix>.csv` (every metric), `<prefix>.md` and, where runs differ
-  only in `seed`, `<prefix>_seeds.csv/.md`. Returns the rows, the fields, the Markdown, the
-  seed rows, the files written and `warnings`: lines for the user (a run left out and why,
-  sweep points not started, a metric that cannot be checked yet)."""
+  `show`: config fields to add as columns although every run has the same value; `ignore`:
+  fields in which the runs differ by accident (`data.data_dir` of runs made on two machines),
+  left out of the columns, so that runs differing in them and `seed` alone are still summed up
+  over their seeds. With `out_prefix`, writes `<prefix>.csv` (every metric), `<prefix>.md`
+  and, where runs differ only in `seed`, `<prefix>_seeds.csv/.md`. Returns the rows, the
+  fields, the Markdown, the seed rows, the files written and `warnings`: lines for the user (a
+  run left out and why, sweep points not started, a metric that cannot be checked yet)."""
+  known = field_defaults()
+  for flag, names in (("--field", show), ("--ignore", ignore)):
+    for field in names:
+      if field not in known:
+        close = difflib.get_close_matches(field, list(known), n=1)
+        raise RunError(f"{flag} {field}: no such config field"
+                       + (f"; did you mean {close[0]!r}?" if close else ""))
+  both = sorted(set(show) & set(ignore))
+  if both:
+    raise RunError(f"{', '.join(both)}: given to both --field and --ignore; pick one for each")
   warnings: list[str] = []
   runs, configs = [], []
   for workdir in find_runs(paths, warnings):
@@ -152,15 +165,8 @@ def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = Non
       configs.append(config)
   if not runs:
     raise RunError("no run to compare: " + "; ".join(warnings or ["none was found"]))
-  known = field_defaults()
-  fields = differing_fields(configs)
-  for field in show:
-    if field not in known:
-      close = difflib.get_close_matches(field, list(known), n=1)
-      raise RunError(f"--field {field}: no such config field"
-                     + (f"; did you mean {close[0]!r}?" if close else ""))
-    if field not in fields:
-      fields.append(field)
+  fields = [f for f in differing_fields(configs) if f not in ignore]
+  fields += [f for f in show if f not in fields]
   rows = []
   for label, workdir, config in zip(default_labels(runs), runs, configs):
     values = {f: _cell_value(config.get(f)) for f in fields}
