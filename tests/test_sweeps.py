@@ -474,6 +474,7 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
   (sweep / "sweep.json").write_text(json.dumps({"points": [{"overrides": p} for p in points]}))
   _made_run(sweeps.point_dir(str(sweep), points[0]), 4, 5.0, **{"model.d_model": 16})
 
+  (runs / "0_notes").mkdir()   # a directory that is neither: passed over
   assert script.main([str(runs), "--out", str(tmp_path / "table")]) == 0
   out, err = capsys.readouterr()
   lines = out.splitlines()
@@ -548,6 +549,8 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
   empty = tmp_path / "empty"
   (empty / "sweep").mkdir(parents=True)
   (empty / "sweep" / "sweep.json").write_text(json.dumps({"points": [{"overrides": {}}]}))
+  (tmp_path / "broken_sweep").mkdir()
+  (tmp_path / "broken_sweep" / "sweep.json").write_text('{"points": [{"over')
   (tmp_path / "not_a_run").mkdir()
   (tmp_path / "not_a_run" / "config.json").write_text("{}")
   for argv, code, said in (
@@ -561,6 +564,8 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
       ([str(other / "cut"), str(tmp_path / "not_a_run")], 1,
        f"error: no run to compare: {other / 'cut' / 'config.json'} is not valid JSON"),
       ([str(tmp_path / "not_a_run")], 1, "has no 'resolved_model': it was not written by"),
+      ([str(tmp_path / "broken_sweep")], 1,
+       f"{tmp_path / 'broken_sweep' / 'sweep.json'} is not a sweep's record (JSONDecodeError"),
       ([str(runs), "--metric", "blue"], 1,
        "--metric blue: no run logged it; did you mean 'bleu'?"),
       ([str(runs), "--field", "model.d_mdoel"], 1,

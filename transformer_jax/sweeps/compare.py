@@ -23,20 +23,8 @@ from transformer_jax.run.workdir import (
     recorded_values,
     run_config_path,
 )
-from transformer_jax.sweeps.report import (
-    check_metric,
-    markdown,
-    run_row,
-    seed_columns,
-    seed_summary,
-    sort_rows,
-    table,
-    write_rows,
-    write_table,
-)
+from transformer_jax.sweeps.report import check_metric, recorded_points, run_row, sort_rows, tables
 from transformer_jax.sweeps.spec import point_dir
-
-SWEEP_SPEC = "sweep.json"
 
 
 def _is_run(path: str) -> bool:
@@ -46,20 +34,22 @@ def _is_run(path: str) -> bool:
 def _sweep_points(sweep_dir: str, warnings: list[str]) -> list[str]:
   """The workdirs of a sweep's points that have started (written their config.json), in the
   sweep's order; the others are named in `warnings`."""
-  path = os.path.join(sweep_dir, SWEEP_SPEC)
-  try:
-    with open(path) as f:
-      points = [p["overrides"] for p in json.load(f)["points"]]
-  except (ValueError, KeyError, TypeError) as e:
-    raise RunError(f"{path} is not a sweep's record ({type(e).__name__}: {e}): pass the "
-                   "workdirs of its points instead") from None
-  dirs = [point_dir(sweep_dir, p) for p in points]
+  dirs = [point_dir(sweep_dir, p) for p in recorded_points(sweep_dir)]
   started = [d for d in dirs if _is_run(d)]
   if len(started) < len(dirs):
     warnings.append(f"sweep {sweep_dir}: {len(dirs) - len(started)} of its {len(dirs)} points "
                     f"have no {CONFIG} yet (not started, or failed before it): not shown; "
                     f"scripts/sweep.py --workdir {sweep_dir} --report lists every point")
   return started
+
+
+def _runs_of(path: str, warnings: list[str]) -> list[str] | None:
+  """[path] for a run's workdir, a sweep directory's started points, None for anything else."""
+  if _is_run(path):
+    return [path]
+  if os.path.isfile(os.path.join(path, "sweep.json")):
+    return _sweep_points(path, warnings)
+  return None
 
 
 def find_runs(paths: Sequence[str], warnings: list[str] | None = None) -> list[str]:
@@ -70,19 +60,18 @@ def find_runs(paths: Sequence[str], warnings: list[str] | None = None) -> list[s
   warnings = [] if warnings is None else warnings
   found: list[str] = []
   for path in paths:
-    if _is_run(path):
-      found.append(path)
-    elif os.path.isfile(os.path.join(path, SWEEP_SPEC)):
-      found += _sweep_points(path, warnings)
+    runs = _runs_of(path, warnings)
+    if runs is not None:
+      found += runs
     elif os.path.isdir(path):
       inside, sweeps = [], []
-      for name in sorted(os.listdir(path)):
-        child = os.path.join(path, name)
-        if _is_run(child):
-          inside.append(child)
-        elif os.path.isfile(os.path.join(child, SWEEP_SPEC)):
+      for child in sorted(os.path.join(path, name) for name in os.listdir(path)):
+        runs = _runs_of(child, warnings)
+        if runs is None:
+          continue
+        inside += runs
+        if not _is_run(child):
           sweeps.append(child)
-          inside += _sweep_points(child, warnings)
       if not inside:
         raise RunError(f"{path} holds no training run: no {CONFIG} in it or in the "
                        "directories directly under it"
@@ -177,20 +166,7 @@ def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = Non
   if warning:
     warnings.append(warning)
   rows = sort_rows(rows, metric, lower)
-  text = table(rows, fields, metric)
-  seeds = seed_summary(rows, fields, metric, lower)
-  columns = seed_columns(fields, metric)
-  if seeds:
-    text += (f"\nOver seeds ({metric}: mean, sample standard deviation, range):\n\n"
-             + markdown(seeds, columns))
-  files = []
-  if out_prefix:
-    files = write_table(rows, fields, metric, out_prefix)
-    for stale in (out_prefix + "_seeds.csv", out_prefix + "_seeds.md"):  # an earlier table's
-      if os.path.exists(stale):
-        os.remove(stale)
-    if seeds:
-      files += write_rows(seeds, columns, columns, out_prefix + "_seeds")
+  text, seeds, files = tables(rows, fields, metric, lower, out_prefix)
   return {"rows": rows, "fields": fields, "markdown": text, "seeds": seeds, "files": files,
           "warnings": warnings}
 

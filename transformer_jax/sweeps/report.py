@@ -184,17 +184,6 @@ def write_table(rows: list[dict], fields: list[str], metric: str, out_prefix: st
   return write_rows(rows, all_cols, _columns(rows, fields, metric), out_prefix)
 
 
-def table(rows: list[dict], fields: list[str], metric: str) -> str:
-  """The Markdown `write_table` writes, without writing it."""
-  return markdown(rows, _columns(rows, fields, metric))
-
-
-def seed_columns(fields: list[str], metric: str) -> list[str]:
-  """The columns of `seed_summary`'s rows, in order."""
-  return [*[f for f in fields if f != "seed"], "seeds", "n", f"{metric}_mean", f"{metric}_std",
-          f"{metric}_min", f"{metric}_max", "left_out"]
-
-
 def plot(rows: list[dict], fields: list[str], metric: str, path: str) -> str | None:
   """One panel per swept field: `metric` against the field's values (PNG).
 
@@ -316,31 +305,53 @@ def check_metric(rows: list[dict], fields: list[str], metric: str, what: str) ->
   return None
 
 
+def recorded_points(sweep_dir: str) -> list[Point]:
+  """The points `sweep.json` in `sweep_dir` records (their overrides), in the sweep's order; a
+  SweepError naming the file where it is not a sweep's record."""
+  path = os.path.join(sweep_dir, "sweep.json")
+  try:
+    with open(path) as f:
+      return [p["overrides"] for p in json.load(f)["points"]]
+  except (ValueError, KeyError, TypeError) as e:
+    raise SweepError(f"{path} is not a sweep's record ({type(e).__name__}: {e}): pass the "
+                     "workdirs of its points instead") from None
+
+
+def tables(rows: list[dict], fields: list[str], metric: str, lower: bool | None = None,
+           out_prefix: str | None = None) -> tuple[str, list[dict], list[str]]:
+  """The Markdown of `rows` (sorted) and, where a setting has several seeds, of
+  `seed_summary`'s rows after it; those rows; and with `out_prefix` the files written:
+  `<prefix>.csv/.md` (`write_table`) and `<prefix>_seeds.csv/.md` (an earlier table's seed
+  files removed where there are no seeds now)."""
+  text = markdown(rows, _columns(rows, fields, metric))
+  seeds = seed_summary(rows, fields, metric, lower)
+  columns = [*[f for f in fields if f != "seed"], "seeds", "n", f"{metric}_mean",
+             f"{metric}_std", f"{metric}_min", f"{metric}_max", "left_out"]
+  if seeds:
+    text += (f"\nOver seeds ({metric}: mean, sample standard deviation, range):\n\n"
+             + markdown(seeds, columns))
+  files = []
+  if out_prefix:
+    files = write_table(rows, fields, metric, out_prefix)
+    for stale in (out_prefix + "_seeds.csv", out_prefix + "_seeds.md"):  # an earlier table's
+      if os.path.exists(stale):
+        os.remove(stale)
+    if seeds:
+      files += write_rows(seeds, columns, columns, out_prefix + "_seeds")
+  return text, seeds, files
+
+
 def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> dict:
   """`report.csv`, `report.md` and `report_<metric>.png` in the sweep directory. A `metric` no
   point logged is an error once any point logged metrics; before that, one the trainer does not
   log gives `warning` (a line for the user) in the result."""
   _check_sweep_dir(sweep_dir)
-  with open(os.path.join(sweep_dir, "sweep.json")) as f:
-    points = [p["overrides"] for p in json.load(f)["points"]]
-  rows, fields = collect(sweep_dir, points)
+  rows, fields = collect(sweep_dir, recorded_points(sweep_dir))
   warning = check_metric(rows, fields, metric, "point")
   rows = sort_rows(rows, metric, lower)
-  prefix = os.path.join(sweep_dir, "report")
-  files = write_table(rows, fields, metric, prefix)
+  text, seeds, files = tables(rows, fields, metric, lower, os.path.join(sweep_dir, "report"))
   png = plot(rows, fields, metric, os.path.join(sweep_dir, f"report_{metric}.png"))
   if png:
-    files.append(png)
-  with open(prefix + ".md") as f:
-    text = f.read()
-  seeds = seed_summary(rows, fields, metric, lower)
-  for stale in (prefix + "_seeds.csv", prefix + "_seeds.md"):  # from an earlier report
-    if os.path.exists(stale):
-      os.remove(stale)
-  if seeds:
-    columns = seed_columns(fields, metric)
-    files += write_rows(seeds, columns, columns, prefix + "_seeds")
-    with open(prefix + "_seeds.md") as f:
-      text += f"\nOver seeds ({metric}: mean, sample standard deviation, range):\n\n" + f.read()
+    files.insert(2, png)  # after report.csv and report.md, before the seeds' files
   return {"rows": rows, "fields": fields, "files": files, "markdown": text, "seeds": seeds,
           "warning": warning}
