@@ -156,3 +156,91 @@ def test_peak_for_unknown_devices_and_cpu():
   # CPU: a matmul measured now, never a table entry.
   peak, source = flops.peak_flops("float32", jax.devices("cpu")[0], n=256, repeats=3)
   assert peak > 1e8 and source == "measured float32 256x256 matmul"
+
+
+def test_peak_table_rates_agree_with_each_other():
+  """A typo in the data-sheet table shows as rates that disagree: float16 runs at bfloat16's rate
+  on every GPU with both, float32 (XLA's default TF32) at about half of it from Ampere on (V100
+  has no TF32: 125 against 15.7), and TPUs run float32 matmuls as one bfloat16 pass."""
+  keys = [key for key, _ in flops.PEAK_FLOPS]
+  assert len(keys) == len(set(keys)) == 14
+  for key, rates in flops.PEAK_FLOPS:
+    if key.startswith("TPU"):
+      assert set(rates) == {"bfloat16", "float32"} and rates["float32"] == rates["bfloat16"], key
+    elif key == "V100":
+      assert set(rates) == {"float16", "float32"}
+      assert rates["float16"] / rates["float32"] == pytest.approx(7.96, abs=0.01)
+    else:
+      assert set(rates) == {"bfloat16", "float16", "float32"}, key
+      assert rates["float16"] == rates["bfloat16"], key
+      assert rates["float32"] / rates["bfloat16"] == pytest.approx(0.5, rel=0.02), key
+
+
+class CountingClock:
+  """`time.perf_counter` for `flops.measure_matmul_peak`: each reading `tick` seconds after the
+  last, so every timed call lasts `tick` and the loop's own readings are counted."""
+
+  def __init__(self, tick: float):
+    self.tick, self.readings = tick, 0
+
+  def perf_counter(self) -> float:
+    self.readings += 1
+    return self.readings * self.tick
+
+
+def test_the_measured_peak_is_the_matmuls_flops_over_its_median_time(monkeypatch):
+  # 8 fake CPU devices (conftest): one 64 x 64 matmul on each at once, each call `tick` long.
+  clock = CountingClock(0.3)
+  monkeypatch.setattr(flops, "time", clock)
+  assert len(jax.local_devices()) == 8
+  peak = flops.measure_matmul_peak(64, repeats=3)
+  assert peak == pytest.approx(8 * 2 * 64**3 / 0.3, rel=1e-12)
+  assert clock.readings == 1 + 2 * 3 + 1        # the start, 3 timed calls, the last check
+  # By default 9 calls, with no minimum time: readings 1 + 2 * 9 + 1, however short each call.
+  clock = CountingClock(0.01)
+  monkeypatch.setattr(flops, "time", clock)
+  flops.measure_matmul_peak(64)
+  assert clock.readings == 1 + 2 * 9 + 1
+  # min_seconds keeps timing past `repeats` until that much time has passed since the start:
+  # the start at 1 s, 2 calls (readings 2-5), the check at 6 s (5 s: on), a third call (7-8),
+  # the check at 9 s: exactly 8 s have passed, which ends it.
+  clock = CountingClock(1.0)
+  monkeypatch.setattr(flops, "time", clock)
+  flops.measure_matmul_peak(64, repeats=2, min_seconds=8.0)
+  assert clock.readings == 9
+  # With one call asked for: the checks at 4 and 7 s go on (3 and 6 s), the one at 10 s ends.
+  clock = CountingClock(1.0)
+  monkeypatch.setattr(flops, "time", clock)
+  flops.measure_matmul_peak(64, repeats=1, min_seconds=8.0)
+  assert clock.readings == 10
+  # Two devices, then one: a matmul on each.
+  for count in (2, 1):
+    devices = jax.local_devices()[:count]
+    monkeypatch.setattr(flops.jax, "local_devices", lambda devices=devices: devices)
+    clock = CountingClock(0.3)
+    monkeypatch.setattr(flops, "time", clock)
+    assert flops.measure_matmul_peak(64, repeats=3) == pytest.approx(count * 2 * 64**3 / 0.3,
+                                                                     rel=1e-12)
+
+
+def test_the_cpu_peak_is_measured_on_the_first_device_by_default(monkeypatch):
+  calls = []
+  monkeypatch.setattr(flops, "measure_matmul_peak",
+                      lambda n, dtype, **kw: calls.append((n, dtype, kw)) or 1e11)
+  one = jax.devices()[:1]   # a host with one device: `device` left out reads it
+  monkeypatch.setattr(flops.jax, "devices", lambda *args: one)
+  assert flops.peak_flops() == (1e11, "measured float32 2048x2048 matmul")
+  assert flops.peak_flops("bfloat16", n=512, repeats=4) == (1e11,
+                                                           "measured bfloat16 512x512 matmul")
+  assert calls == [(2048, jnp.float32, {}), (512, jnp.bfloat16, {"repeats": 4})]
+
+
+def test_the_mfu_note_is_for_an_mfu_above_100_percent_on_a_measured_peak():
+  measured, table = "measured float32 256x256 matmul", "table[H100][bfloat16]"
+  note = flops.mfu_note(1.5, measured, "--flag, default 2048")
+  assert note == ("note: MFU above 100%: the peak (measured float32 256x256 matmul) is too "
+                  "small a matmul to be the CPU's peak; measure it on a larger one (--flag, "
+                  "default 2048)")
+  assert flops.mfu_note(1.0, measured, "x") is None      # exactly the peak: possible
+  assert flops.mfu_note(0.5, measured, "x") is None
+  assert flops.mfu_note(1.5, table, "x") is None         # a table's peak: a FLOP count's bug

@@ -124,9 +124,14 @@ def peak_flops_for_kind(device_kind: str, dtype: str = "bfloat16") -> tuple[floa
   return None
 
 
-def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 9,
+# The side of the CPU's peak matmul: large enough to run at the CPU's peak (a 256 matmul does not),
+# small enough to measure at start-up in about a second.
+PEAK_MATMUL_N = 2048
+
+
+def measure_matmul_peak(n: int = PEAK_MATMUL_N, dtype=jnp.float32, repeats: int = 9,
                         min_seconds: float = 0.0) -> float:
-  """FLOP/s of a jitted n x n matmul (one on each local fake CPU device at once): the CPU's peak.
+  """FLOP/s of a jitted n x n matmul, one on each local device at once: a CPU host's peak.
 
   The median over `repeats` timed calls (at least `min_seconds` in all), after one untimed call
   that compiles. On a shared machine this moves with the load, as the step times do: measure it
@@ -135,9 +140,10 @@ def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 9,
   a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
   copies = 1
   devices = jax.local_devices()
-  if len(devices) > 1 and devices[0].platform == "cpu":
+  if len(devices) > 1:
     # Fake CPU devices (--xla_force_host_platform_device_count) split the host's cores: one
     # matmul per device at once measures the whole host, as the sharded step uses it.
+    # (Accelerators are not measured: `peak_flops` reads their data sheets' PEAK_FLOPS.)
     copies = len(devices)
     mesh = Mesh(np.array(devices), ("d",))
     a = jax.device_put(jnp.stack([a] * copies), NamedSharding(mesh, PartitionSpec("d")))
@@ -164,7 +170,7 @@ def peak_flops(dtype: str = "float32", device=None, **measure_kwargs) -> tuple[f
   if found is not None:
     return found[0], f"table[{found[1]}][{dtype}]"
   if device.platform == "cpu":
-    n = measure_kwargs.pop("n", 2048)
+    n = measure_kwargs.pop("n", PEAK_MATMUL_N)
     return (measure_matmul_peak(n, jnp.dtype(dtype), **measure_kwargs),
             f"measured {dtype} {n}x{n} matmul")
   return float("nan"), (f"unknown device kind {device.device_kind!r}: add it to "

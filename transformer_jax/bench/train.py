@@ -43,7 +43,7 @@ class TrainOptions:
   batches: str = "synthetic"   # "synthetic": random tokens, no padding; "real": the dataset's
   num_batches: int = 4         # distinct batches, cycled
   workdir: str | None = None   # "real": where the dataset's tokenizer is trained and kept
-  matmul_n: int = 2048         # CPU peak: the size of the measured matmul
+  matmul_n: int = flops.PEAK_MATMUL_N  # CPU peak: the size of the measured matmul
   matmul_seconds: float = 2.0  # CPU peak: at least this long measuring it
   profile_dir: str = ""        # after timing, trace 3 steps here and summarise device time
   config_path: str | None = None  # the config file (path[:arg]) the config came from: reported
