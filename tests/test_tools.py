@@ -648,6 +648,36 @@ def test_nbest_lists_the_searches_finished_hypotheses_with_their_log_probabiliti
     beam.translate_nbest(lines, 5)
 
 
+def test_the_edges_of_the_translators_defaults_and_checks(workdir, translator, tmp_path):
+  # A run whose config.json predates the search fields decodes with the paper's search.
+  run = str(tmp_path / "old")
+  shutil.copytree(workdir, run, ignore=shutil.ignore_patterns("eval", "tfds"))
+  path = os.path.join(run, "config.json")
+  with open(path) as f:
+    config = json.load(f)
+  for key in ("beam_size", "length_penalty_alpha", "max_len_margin"):
+    del config[key]
+  with open(path, "w") as f:
+    json.dump(config, f)
+  old = translator_lib.Translator(run)
+  assert (old.beam_size, old.alpha, old.max_len_margin) == (1, 0.6, 50)
+  # No search timed yet: no rate rather than a division by zero.
+  stats = translator_lib.SearchStats(sentences=3, output_tokens=7).as_dict()
+  assert stats["sentences_per_sec"] is None and stats["target_tokens_per_sec"] is None
+  # Sampling's checks at their edges: a small temperature is one; a file's 2^32nd line is not.
+  assert translator.with_sampling(temperature=0.01).sampling.temperature == 0.01
+  sampler = translator.with_sampling()
+  assert sampler.sampling == translator_lib.Sampling(1.0, 0, 0, 0)
+  assert sampler.with_line_offset(2**32 - 1).sampling.line_offset == 2**32 - 1
+  with pytest.raises(workdir_lib.RunError, match=r"line_offset=4294967296: the lines before"):
+    sampler.with_line_offset(2**32)
+  # A source longer than the model's positions is named by its line, counted from 1.
+  warnings = []
+  ids = translator.encode(["seven", "seven " * 300], warn=warnings.append)
+  assert len(warnings) == 1 and warnings[0].startswith("line 2: "), warnings
+  assert len(ids[1]) > translator.max_source_pieces
+
+
 def test_translate_nbest_writes_tab_separated_rows(workdir, tmp_path, capsys):
   out = tmp_path / "nbest.tsv"
   rc, _, err = run_main(translate_script, ["--workdir", workdir, "--beam_size", "3", "--nbest",

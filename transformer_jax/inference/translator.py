@@ -68,11 +68,11 @@ class Sampling:
   line i (from 0) uses the key `fold_in(fold_in(key(seed), line_offset + i), j)` for its j-th
   sample, so it depends on the seed, the line's place and its source only. `line_offset`: the
   lines of a whole file before this input, so that a file split into pieces draws as it does
-  whole."""
-  temperature: float = 1.0
-  top_k: int = 0
-  seed: int = 0
-  line_offset: int = 0
+  whole. Made by `with_sampling`, which checks each value (its defaults: 1.0, 0, 0, 0)."""
+  temperature: float
+  top_k: int
+  seed: int
+  line_offset: int
 
 
 class Hypothesis(typing.NamedTuple):
