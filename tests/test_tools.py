@@ -498,6 +498,11 @@ def test_what_is_not_a_workdir_is_told_what_to_pass(workdir, tmp_path, capsys):
   assert "--step" not in err and "--checkpoint" not in err, err   # flags it does not have
   rc, _, err = run_main(average_script, ["--workdir", step_dir], capsys)
   assert rc == 1 and err.rstrip().endswith(f"pass --workdir {workdir}"), err
+  run = tmp_path / "run"   # a run's averaged/: its workdir with --averaged
+  _, params = checkpointing.load_params(workdir, 3)
+  checkpointing.save_params(str(run / "averaged"), 3, params, {"averaged_steps": [3]})
+  rc, _, err = run_main(translate_script, ["--workdir", str(run / "averaged"), "one"], capsys)
+  assert rc == 1 and f"pass --workdir {run} --averaged" in err, err
   sweep = tmp_path / "sweep"
   (sweep / "learning_rate=1").mkdir(parents=True)
   (sweep / "sweep.json").write_text("{}")
@@ -594,6 +599,13 @@ def test_a_stale_average_is_warned_about(workdir, tmp_path, capsys, monkeypatch)
   warnings = [line for line in err.splitlines() if line.startswith("warning:")]
   assert len(warnings) == 1 and "has reached step 6" in warnings[0], err
   assert f"re-run scripts/average_checkpoints.py --workdir {run}" in warnings[0]
+  # The latest checkpoint, not the second: with checkpoints at 3, 4 and 9, step 9.
+  real_steps, checkpoints = checkpointing.checkpoint_steps, os.path.join(run, "checkpoints")
+  monkeypatch.setattr(translator_lib.checkpointing, "checkpoint_steps",
+                      lambda path: [3, 4, 9] if path == checkpoints else real_steps(path))
+  translator_lib.Translator(run, averaged=True)
+  assert "has reached step 9" in capsys.readouterr().err
+  monkeypatch.undo()
   rc, _, err = run_main(average_script, ["--workdir", run, "--last", "1"], capsys)
   assert rc == 0, err
   rc, _, err = run_main(translate_script, ["--workdir", run, "--averaged", "seven"], capsys)
@@ -664,11 +676,24 @@ def test_the_edges_of_the_translators_defaults_and_checks(workdir, translator, t
   # No search timed yet: no rate rather than a division by zero.
   stats = translator_lib.SearchStats(sentences=3, output_tokens=7).as_dict()
   assert stats["sentences_per_sec"] is None and stats["target_tokens_per_sec"] is None
+  stats = translator_lib.SearchStats(sentences=3, output_tokens=7, search_seconds=2.0).as_dict()
+  assert (stats["sentences_per_sec"], stats["target_tokens_per_sec"]) == (1.5, 3.5)
+  fresh = translator.with_search(1, None)   # its own figures: one sentence, one shape compiled
+  fresh.translate(["seven", ""])
+  stats = fresh.stats.as_dict()
+  assert (stats["searched_sentences"], stats["batches"], stats["compiled_shapes"]) == (1, 1, 1)
+  # A margin of 0 extra tokens is one; -1 is not.
+  assert translator_lib.Translator(workdir, max_len_margin=0).max_len_margin == 0
+  with pytest.raises(workdir_lib.RunError, match="max_len_margin=-1 >= 0"):
+    translator_lib.Translator(workdir, max_len_margin=-1)
   # Sampling's checks at their edges: a small temperature is one; a file's 2^32nd line is not.
   assert translator.with_sampling(temperature=0.01).sampling.temperature == 0.01
   sampler = translator.with_sampling()
   assert sampler.sampling == translator_lib.Sampling(1.0, 0, 0, 0)
   assert sampler.with_line_offset(2**32 - 1).sampling.line_offset == 2**32 - 1
+  assert translator.with_sampling(line_offset=2**31 - 1).sampling.line_offset == 2**31 - 1
+  with pytest.raises(workdir_lib.RunError, match=r"line_offset=2147483648: must be between"):
+    translator.with_sampling(line_offset=2**31)
   with pytest.raises(workdir_lib.RunError, match=r"line_offset=4294967296: the lines before"):
     sampler.with_line_offset(2**32)
   # A source longer than the model's positions is named by its line, counted from 1.
@@ -676,6 +701,19 @@ def test_the_edges_of_the_translators_defaults_and_checks(workdir, translator, t
   ids = translator.encode(["seven", "seven " * 300], warn=warnings.append)
   assert len(warnings) == 1 and warnings[0].startswith("line 2: "), warnings
   assert len(ids[1]) > translator.max_source_pieces
+  # A hypothesis that is EOS alone ended with EOS (an empty translation, not one cut short).
+  eos, pad = translator.config.eos_id, translator.config.pad_id
+  assert translator._hypothesis(np.array([eos, pad, pad]), 1, -1.0, -1.0).eos
+  assert not translator._hypothesis(np.array([pad, pad, pad]), 0, 0.0, 0.0).eos
+  # Batches go longest first (the largest shape, and an out-of-memory error, come first);
+  # each shape is compiled on an all-padding batch first (the empty lists).
+  seen = []
+  def search(inputs, index):
+    seen.append(sorted(int(i) for i, row in zip(index, inputs) if row.any()))
+    return (np.zeros((len(index), 1)),)
+  sources = [[5] * n for n in (1, 3, 2, 5, 4)]
+  translator.with_search(1, None)._in_batches(sources, search, [None] * 5, "search")
+  assert [x for x in seen if x] == [[1, 2, 3, 4], [0]], seen   # batch_size 4: 4 longest, 1
 
 
 def test_translate_nbest_writes_tab_separated_rows(workdir, tmp_path, capsys):

@@ -211,11 +211,11 @@ def _check_tokenizer(workdir: str, checkpoint_dir: str, spm_path: str) -> None:
   """A checkpoint inside another run's workdir must come with this run's tokenizer: with the
   same vocabulary size but other pieces it would decode, silently, into the wrong words."""
   other = os.path.dirname(checkpoint_dir)
-  if other == os.path.abspath(workdir) or not os.path.exists(os.path.join(other, CONFIG)):
+  if other == os.path.abspath(workdir):
     return
   try:  # that run's own tokenizer: its data.vocab_path, or its spm.model
     other_spm = vocabulary_path(other, load_run_config(other))
-  except RunError:
+  except RunError:  # not in a run's workdir (no config.json): no tokenizer to compare with
     return
   if not os.path.exists(other_spm) or filecmp.cmp(other_spm, spm_path, shallow=False):
     return
