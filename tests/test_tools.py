@@ -599,10 +599,11 @@ def test_a_stale_average_is_warned_about(workdir, tmp_path, capsys, monkeypatch)
   warnings = [line for line in err.splitlines() if line.startswith("warning:")]
   assert len(warnings) == 1 and "has reached step 6" in warnings[0], err
   assert f"re-run scripts/average_checkpoints.py --workdir {run}" in warnings[0]
-  # The latest checkpoint, not the second: with checkpoints at 3, 4 and 9, step 9.
+  # Against the latest checkpoint, not the second: with checkpoints at 2, 3 and 9, the average
+  # of step 3 is stale.
   real_steps, checkpoints = checkpointing.checkpoint_steps, os.path.join(run, "checkpoints")
   monkeypatch.setattr(translator_lib.checkpointing, "checkpoint_steps",
-                      lambda path: [3, 4, 9] if path == checkpoints else real_steps(path))
+                      lambda path: [2, 3, 9] if path == checkpoints else real_steps(path))
   translator_lib.Translator(run, averaged=True)
   assert "has reached step 9" in capsys.readouterr().err
   monkeypatch.undo()
@@ -646,8 +647,9 @@ def test_nbest_lists_the_searches_finished_hypotheses_with_their_log_probabiliti
   np.testing.assert_allclose(scored, [h.log_prob for h in found], rtol=1e-5, atol=1e-5)
   # Hypotheses cut at the length limit (a margin of 1 token) end without EOS, and their
   # log-probability has no EOS term.
-  short = translator_lib.Translator(beam.workdir, batch_size=4, beam_size=3, max_len_margin=1)
-  cut = [(i, h) for i, hyps in enumerate(short.nbest_ids(sources, 3)) if sources[i]
+  # Beam 2, the narrowest with a length penalty.
+  short = translator_lib.Translator(beam.workdir, batch_size=4, beam_size=2, max_len_margin=1)
+  cut = [(i, h) for i, hyps in enumerate(short.nbest_ids(sources, 2)) if sources[i]
          for h in hyps]
   assert any(not h.eos for _, h in cut)
   scored = scoring.PairScorer(short).score_ids(
@@ -682,12 +684,14 @@ def test_the_edges_of_the_translators_defaults_and_checks(workdir, translator, t
   fresh.translate(["seven", ""])
   stats = fresh.stats.as_dict()
   assert (stats["searched_sentences"], stats["batches"], stats["compiled_shapes"]) == (1, 1, 1)
-  # A margin of 0 extra tokens is one; -1 is not.
-  assert translator_lib.Translator(workdir, max_len_margin=0).max_len_margin == 0
+  # A margin of 0 extra tokens is one, and a batch of 1 row; a margin of -1 is not.
+  narrow = translator_lib.Translator(workdir, max_len_margin=0, batch_size=1)
+  assert (narrow.max_len_margin, narrow.batch_size) == (0, 1)
   with pytest.raises(workdir_lib.RunError, match="max_len_margin=-1 >= 0"):
     translator_lib.Translator(workdir, max_len_margin=-1)
   # Sampling's checks at their edges: a small temperature is one; a file's 2^32nd line is not.
-  assert translator.with_sampling(temperature=0.01).sampling.temperature == 0.01
+  for temperature in (0.01, 1e-30, 1e30):
+    assert translator.with_sampling(temperature).sampling.temperature == temperature
   sampler = translator.with_sampling()
   assert sampler.sampling == translator_lib.Sampling(1.0, 0, 0, 0)
   assert sampler.with_line_offset(2**32 - 1).sampling.line_offset == 2**32 - 1

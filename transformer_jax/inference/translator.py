@@ -225,8 +225,8 @@ def _check_tokenizer(workdir: str, checkpoint_dir: str, spm_path: str) -> None:
                  "checkpoints")
 
 
-def check_param_shapes(params, config: TransformerConfig, where: str, workdir: str,
-                       own: bool = False) -> None:
+def check_param_shapes(params, config: TransformerConfig, where: str, workdir: str, *,
+                       own: bool) -> None:
   """Parameters of another model (vocabulary size, width, depth) fail deep inside Flax with a
   long traceback; this names the first parameter that differs instead. `own`: the parameters
   are the workdir's own checkpoints, so it is the model code that changed, not the run."""
@@ -363,7 +363,7 @@ class Translator:
         _check_tokenizer(self.workdir, directory, spm_path)
         _check_member_model(self.config, directory, step, flag, self.workdir)
         _, params = checkpointing.load_params(directory, step)
-        check_param_shapes(params, self.config, where, self.workdir)
+        check_param_shapes(params, self.config, where, self.workdir, own=False)
       except RunError as e:
         message = str(e)
         prefix = f"{flag}: "
