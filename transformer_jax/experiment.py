@@ -60,7 +60,8 @@ def base_config(size: str = "small") -> ml_collections.ConfigDict:
   # Adam over one flat vector of all parameters (optax.flatten) instead of one array per
   # parameter: the same updates, a third of the state's arrays, so the host hands a step to the
   # device in half the time (H100, base: 5.6 against 10.5 ms; docs/benchmarks.md). Helps where
-  # the host cannot keep ahead of the device (a step waited for, a short device step); single-
+  # the host cannot keep ahead of the device (a step waited for, a short device step); back to
+  # back, as training runs, its ravel/unravel passes cost 1% (H200, base and big); single-
   # device or data-parallel meshes only (a flat vector cannot follow an fsdp/tensor split).
   c.flatten_optimizer = False
   c.label_smoothing = 0.1         # epsilon_ls
