@@ -1,4 +1,5 @@
 """SentencePiece: fixed special ids, unk distinct from pad, lossless round trip, reuse."""
+import json
 import os
 import pickle
 
@@ -14,13 +15,20 @@ TEXTS = [
     "Open the file and save it again?",
     "Öffnen Sie die Datei und speichern Sie sie erneut?",
 ] * 40
+# train_tokenizer's settings (no defaults: the data config gives them all), bar vocab_size.
+SETTINGS = dict(model_type="unigram", max_chars=100_000, split_digits=True, byte_fallback=False,
+                seed=0)
+
+
+def train(texts, path, vocab_size: int, **changes):
+  return tok_lib.train_tokenizer(texts, str(path), vocab_size=vocab_size,
+                                 **{**SETTINGS, **changes})
 
 
 @pytest.fixture(scope="module", params=["unigram", "bpe"])
 def tokenizer(request, tmp_path_factory):
   path = tmp_path_factory.mktemp("spm") / "spm.model"
-  return tok_lib.train_tokenizer(TEXTS, str(path), vocab_size=120,
-                                 model_type=request.param, max_chars=100_000)
+  return train(TEXTS, path, 120, model_type=request.param)
 
 
 def test_special_ids(tokenizer):
@@ -52,12 +60,13 @@ def test_digits_are_split(tokenizer):
 def test_reused_not_retrained_and_picklable(tokenizer, tmp_path):
   calls = []
   again = tok_lib.load_or_train(tokenizer.path, lambda: calls.append(1) or TEXTS,
-                                vocab_size=120)
+                                vocab_size=120, **SETTINGS)
   assert not calls and again.encode(TEXTS[1]) == tokenizer.encode(TEXTS[1])
   clone = pickle.loads(pickle.dumps(tokenizer))
   assert clone.encode(TEXTS[2]) == tokenizer.encode(TEXTS[2])
   fresh = tmp_path / "new" / "spm.model"
-  made = tok_lib.load_or_train(str(fresh), lambda: calls.append(1) or TEXTS, vocab_size=100)
+  made = tok_lib.load_or_train(str(fresh), lambda: calls.append(1) or TEXTS, vocab_size=100,
+                               **SETTINGS)
   assert calls == [1] and os.path.exists(fresh) and made.vocab_size <= 100
   assert [p for p in os.listdir(fresh.parent) if p.startswith("tmp")] == []  # No leftovers.
 
@@ -66,7 +75,7 @@ def test_trains_in_a_directory_named_like_a_sweep_point(tmp_path):
   """Sweep points' workdirs are `field=value,field=value`; SentencePiece splits file lists at
   commas, so training must not pass it paths."""
   path = tmp_path / "learning_rate=1.0,warmup_steps=200" / "spm.model"
-  made = tok_lib.train_tokenizer(TEXTS, str(path), vocab_size=120, max_chars=100_000)
+  made = train(TEXTS, path, 120)
   assert os.path.exists(path) and made.detokenize(made.encode(TEXTS[0])) == TEXTS[0]
   assert os.listdir(path.parent) == ["spm.model"]
   # Readable as the umask says (a shared vocab_path), not only by its owner.
@@ -96,8 +105,109 @@ def test_too_many_characters_is_a_data_error(tmp_path):
   path = tmp_path / "spm.model"
   # 300 characters, the "▁" of the first word and the 4 special pieces.
   with pytest.raises(DataError, match=r"data.vocab_size=100 .*at least 305 pieces"):
-    tok_lib.train_tokenizer(texts, str(path), vocab_size=100)
+    train(texts, path, 100)
   with pytest.raises(DataError, match=r"data.vocab_size=3: .*raise data.vocab_size"):
-    tok_lib.train_tokenizer(texts, str(path), vocab_size=3)
+    train(texts, path, 3)
   assert not os.path.exists(path)
-  assert tok_lib.train_tokenizer(texts, str(path), vocab_size=305).vocab_size == 305
+  assert train(texts, path, 305).vocab_size == 305
+
+
+def test_too_many_characters_names_the_byte_pieces_only_with_byte_fallback(tmp_path):
+  texts = ["".join(chr(0x4e00 + (i * 7 + j) % 300) for j in range(10)) for i in range(100)]
+  with pytest.raises(DataError, match=r"at least \d+ pieces, .*4 special ones and 256 byte "
+                     r"pieces \(data.vocab_byte_fallback\)\. Raise"):
+    train(texts, tmp_path / "spm.model", 100, byte_fallback=True)
+  with pytest.raises(DataError, match=r"4 special ones\. Raise") as raised:
+    train(texts, tmp_path / "spm.model", 100)
+  assert "byte" not in str(raised.value)
+
+
+def test_the_vocabulary_does_not_depend_on_the_machines_core_count(tmp_path, monkeypatch):
+  """Unigram's EM sums per thread in float32, so 1 and 16 threads give other scores and piece
+  ids: the trainer's thread count is fixed, not the machine's."""
+  import sentencepiece as spm
+  models = []
+  for cores in (1, 16):
+    monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+    made = train(TEXTS, tmp_path / f"{cores}" / "spm.model", 120, model_type="unigram")
+    proc = spm.SentencePieceProcessor(model_file=made.path)
+    models.append([(proc.id_to_piece(i), proc.get_score(i)) for i in range(made.vocab_size)])
+  assert models[0] == models[1]
+  # What a fixed count guards against: these texts train differently on 1 and 2 threads.
+  threads = []
+  for n in (1, 2):
+    monkeypatch.setattr(tok_lib, "TRAINER_THREADS", n)
+    made = train(TEXTS, tmp_path / f"threads{n}" / "spm.model", 120, model_type="unigram")
+    proc = spm.SentencePieceProcessor(model_file=made.path)
+    threads.append([proc.get_score(i) for i in range(made.vocab_size)])
+  assert threads[0] != threads[1]
+
+
+def test_the_sample_is_a_seeded_prefix_within_the_character_budget():
+  texts = ["aaaa", "", "bb\tb", "c", "dddddd", "ee", "f  f"]
+  everything, total = tok_lib.sample_lines(texts, 10**6, seed=3)
+  assert sorted(everything) == sorted(["aaaa", "bb b", "c", "dddddd", "ee", "f f"])  # No "".
+  assert total == sum(map(len, everything)) == 20
+  assert tok_lib.sample_lines(texts, 10**6, seed=3) == (everything, total)  # Reproducible.
+  assert any(tok_lib.sample_lines(texts, 10**6, seed=s)[0] != everything for s in range(4, 9))
+  for budget in range(total + 1):
+    lines, chars = tok_lib.sample_lines(texts, budget, seed=3)
+    # The longest prefix of the seeded order within the budget, the budget itself included.
+    k = max(i for i in range(len(everything) + 1) if sum(map(len, everything[:i])) <= budget)
+    assert (lines, chars) == (everything[:k], sum(map(len, everything[:k])))
+  # A text that does not fit ends the sample, though a shorter one after it would fit.
+  texts = ["aaaa", "bbbbbbbb", "c"]
+  order = tok_lib.sample_lines(texts, 100, seed=5)[0]
+  assert order.index("bbbbbbbb") < order.index("c")  # The case this seed gives.
+  before = order[:order.index("bbbbbbbb")]
+  assert tok_lib.sample_lines(texts, sum(map(len, before)) + 7, seed=5)[0] == before
+
+
+def test_the_lock_can_be_taken_again_and_a_waiting_trainer_reuses_the_model(tmp_path):
+  """Two processes building one workdir: the second waits on the lock, then loads what the
+  first trained instead of training again."""
+  import threading
+  path = str(tmp_path / "shared" / "spm.model")
+  with tok_lib.file_lock(path + ".lock"):
+    pass
+  with tok_lib.file_lock(path + ".lock"):  # The directory exists now.
+    calls, result = [], {}
+    waiter = threading.Thread(target=lambda: result.setdefault("made", tok_lib.load_or_train(
+        path, lambda: calls.append(1) or TEXTS, vocab_size=120, **SETTINGS)))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive() and not os.path.exists(path)  # Waits on the lock.
+    train(TEXTS, path, 120)  # The first process trains meanwhile.
+  waiter.join(30)
+  assert not calls and result["made"].encode(TEXTS[0]) == train(
+      TEXTS, tmp_path / "again" / "spm.model", 120).encode(TEXTS[0])
+  assert not os.path.exists(path + ".json")
+
+
+def test_what_the_model_was_trained_from_is_written_beside_it(tmp_path):
+  record = {"vocab_size": 120, "files": ["a.tsv"]}
+  made = tok_lib.load_or_train(str(tmp_path / "a" / "spm.model"), lambda: TEXTS,
+                               trained_from=record, vocab_size=120, **SETTINGS)
+  with open(made.path + ".json") as f:
+    assert json.load(f) == record
+  assert sorted(os.listdir(tmp_path / "a")) == ["spm.model", "spm.model.json", "spm.model.lock"]
+  calls = []
+  made = tok_lib.load_or_train(str(tmp_path / "b" / "spm.model"), lambda: TEXTS,
+                               trained_from=lambda: calls.append(1) or record,
+                               vocab_size=120, **SETTINGS)
+  with open(made.path + ".json") as f:
+    assert json.load(f) == record and calls == [1]
+  # An existing model is loaded as it is: nothing trained, nothing recorded.
+  tok_lib.load_or_train(made.path, lambda: TEXTS, trained_from=lambda: calls.append(2) or {},
+                        vocab_size=120, **SETTINGS)
+  assert calls == [1]
+  made = tok_lib.load_or_train(str(tmp_path / "c" / "spm.model"), lambda: TEXTS,
+                               vocab_size=120, **SETTINGS)
+  assert not os.path.exists(made.path + ".json")
+
+
+def test_training_prints_nothing(tmp_path, capfd):
+  """SentencePiece logs every stage at INFO: quiet unless it fails."""
+  train(TEXTS, tmp_path / "spm.model", 120)
+  out, err = capfd.readouterr()
+  assert out == "" and err == ""

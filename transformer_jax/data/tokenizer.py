@@ -94,6 +94,12 @@ def file_lock(path: str):
       fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# SentencePiece's trainer threads: a fixed count, not the machine's. Unigram's EM sums its
+# expected counts in float32 per thread, so the pieces' scores, and with them their ids, depend
+# on the thread count (BPE's integer counts do not); a fixed count makes the vocabulary of a
+# corpus and config the same on a 2-core laptop and a 16-core GPU host (tested).
+TRAINER_THREADS = 8
+
 # SentencePiece's wording when the corpus has more distinct characters than pieces allowed.
 _TOO_MANY_CHARS = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
@@ -120,7 +126,7 @@ def _train_model(lines: list[str], *, vocab_size: int, model_type: str, split_di
         split_digits=split_digits, byte_fallback=byte_fallback,
         # A small corpus may not support the requested size: take what it supports.
         hard_vocab_limit=False, input_sentence_size=0, shuffle_input_sentence=False,
-        num_threads=os.cpu_count() or 1, minloglevel=2)
+        num_threads=TRAINER_THREADS, minloglevel=2)
   except RuntimeError as e:
     match = _TOO_MANY_CHARS.search(str(e))
     if not match:
@@ -134,25 +140,33 @@ def _train_model(lines: list[str], *, vocab_size: int, model_type: str, split_di
   return model.getvalue()
 
 
-def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int,
-                    model_type: str = "unigram",
-                    max_chars: int = 10_000_000, split_digits: bool = True,
-                    byte_fallback: bool = False, seed: int = 0) -> Tokenizer:
-  """Trains a SentencePiece model on `texts` and writes it atomically to `path`.
-
-  `texts` is the training split's sources and targets interleaved; a seeded sample of them up
-  to `max_chars` characters is used (the character budget bounds the training time). The model
-  is written to a temporary name and renamed, so a reader never sees half a file.
-  """
+def sample_lines(texts: Iterable[str], max_chars: int, seed: int) -> tuple[list[str], int]:
+  """The non-empty `texts` shuffled by `seed`, whitespace-normalised, up to the first that
+  would take the total past `max_chars` characters; and that total."""
   texts = [t for t in texts if t]
   random.Random(seed).shuffle(texts)
   lines, chars = [], 0
   for t in texts:
     line = normalize_spaces(t)  # As `encode` will see it; also one sentence per line.
     if chars + len(line) > max_chars:
-      break
+      break  # A prefix of the shuffle: a shorter text further on would change the sample's mix.
     lines.append(line)
     chars += len(line)
+  return lines, chars
+
+
+def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int, model_type: str,
+                    max_chars: int, split_digits: bool, byte_fallback: bool,
+                    seed: int) -> Tokenizer:
+  """Trains a SentencePiece model on `texts` and writes it atomically to `path`.
+
+  `texts` is the training split's sources and targets interleaved; a seeded sample of them up
+  to `max_chars` characters is used (the character budget bounds the training time). The model
+  is written to a temporary name and renamed, so a reader never sees half a file. No argument
+  has a default: the data config's fields (`data.vocab_*`, `data.shuffle_seed`) are the only
+  ones, so a caller cannot train with other settings than its config says.
+  """
+  lines, chars = sample_lines(texts, max_chars, seed)
   logging.info("Training a %s SentencePiece model (%d pieces) on %d characters",
                model_type, vocab_size, chars)
   model = _train_model(lines, vocab_size=vocab_size, model_type=model_type,
