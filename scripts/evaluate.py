@@ -120,8 +120,9 @@ def body(values, args):
       if n == 0 and pairs is None:
         data = get_data(evaluation.data_config(translator.run, values.workdir, values.data_dir),
                         values.workdir)
-      result = evaluation.evaluate(translator, data, name, values.output_dir, values.examples,
-                                   pairs=pairs, extra=extra, origin=origin, quiet=n > 0)
+      result = evaluation.evaluate(translator, data, name, values.output_dir,
+                                   num_examples=values.examples, pairs=pairs, extra=extra,
+                                   origin=origin, quiet=n > 0)
       at = f"step {translator.step}, " if values.step and len(values.step) > 1 else ""
       print(f"evaluate: {name}: {at}{evaluation.search_name(translator)}: "
             f"{evaluation.bleu_text(result)}, chrF {result['chrf']:.2f} (tokenized BLEU "

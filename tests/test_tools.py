@@ -1144,8 +1144,12 @@ def test_tokenized_bleu_takes_the_runs_target_language_and_tokenized_references_
   translator = translator_lib.Translator(workdir)
   translator.run = dict(translator.run, data=dict(translator.run["data"], target_lang="fr"))
   pairs = [("seven", "sieben"), ("eight", "acht &quot; x &quot;"), ("nine", "neun ##AT##-##AT## x")]
-  result = evaluation.evaluate(translator, None, "mine", str(tmp_path / "out"), 0, pairs=pairs)
+  result = evaluation.evaluate(translator, None, "mine", str(tmp_path / "out"), num_examples=0,
+                               pairs=pairs)
   assert result["tokenized_bleu_signature"].startswith("moses-tok:fr|")
+  # No examples asked for: no examples file.
+  assert "examples" not in result and sorted(os.listdir(tmp_path / "out")) == [
+      "eval.mine.greedy.json", "hypotheses.mine.greedy.txt", "references.mine.txt"]
   assert result["tokenized_looking_references"] == 2
   err = capsys.readouterr().err
   assert "warning: the mine references: 2 (pairs 2, 3) of 3 look tokenized already" in err, err
@@ -1385,6 +1389,8 @@ def test_examples_are_a_seeded_draw_plus_the_worst_and_escape_table_cells():
   assert rows[:5] != evaluation.examples(pairs, hyps, num=5, worst=2, seed=1)[:5]
   drawn = [r["pair"] for r in rows[:5]]
   assert drawn == sorted(drawn) and not any(r["worst"] for r in rows[:5])
+  assert all((r["source"], r["reference"], r["hypothesis"]) == (*pairs[r["pair"] - 1],
+                                                               hyps[r["pair"] - 1]) for r in rows)
   # The worst: the lowest sentence chrF among the pairs not drawn (ties: the earlier pair).
   others = sorted(((bleu.sentence_chrf(hyps[i], pairs[i][1]), i + 1) for i in range(30)
                    if i + 1 not in drawn))
@@ -1698,3 +1704,62 @@ def test_decode_benchmark_of_a_trained_run_holds_its_parameters_on_the_device(wo
   from transformer_jax.bench import decode as bench_decode
   _, params, step = bench_decode.trained_run(workdir)
   assert step == 6 and all(isinstance(x, jax.Array) for x in jax.tree.leaves(params))
+
+
+class _EchoTranslator:
+  """What `evaluation.evaluate` reads of a Translator, without a model: each source is its own
+  translation, and every source is reported as longer than the model's max_len."""
+  beam_size, alpha, max_len_margin, truncate = 1, 0.6, 50, False
+  run = {"data": {"target_lang": "de"}}
+  workdir = None
+  stats = translator_lib.SearchStats()
+
+  def translate(self, sources, warn, names):
+    for name in names:
+      warn(f"{name} is longer than max_len - 1 pieces")
+    return list(sources)
+
+  def settings(self):
+    return {"search": "echo"}
+
+
+def test_evaluate_says_ten_long_sources_then_counts_the_rest_and_draws_its_examples_with_seed_0(
+    tmp_path, capsys):
+  translator = _EchoTranslator()
+  pairs = [(f"source {i}", f"reference {i}") for i in range(12)]
+  result = evaluation.evaluate(translator, None, "mine", str(tmp_path / "a"), num_examples=3,
+                               pairs=pairs)
+  err = capsys.readouterr().err.splitlines()
+  assert err == [f"warning: mine pair {i} is longer than max_len - 1 pieces"
+                 for i in range(1, 11)] + [
+                     "warning: ... and 2 more sources longer than max_len - 1 pieces"]
+  assert result["long_sources"] == 12 and result["truncated_sources"] == 0
+  # The examples page: 3 drawn with seed 0, and the 1 worst of the rest.
+  hyps = [s for s, _ in pairs]
+  with open(result["examples"], encoding="utf-8") as f:
+    assert f.read() == evaluation.examples_markdown(
+        evaluation.examples(pairs, hyps, 3, worst=1, seed=0))
+  evaluation.evaluate(translator, None, "mine", str(tmp_path / "d"), num_examples=0,
+                      pairs=pairs[:11])
+  assert capsys.readouterr().err.splitlines()[10:] == [
+      "warning: ... and 1 more source longer than max_len - 1 pieces"]
+  # Exactly ten: no count line; quiet: nothing said, still counted.
+  evaluation.evaluate(translator, None, "mine", str(tmp_path / "b"), num_examples=0,
+                      pairs=pairs[:10])
+  assert len(capsys.readouterr().err.splitlines()) == 10
+  result = evaluation.evaluate(translator, None, "mine", str(tmp_path / "c"), num_examples=0,
+                               pairs=pairs, quiet=True)
+  assert capsys.readouterr().err == "" and result["long_sources"] == 12
+
+
+def test_line_numbers_are_cut_after_five_and_one_split_off_comma_is_not_tokenized_text():
+  assert evaluation._numbers([], "line") == "0"
+  assert evaluation._numbers([4], "line") == "1 (line 4)"
+  assert evaluation._numbers([1, 2, 3, 4, 5], "pair") == "5 (pairs 1, 2, 3, 4, 5)"
+  assert evaluation._numbers([1, 2, 3, 4, 5, 9], "pair") == "6 (pairs 1, 2, 3, 4, 5, ...)"
+  # A period or comma standing alone counts in two lines or more, and in a tenth of them.
+  raw = [f"Satz {i}." for i in range(8)]
+  assert evaluation.tokenized_lines(raw[:7] + ["Ja , gut"]) == []
+  assert evaluation.tokenized_lines(raw[:6] + ["Ja , gut", "So ."]) == [7, 8]
+  assert evaluation.tokenized_lines(raw * 3 + ["Ja , gut", "So ."]) == []  # 2 of 26
+  assert evaluation.tokenized_lines(raw + ["Ja , gut", "So .", "&quot;x&quot;"]) == [9, 10, 11]

@@ -522,6 +522,8 @@ def test_evaluation_reads_the_run_s_own_corpus_and_refuses_a_changed_one(tmp_pat
   run = {"data": json.loads(data.to_json_best_effort()),
          workdir_lib.RESOLVED_DATA: fingerprint.record(data)}
   assert evaluation.data_config(run, "w").tsv_path == "corpus.tsv"
+  assert evaluation.data_config(run, "w").data_dir == run["data"]["data_dir"]
+  assert evaluation.data_config(run, "w", data_dir="/elsewhere").data_dir == "/elsewhere"
   # From a directory without corpus.tsv: the file the run was trained on (also for a run
   # recorded before the roles were).
   monkeypatch.chdir(tmp_path / "b")
@@ -538,6 +540,11 @@ def test_evaluation_reads_the_run_s_own_corpus_and_refuses_a_changed_one(tmp_pat
   corpus.write_text("one\tzwei\n")
   with pytest.raises(workdir_lib.RunError, match=f"{corpus}: its content changed"):
     evaluation.data_config(run, "w")
+  # Given by its absolute path, the changed file gets no advice about the working directory.
+  absolute = {**run, "data": {**run["data"], "tsv_path": str(corpus)}}
+  with pytest.raises(workdir_lib.RunError, match=f"{corpus}: its content changed") as raised:
+    evaluation.data_config(absolute, "w")
+  assert "Relative corpus paths" not in str(raised.value)
 
 
 def test_a_run_split_before_the_grouping_is_told_how_to_resume(run, data_dir):

@@ -73,7 +73,7 @@ def target_lang(run: dict) -> str:
   return str(run.get("data", {}).get("target_lang") or "de")
 
 
-def examples(pairs: Sequence[tuple[str, str]], hypotheses: Sequence[str], num: int = 10,
+def examples(pairs: Sequence[tuple[str, str]], hypotheses: Sequence[str], num: int,
              worst: int = 1, seed: int = 0) -> list[dict]:
   """`num` pairs drawn at random (`seed`), in the split's order, then the `worst` others with
   the lowest sentence chrF: what a results page shows, reproducible from the hypotheses."""
@@ -460,8 +460,8 @@ def check_pairs(pairs: Sequence[tuple[str, str]], split: str,
   return {**check_empty(pairs, split, origin, warn), **check_tokenized(pairs, split, origin, warn)}
 
 
-def evaluate(translator: Translator, data, split: str, output_dir: str | None = None,
-             num_examples: int = 10, pairs: list[tuple[str, str]] | None = None,
+def evaluate(translator: Translator, data, split: str, output_dir: str | None = None, *,
+             num_examples: int, pairs: list[tuple[str, str]] | None = None,
              extra: dict | None = None, origin: tuple[str, str] | None = None,
              quiet: bool = False) -> dict:
   """Translate every pair of `split` (nothing dropped or truncated for length), write the
@@ -485,7 +485,8 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   for w in warnings[:10]:
     warn(w)
   if len(warnings) > 10:
-    warn(f"... and {len(warnings) - 10} more sources longer than max_len - 1 pieces")
+    more = len(warnings) - 10
+    warn(f"... and {more} more source{'s' if more > 1 else ''} longer than max_len - 1 pieces")
   hypotheses = [" ".join(h.splitlines()) for h in hypotheses]  # one line per pair, always
   # Every warning is one source over max_len - 1 pieces: cut when truncating, else read whole.
   result = {"split": split, "sentences": len(pairs),
@@ -500,7 +501,7 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
 
 
 def copy_baseline(pairs: list[tuple[str, str]], split: str, output_dir: str,
-                  num_examples: int = 10, workdir: str | None = None, extra: dict | None = None,
+                  num_examples: int, workdir: str | None = None, extra: dict | None = None,
                   origin: tuple[str, str] | None = None, *, lang: str) -> dict:
   """The scores of copying each source of `pairs` (the split's) as its translation: no model
   and no tokenizer involved. With `workdir`, the result is also appended to its
