@@ -1194,6 +1194,25 @@ def test_bleu_text_and_a_grid_without_intervals_or_p_values():
   assert table[3].split() == ["*", "4", "0.6", "22.50", "51.00", "23.00", "5.0"], table
 
 
+def test_a_grids_columns_end_under_their_headings_and_hypotheses_are_read_line_by_line(
+    tmp_path):
+  rows = [dict(beam_size=1, alpha=None, bleu=20.0, chrf=50.0, tokenized_bleu=21.0,
+               sentences_per_sec=10.0, bleu_ci95=1.25, step=100),
+          dict(beam_size=4, alpha=0.6, bleu=22.5, chrf=51.0, tokenized_bleu=23.0,
+               sentences_per_sec=5.0, bleu_ci95=1.5, step=200)]
+  for p_values in (None, [0.012, None]):
+    table = evaluation.grid_table("test", rows, p_values).splitlines()
+    heading, body = table[1], table[2:4]
+    assert all(len(line) == len(heading) for line in body), table
+    # Each value's last character under its heading's: columns right-aligned.
+    ends = [m.end() for m in re.finditer(r"\S+(?: \S+)*", heading)]
+    assert all(line[end - 1] != " " and (end == len(line) or line[end] == " ")
+               for line in body for end in ends), table
+  path = tmp_path / "hypotheses.test.greedy.txt"
+  path.write_bytes("eins\nzwei\r drei\n\nvier\n".encode())
+  assert evaluation.read_hypotheses(str(path)) == ["eins", "zwei\r drei", "", "vier"]
+
+
 def test_a_grid_marks_every_best_row_and_none_when_all_are_the_same():
   results = [dict(beam_size=1, alpha=None, bleu=20.0, chrf=50.0, tokenized_bleu=21.0,
                   sentences_per_sec=10.0),

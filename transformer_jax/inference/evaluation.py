@@ -1,8 +1,9 @@
 """Translate a whole split and score it: sacreBLEU and chrF on detokenized text, and the paper's
 tokenized BLEU beside them.
 
-    result = evaluate(Translator("runs/default", beam_size=4), data, "test")
-    floor = copy_baseline(data.raw_examples("test"), "test", "runs/default/baselines", lang="de")
+    result = evaluate(Translator("runs/default", beam_size=4), data, "test", num_examples=10)
+    floor = copy_baseline(data.raw_examples("test"), "test", "runs/default/baselines", 10,
+                          lang="de")
 
 BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the raw references;
 the signatures are in the result. The copy baseline scores what needs no model at all: names,
@@ -154,7 +155,7 @@ def grid_table(split: str, results: Sequence[dict],
     ci = f"{r['bleu_ci95']:>5.2f}" if r.get("bleu_ci95") is not None else f"{'':>5}"
     p = ""
     if show_p:
-      p = "  " + ("-" if p_values[i] is None else f"{p_values[i]:.3f}").rjust(10)
+      p = "  " + ("-" if p_values[i] is None else f"{p_values[i]:.3f}").rjust(9)
     step = f"{r.get('step')!s:>7}  " if steps else ""
     rows.append(f"{'*' if best else ' '} {step}{r['beam_size']:>4}  {alpha:>5}  {r['bleu']:>6.2f}  "
                 f"{ci}  {r['chrf']:>6.2f}  {r['tokenized_bleu']:>14.2f}  "
