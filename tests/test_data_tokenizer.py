@@ -123,8 +123,8 @@ def test_too_many_characters_names_the_byte_pieces_only_with_byte_fallback(tmp_p
 
 
 def test_the_vocabulary_does_not_depend_on_the_machines_core_count(tmp_path, monkeypatch):
-  """Unigram's EM sums per thread in float32, so 1 and 16 threads give other scores and piece
-  ids: the trainer's thread count is fixed, not the machine's."""
+  """Unigram's EM sums per thread in floating point, so 1 and 16 threads give other scores
+  and piece ids: the trainer's thread count is fixed, not the machine's."""
   import sentencepiece as spm
   models = []
   for cores in (1, 16):

@@ -95,9 +95,9 @@ def file_lock(path: str):
 
 
 # SentencePiece's trainer threads: a fixed count, not the machine's. Unigram's EM sums its
-# expected counts in float32 per thread, so the pieces' scores, and with them their ids, depend
-# on the thread count (BPE's integer counts do not); a fixed count makes the vocabulary of a
-# corpus and config the same on a 2-core laptop and a 16-core GPU host (tested).
+# expected counts per thread in floating point, so the pieces' scores, and with them their
+# ids, depend on the thread count (BPE's integer counts do not); a fixed count makes the
+# vocabulary of a corpus and config the same on a 2-core laptop and a 16-core GPU host.
 TRAINER_THREADS = 8
 
 # SentencePiece's wording when the corpus has more distinct characters than pieces allowed.
