@@ -374,8 +374,11 @@ def test_a_full_disk_stops_the_run_with_one_message_and_it_resumes_once_there_is
     assert failed.returncode == 1, failed.stderr[-3000:]
     errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "No space left on device" in errors[0], failed.stderr[-3000:]
-    assert "Traceback" not in failed.stderr and "RESOURCE_EXHAUSTED" not in failed.stderr.replace(
-        errors[0], "")
+    # Once, under coverage and a parallel test run, an Orbax thread's log record with a
+    # traceback got through (2026-11-27; not reproduced in four tries): the whole of the rest
+    # is the message, so the next occurrence says which exception it was.
+    rest = failed.stderr.replace(errors[0], "")
+    assert "Traceback" not in rest and "RESOURCE_EXHAUSTED" not in rest, rest[-8000:]
     good = checkpointing.checkpoint_steps(str(run / "checkpoints"))
     # Which save fails depends on how TensorStore buffers its writes (on one CI machine the
     # first one did): the message names the last good step, or says there is none.
