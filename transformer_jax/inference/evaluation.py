@@ -483,10 +483,11 @@ def evaluate(translator: Translator, data, split: str, output_dir: str | None = 
   warnings: list[str] = []
   hypotheses = translator.translate([s for s, _ in pairs], warnings.append,
                                     names=[f"{split} pair {i + 1}" for i in range(len(pairs))])
-  for w in warnings[:10]:
+  shown = 10  # long sources named one by one; the rest are counted in one line
+  for w in warnings[:shown]:
     warn(w)
-  if len(warnings) > 10:
-    more = len(warnings) - 10
+  more = len(warnings) - shown
+  if more > 0:
     warn(f"... and {more} more source{'s' if more > 1 else ''} longer than max_len - 1 pieces")
   hypotheses = [" ".join(h.splitlines()) for h in hypotheses]  # one line per pair, always
   # Every warning is one source over max_len - 1 pieces: cut when truncating, else read whole.
