@@ -304,8 +304,20 @@ def test_a_storage_failure_is_one_error_naming_the_step_and_the_last_good_one(
                      'checkpoint-tmp/state": Failed to write: No space left on device')
 
   monkeypatch.setattr(ckpt.manager, "save", full)
+  # Writes still in flight find the failed step's directory removed (CI, 2026-11-27): asyncio's
+  # record of each, as it printed there. Before the failure such a record prints.
+  in_flight = logging.LogRecord(
+      "asyncio", logging.ERROR, "/usr/lib/python3.11/asyncio/base_events.py", 1,
+      "Future exception was never retrieved\nfuture: <Future finished exception=ValueError("
+      "'NOT_FOUND: Error writing \"params.w/0\" in OCDBT database at local file \"%s\"')>",
+      (f"{ckpt.directory}/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/",),
+      None)
+  elsewhere = logging.LogRecord("asyncio", logging.ERROR, "x.py", 1, "NOT_FOUND: /data/x",
+                                None, None)
+  assert ckpt._quiet.filter(in_flight) and ckpt._quiet.filter(elsewhere)
   with pytest.raises(checkpointing.StorageError) as failed:
     ckpt.save(4, {"w": np.zeros(3)})
+  assert not ckpt._quiet.filter(in_flight) and ckpt._quiet.filter(elsewhere)
   message = str(failed.value)
   assert "saving checkpoint 4 into" in message and "No space left on device" in message
   assert "last good checkpoint is step 3" in message and "MiB are free" in message
