@@ -181,7 +181,13 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
   assert not os.path.exists(os.path.join(sweeps.point_dir(sweep_dir, runner.points[0]),
                                          sweeps.DONE))
   monkeypatch.delenv("FAKE_STOP_AT")
-  results = runner.run(log=lambda s: None)
+  lines = []
+  results = runner.run(log=lines.append)
+  # One point at a time unless told: each ends before the next starts.
+  assert [line.split(": ")[1].split(" ")[0] for line in lines] == ["started", "done"] * 2 + [
+      "started", "failed", "started", "done"], lines
+  assert not [line for line in lines if "slot" in line]   # one slot: not named
+  assert all(0 < r["seconds"] < 300 for r in results), results   # each from its own start
   by_name = {r["name"]: r for r in results}
   failed = sweeps.point_name({"learning_rate": 2.0, "warmup_steps": 5})
   assert by_name[failed]["status"] == "failed"
@@ -199,11 +205,14 @@ def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
   assert _calls(sweep_dir, {"learning_rate": 1.0, "warmup_steps": 5}) == 2  # stopped, then done
   assert _calls(sweep_dir, {"learning_rate": 2.0, "warmup_steps": 5}) == 2
   # One point by index, as a SLURM array task runs it.
-  assert again.run([0], log=lambda s: None)[0]["status"] == "skipped (done)"
+  lines = []
+  assert again.run([0], log=lines.append)[0]["status"] == "skipped (done)"
+  assert lines == [f"[0] {sweeps.point_name(again.points[0])}: already done, skipped"]
   assert again.run([2], log=lambda s: None)[0]["status"] == "failed"
   assert _calls(sweep_dir, {"learning_rate": 2.0, "warmup_steps": 5}) == 3
-  with pytest.raises(sweeps.SweepError, match=r"--point 4: this sweep has points 0..3"):
-    again.run([4])
+  for i in (4, -1):
+    with pytest.raises(sweeps.SweepError, match=rf"--point {i}: this sweep has points 0..3"):
+      again.run([i])
   # A point that saved and evaluated its last step counts as done without a DONE marker;
   # without the final evaluation (killed during it) it does not.
   done_dir = sweeps.point_dir(sweep_dir, {"learning_rate": 1.0, "warmup_steps": 10})
@@ -272,8 +281,10 @@ def test_points_run_one_by_one_update_their_entries_of_status_json(tmp_path):
   again = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3})
   again.run([3, 0], log=lambda s: None)
   assert recorded() == [(0, "skipped (done)"), (2, "failed"), (3, "done")]
+  again.run([1], log=lambda s: None)    # the entries of the other points stay, point 0's too
+  assert recorded() == [(0, "skipped (done)"), (1, "done"), (2, "failed"), (3, "done")]
   with open(path) as f:
-    assert json.load(f)[2]["name"] == sweeps.point_name(runner.points[3])
+    assert json.load(f)[3]["name"] == sweeps.point_name(runner.points[3])
 
 
 def test_a_done_point_runs_again_when_the_sweep_asks_for_more_steps(tmp_path):
@@ -628,6 +639,9 @@ def test_config_overrides_reach_every_point(tmp_path, monkeypatch, capsys):
   assert ("error: --config.num_train_steps sets a field the sweep varies: it would replace "
           "every point's num_train_steps") in capsys.readouterr().err
   assert not (tmp_path / "s1").exists()
+  with pytest.raises(sweeps.SweepError, match=r"^--config.learning_rate sets a field"):
+    sweeps.Runner(TINY, str(tmp_path / "s2"), str(fake),  # two swept: the first named
+                  {"warmup_steps": 3, "learning_rate": 0.5})
   # A point no run could train with fails before the first point runs, naming the point; so
   # does a value of the wrong type.
   bad = tmp_path / "bad_point.py"
@@ -664,7 +678,8 @@ def test_slots_take_their_gpus_from_an_inherited_cuda_visible_devices():
   assert sweeps.slot_env(1, 1, uuids)["CUDA_VISIBLE_DEVICES"] == "GPU-0d9e7f66"
   with pytest.raises(sweeps.SweepError, match=(
       r"3 point\(s\) at a time x --devices_per_point 2 need 6 GPUs, but the inherited "
-      r"CUDA_VISIBLE_DEVICES=4,5,6,7 lists 4: lower --parallel or --devices_per_point")):
+      r"CUDA_VISIBLE_DEVICES=4,5,6,7 lists 4 that CUDA shows: lower --parallel or "
+      r"--devices_per_point")):
     sweeps.slot_env(2, 2, parent)
   # Unset: every GPU is ours, counted from 0. Empty: GPUs hidden for a CPU sweep stay hidden.
   assert sweeps.slot_env(3, 2, {})["CUDA_VISIBLE_DEVICES"] == "6,7"
@@ -674,6 +689,11 @@ def test_slots_take_their_gpus_from_an_inherited_cuda_visible_devices():
   # So do the other ways of hiding them: CUDA's "-1", SLURM's "NoDevFiles".
   for value in ("-1", "NoDevFiles"):
     assert sweeps.slot_env(3, 2, {"CUDA_VISIBLE_DEVICES": value})["CUDA_VISIBLE_DEVICES"] == value
+  # CUDA shows the entries before the first that is neither an id nor a UUID: "0,1,-1,3" is 0, 1.
+  cut = {"CUDA_VISIBLE_DEVICES": "0,1,-1,3"}
+  assert [sweeps.slot_env(s, 1, cut)["CUDA_VISIBLE_DEVICES"] for s in (0, 1)] == ["0", "1"]
+  with pytest.raises(sweeps.SweepError, match=r"CUDA_VISIBLE_DEVICES=0,1,-1,3 lists 2 that"):
+    sweeps.slot_env(2, 1, cut)
   assert sweeps.slot_env(5, 0, parent) == parent   # K=0: each point sees all of them
 
 
@@ -721,8 +741,12 @@ def test_parallel_slots_get_disjoint_devices(tmp_path, monkeypatch):
   """))
   sweep_dir = str(tmp_path / "sweep")
   runner = sweeps.Runner(TINY, sweep_dir, str(fake))
-  results = runner.run(parallel=2, devices_per_point=4, log=lambda s: None)
+  lines = []
+  results = runner.run(parallel=2, devices_per_point=4, log=lines.append)
   assert [r["returncode"] for r in results] == [0] * 4  # (not "done": no final step is saved)
+  # The first two start at once, each in its own slot, named in the log.
+  assert [line.split(": ", 1)[1] for line in lines[:2]] == ["started (slot 0)",
+                                                            "started (slot 1)"], lines
   seen = []
   for p in runner.points:
     with open(os.path.join(sweeps.point_dir(sweep_dir, p), "devices")) as f:
@@ -790,6 +814,39 @@ def test_list_takes_the_overrides_the_sweep_recorded(tmp_path, capsys):
   assert err == ("warning: statuses are computed with this command's flags "
                  "(--config.num_train_steps=5), not the sweep's (--config.num_train_steps=3, "
                  f"recorded in {sweep_dir}/sweep.json)\n")
+
+
+def test_a_look_compares_overrides_as_sweep_json_holds_them(tmp_path):
+  """A tuple override comes back from sweep.json as a list: the same value, though its flag now
+  reads `[8, 16]` where the sweep's read `(8, 16)`. A look warns of other values only."""
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(FAKE_TRAIN)
+  sweep_dir = str(tmp_path / "sweep")
+  overrides = {"num_train_steps": 3, "data.bucket_boundaries": (8, 16)}
+  sweeps.Runner(TINY, sweep_dir, str(fake), overrides).run([0], log=lambda s: None)
+  look = sweeps.Runner(TINY, sweep_dir, str(fake), record=False)
+  assert look.extra_flags != look.recorded_flags and not look.differs_from_recorded()
+  look = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 5}, record=False)
+  assert look.differs_from_recorded()
+  # Nothing recorded: nothing to differ from.
+  fresh = sweeps.Runner(TINY, str(tmp_path / "new"), str(fake), {"seed": 3}, record=False)
+  assert not fresh.differs_from_recorded()
+
+
+def test_a_failed_points_marker_holds_its_time_and_the_last_60_lines_of_its_log(tmp_path):
+  fake = tmp_path / "fake_train.py"
+  fake.write_text("import sys\nprint('\\n'.join(f'line {i}' for i in range(1, 101)))\n"
+                  "sys.exit(3)\n")
+  runner = sweeps.Runner(TINY, str(tmp_path / "sweep"), str(fake))
+  [result] = runner.run([0], log=lambda s: None)
+  assert result["returncode"] == 3
+  d = sweeps.point_dir(runner.sweep_dir, runner.points[0])
+  text = open(os.path.join(d, sweeps.FAILED)).read()
+  assert text.startswith("exit status 3 after ")
+  tail = text.split("train.log:\n", 1)[1]
+  assert tail.splitlines() == [f"line {i}" for i in range(41, 101)]
+  assert runner._finish(0, 3, 1.26)["seconds"] == 1.3
+  assert open(os.path.join(d, sweeps.FAILED)).read().startswith("exit status 3 after 1.3 s\n$ ")
 
 
 def test_slurm_script_quotes_its_paths_for_sbatch(tmp_path):
@@ -1002,6 +1059,7 @@ def test_killing_the_driver_stops_its_points(tmp_path):
 
 def test_exit_text_names_the_signal():
   assert sweeps.runner.exit_text(1) == "exit status 1"
+  assert sweeps.runner.exit_text(0) == "exit status 0"
   assert sweeps.runner.exit_text(-9) == "killed by SIGKILL"
   assert sweeps.runner.exit_text(-200) == "killed by signal 200"
 
@@ -1025,9 +1083,12 @@ def test_a_point_whose_workdir_a_live_process_holds_is_running(tmp_path):
     assert runner.status(0) == "running"
     assert sweeps.report(sweep_dir, "train_loss")["rows"][0]["status"] == "running"
     # The sweep run again beside it skips it rather than fail on its lock.
-    [result] = runner.run([0], log=lambda s: None)
+    lines = []
+    [result] = runner.run([0], log=lines.append)
     assert result["status"] == "skipped (running)" and not os.path.exists(
         os.path.join(d, "calls"))
+    assert lines == [f"[0] {sweeps.point_name(runner.points[0])}: running (its workdir is in "
+                     "use by a live process), skipped: run the sweep again once it has ended"]
   finally:
     sleeper.kill()
     sleeper.wait()

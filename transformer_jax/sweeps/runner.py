@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import json
 import os
 import re
@@ -96,19 +97,22 @@ def _slot_gpus(slot: int, devices_per_point: int, visible: str | None) -> str:
   id 0 instead would run points on GPUs outside it. Unset, every GPU is ours; set empty, or
   to what CUDA reads as no device ("-1", SLURM's "NoDevFiles": a list that starts with an
   entry that is neither an id nor a UUID), GPUs are hidden on purpose (a CPU sweep), and stay
-  hidden as they were."""
+  hidden as they were. As for CUDA, the list ends at its first such entry ("0,1,-1,2" shows
+  GPUs 0 and 1): a slot never gets a GPU that CUDA would not show it."""
   first, last = slot * devices_per_point, (slot + 1) * devices_per_point
   if visible is None:
     return ",".join(str(i) for i in range(first, last))
-  entries = [d.strip() for d in visible.split(",") if d.strip()]
-  if not entries or not (entries[0].isdigit() or entries[0].startswith(("GPU-", "MIG-"))):
+  entries = list(itertools.takewhile(
+      lambda d: d.isdigit() or d.startswith(("GPU-", "MIG-")),
+      [d.strip() for d in visible.split(",") if d.strip()]))
+  if not entries:
     return visible
   if last > len(entries):
     raise SweepError(
         f"{slot + 1} point(s) at a time x --devices_per_point {devices_per_point} need {last} "
-        f"GPUs, but the inherited CUDA_VISIBLE_DEVICES={visible} lists {len(entries)}: lower "
-        "--parallel or --devices_per_point, or make more GPUs visible (set it empty for a CPU "
-        "sweep on fake devices)")
+        f"GPUs, but the inherited CUDA_VISIBLE_DEVICES={visible} lists {len(entries)} that "
+        "CUDA shows: lower --parallel or --devices_per_point, or make more GPUs visible (set "
+        "it empty for a CPU sweep on fake devices)")
   return ",".join(entries[first:last])
 
 
