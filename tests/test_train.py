@@ -281,6 +281,39 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir):
   assert "(its config.json differs in model.d_ff: 64 there, 48 here)" in str(e.value), e.value
 
 
+def test_the_cadence_reads_the_stop_flag_every_step_alone_and_at_log_steps_together():
+  cadence = loop.Cadence(num_train_steps=6, log_every=4, checkpoint_every=5, eval_every=3,
+                         bleu_every=1000)
+  assert [s for s in range(1, 7) if cadence.reads_stop(s, processes=1)] == [1, 2, 3, 4, 5, 6]
+  assert [s for s in range(1, 7) if cadence.reads_stop(s, processes=2)] == [4, 6]
+
+
+def test_every_save_and_evaluation_logs_the_training_before_it_and_is_left_out_of_its_timing(
+    tmp_path, data_dir, monkeypatch, capsys):
+  """Log every 4 steps, evaluate every 3, save every 5 (of 6): steps 3 and 5 are logged too,
+  the time a save takes counts in no throughput, and a finished run run again deletes no
+  checkpoint (its keep_checkpoints lowered: nothing trains, so no save follows a pruning)."""
+  save = checkpointing.Checkpointer.save
+
+  def slow_save(self, *args, **kwargs):
+    time.sleep(1.0)
+    return save(self, *args, **kwargs)
+
+  monkeypatch.setattr(checkpointing.Checkpointer, "save", slow_save)
+  c = tiny_config(data_dir, log_every_steps=4, eval_every_steps=3, checkpoint_every_steps=5)
+  loop.train_and_evaluate(c, str(tmp_path))
+  records = {r["step"]: r for r in metrics.read_metrics(str(tmp_path)) if "train_loss" in r}
+  assert sorted(records) == [1, 3, 4, 5, 6]
+  # Step 6's window starts after step 5's save: about one step, not the second of the save.
+  assert records[6]["steps_per_sec"] > 1.0, records[6]   # 0.31 when the save counted
+  assert "warning: None" not in "".join(capsys.readouterr())
+  assert checkpointing.checkpoint_steps(str(tmp_path / "checkpoints")) == [5, 6]
+  loop.train_and_evaluate(tiny_config(data_dir, log_every_steps=4, eval_every_steps=3,
+                                      checkpoint_every_steps=5, keep_checkpoints=1),
+                          str(tmp_path))
+  assert checkpointing.checkpoint_steps(str(tmp_path / "checkpoints")) == [5, 6]
+
+
 def test_batches_that_do_not_split_over_the_devices_are_refused(tmp_path, data_dir):
   assert jax.device_count() == 8
   with pytest.raises(ValueError, match=r"6 rows does not split over the 8 devices.*batch_size"):

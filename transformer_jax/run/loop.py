@@ -56,6 +56,11 @@ class Cadence:
   def bleu(self, step: int) -> bool:
     return self.is_final(step) or step % self.bleu_every == 0
 
+  def reads_stop(self, step: int, processes: int) -> bool:
+    """Whether the stop flag (a signal's) is read after `step`: after every step in one process;
+    with several at log steps only, as agreeing on it costs a host round trip."""
+    return processes == 1 or self.log(step)
+
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Train (resuming if possible) until `config.num_train_steps`, or until early stopping ends
@@ -164,8 +169,7 @@ class _Run:
     # Orbax would delete them only after the next save, and a full disk, the reason to lower
     # keep_checkpoints, held no page for any of those writes. Only when this command trains
     # (a save follows); every process calls it.
-    trains = self.step < self.config.num_train_steps and not self.stopped_early
-    gone = trainer.checkpointer.prune() if trains else []
+    gone = trainer.checkpointer.prune() if self._trains() else []
     # Records past the resumed step (logged before a crash, from steps that are now run again)
     # are dropped, so every step appears once in metrics.jsonl and TensorBoard.
     self.writer = metrics_lib.MetricsWriter(workdir, enabled=main, resume_step=self.step)
@@ -221,9 +225,8 @@ class _Run:
       elif self.patience is not None or self.best is not None:
         self._evaluate_if_lost(last)
       with distributed.StopFlag() as stop:
-        trains = self.step < self.config.num_train_steps and not self.stopped_early
-        upcoming = self.batches.next() if trains else None
-        while self.step < self.config.num_train_steps and not self.stopped_early:
+        upcoming = self.batches.next() if self._trains() else None
+        while self._trains():
           upcoming, record, stopping = self._one_step(upcoming, stop)
           last = record or last
           if self.stopped_early:
@@ -246,6 +249,10 @@ class _Run:
     last["step"] = self.step
     return last
 
+  def _trains(self) -> bool:
+    """Whether steps are left to train: num_train_steps not reached, not stopped early."""
+    return self.step < self.config.num_train_steps and not self.stopped_early
+
   def _one_step(self, upcoming, stop: distributed.StopFlag):
     """Run the step on `upcoming`, then whatever the cadence asks; returns (the next batch, the
     records logged, the stop signal if the run stops here)."""
@@ -263,8 +270,7 @@ class _Run:
     if self.meter.compiling:  # the compiling first step: logged, but not timed
       logged = self._write(step, self.meter.record(step))
     # Read the flag once: a signal landing between "save?" and "stop?" must not stop unsaved.
-    # With several processes agreeing costs a host round trip, so they agree at log steps.
-    stopping = (stop.agreed() if jax.process_count() == 1 or cadence.log(step) else None)
+    stopping = stop.agreed() if cadence.reads_stop(step, jax.process_count()) else None
     save = cadence.save(step) or stopping is not None
     evaluate, bleu = cadence.evaluate(step), cadence.bleu(step)
     if save or evaluate or bleu or cadence.log(step):
