@@ -46,6 +46,8 @@ def test_product_zipped_cross_chain():
   with pytest.raises(ValueError, match="set by two groups"):
     sweeps.cross([{"a": 1}], [{"a": 2}])
   assert sweeps.chain([{"a": 1}], [{"a": 1}, {"a": 2}]) == [{"a": 1}, {"a": 2}]
+  # The same point written in another key order (a cross of groups in another order) is one.
+  assert sweeps.chain([{"a": 1, "b": 2}], [{"b": 2, "a": 1}]) == [{"a": 1, "b": 2}]
 
 
 def test_product_and_zipped_refuse_one_value_where_a_list_belongs():
@@ -166,6 +168,24 @@ FAKE_TRAIN = textwrap.dedent("""
 def _calls(sweep_dir, point):
   with open(os.path.join(sweeps.point_dir(sweep_dir, point), "calls")) as f:
     return len(f.read())
+
+
+def test_point_names_stay_as_they_were_named(tmp_path):
+  """A point's name is its workdir: a re-run finds its finished points by it, so the format, the
+  cut at 120 characters and the hash must not change (every point would start anew)."""
+  # The hash is of the point with its keys sorted: the order it was written in does not count.
+  assert sweeps.point_name({"x": "/a", "w": 1}) == "w=1,x=_a-775a2429"
+  assert sweeps.point_name({"w": 1, "x": "/a"}) == "w=1,x=_a-775a2429"
+  assert sweeps.point_name({"f": "v" * 118}) == "f=" + "v" * 118        # 120 characters: whole
+  assert sweeps.point_name({"f": "v" * 119}) == "f=" + "v" * 108 + "-a065906e"   # 121: cut
+  # 120 characters with one replaced: whole, and the hash after it.
+  assert sweeps.point_name({"f": "/" + "v" * 117}) == "f=_" + "v" * 117 + "-6f9a614a"
+  # A sweep() that returns a point twice would run it twice into one workdir: refused.
+  twice = tmp_path / "twice.py"
+  twice.write_text("from tiny_config import get_config\n"
+                   "def sweep():\n  return [{'seed': 1}, {'seed': 2}, {'seed': 1}]\n")
+  with pytest.raises(sweeps.SweepError, match=r"returns the same point twice: \['seed=1'\]"):
+    sweeps.load_sweep(str(twice))
 
 
 def test_runner_records_failures_skips_done_and_reports(tmp_path, monkeypatch):
