@@ -35,8 +35,8 @@ OS_FAILURES = ("No space left on device", "Disk quota exceeded", "Permission den
 # TensorStore's status codes, counted only for a failed write: RESOURCE_EXHAUSTED alone is also
 # XLA's words for a device out of memory, which is not a storage failure.
 STATUS_FAILURES = ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "DATA_LOSS")
-_TMP_STEP = re.compile(r"/(\d+)\.orbax-checkpoint-tmp")
-_TMP_DIR = ".orbax-checkpoint-tmp"
+_TMP_DIR = ".orbax-checkpoint-tmp"   # Orbax's suffix of a step still being written
+_TMP_STEP = re.compile(r"/(\d+)" + re.escape(_TMP_DIR))
 
 
 class StorageError(CheckpointError):
@@ -481,7 +481,7 @@ def remove_partial_steps(directory: str) -> bool:
   there were any."""
   if jax.process_index() != 0 or not os.path.isdir(directory):
     return False
-  partial = [n for n in os.listdir(directory) if ".orbax-checkpoint-tmp" in n]
+  partial = [n for n in os.listdir(directory) if _TMP_DIR in n]
   for name in partial:
     shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
   return bool(partial)
