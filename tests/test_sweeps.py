@@ -13,12 +13,15 @@ import time
 from absl import flags
 import matplotlib
 from ml_collections import config_flags
+import numpy as np
 import pytest
 
 from transformer_jax import sweeps
 from transformer_jax.data import get_data
 from transformer_jax.run import metrics
+from transformer_jax.run.best import BestKeeper
 from transformer_jax.sweeps import slurm as sweeps_slurm
+from transformer_jax.sweeps.report import figure, log_scale, markdown, run_row, search_text
 
 import tiny_config  # tests/ is on sys.path: pytest puts a test file's directory there
 import xla_env
@@ -345,16 +348,66 @@ def test_a_done_point_runs_again_when_the_sweep_asks_for_more_steps(tmp_path):
 
 
 def test_report_plot_leaves_the_matplotlib_backend_alone(tmp_path):
+  """One panel per swept field, 4 x 3.2 inches each at 100 dpi; numbers on a numeric axis (log
+  where they are positive and span 10x), anything else as sorted labels; the backend as it was."""
   original = matplotlib.get_backend()
   matplotlib.use("svg")  # not Agg, so a plot that switched to Agg would show
   try:
-    rows = [{"learning_rate": 1.0, "schedule": "rsqrt", "bleu": 3.0},
-            {"learning_rate": 20.0, "schedule": "constant", "bleu": 5.0}]
-    path = sweeps.plot(rows, ["learning_rate", "schedule"], "bleu", str(tmp_path / "p.png"))
+    rows = [{"learning_rate": 1.0, "schedule": "rsqrt", "warmup": 4, "bleu": 3.0},
+            {"learning_rate": 20.0, "schedule": "constant", "warmup": 64, "bleu": 5.0},
+            {"learning_rate": 2.0, "schedule": "rsqrt", "warmup": 16, "bleu": None}]
+    fields = ["learning_rate", "schedule"]
+    path = sweeps.plot(rows, fields, "bleu", str(tmp_path / "p.png"))
     assert os.path.getsize(path) > 1000
     assert matplotlib.get_backend().lower() == "svg"
+    with open(path, "rb") as f:
+      head = f.read(24)
+    assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (800, 320)
+    fig = figure(rows, fields, "bleu")
+    assert [ax.get_xlabel() for ax in fig.axes] == fields   # no other panel
+    lr, schedule = fig.axes
+    assert (lr.get_xscale(), lr.get_ylabel()) == ("log", "bleu")
+    assert lr.collections[0].get_offsets().tolist() == [[1.0, 3.0], [20.0, 5.0]]  # no None
+    assert schedule.get_xscale() == "linear"
+    assert [t.get_text() for t in schedule.get_xticklabels()] == ["constant", "rsqrt"]
+    assert {t.get_rotation() for t in schedule.get_xticklabels()} == {30}
+    assert schedule.collections[0].get_offsets().tolist() == [[1.0, 3.0], [0.0, 5.0]]
+    assert figure(rows, ["warmup"], "bleu").axes[0].get_xscale() == "log"
+    # Nothing to draw: no row has the metric, or nothing was swept.
+    assert sweeps.plot(rows, fields, "eval_loss", str(tmp_path / "none.png")) is None
+    assert sweeps.plot(rows, [], "bleu", str(tmp_path / "none.png")) is None
+    assert not os.path.exists(tmp_path / "none.png")
   finally:
     matplotlib.use(original)
+  # A log axis for positive values spanning 10x or more (1 // 0.1 is 9.0: the ratio is divided).
+  assert log_scale([0.1, 1.0]) and log_scale([4, 64, 16])
+  for linear in ([1.0, 9.5], [0.0, 100.0], [-1.0, 20.0], [0.5, 2.0], [3, 3]):
+    assert not log_scale(linear), linear
+
+
+def test_report_rows_read_best_checkpoints_cut_lines_and_sort_missing_last(tmp_path):
+  """A row has keep_best's best value and step where the run kept one; a results line cut by a
+  crash is skipped, not the end of the file; rows without the metric sort last, in their order."""
+  run, plain = str(tmp_path / "run"), str(tmp_path / "plain")
+  os.makedirs(os.path.join(run, "eval"))
+  os.makedirs(os.path.join(plain, "best_bleu"))   # a best_ directory with no step in it
+  assert BestKeeper(run, "bleu").offer(3, {"w": np.ones(2, np.float32)}, {"bleu": 7.5})
+  with open(os.path.join(run, "eval", "results.jsonl"), "w") as f:
+    f.write('{"split": "test", "bleu": 5.0, "beam_size": 4, "alpha": 0.6, "step": 2}\n'
+            '{"split": "test", "bl\n'     # cut by a crash; evaluate.py ran again after it
+            '{"split": "test", "bleu": 6.0, "beam_size": 1, "step": 3}\n')
+  row = run_row(run, {"name": "run"}, num_train_steps=3)
+  assert (row["best_bleu"], row["best_bleu_step"]) == (7.5, 3)
+  assert (row["test_bleu"], row["test_search"]) == (6.0, "greedy, step 3")
+  assert search_text({"beam_size": 2, "alpha": 0.6, "step": 1}) == "beam 2, alpha 0.6, step 1"
+  assert search_text({"beam_size": 0, "alpha": 0.6, "step": 1}) == "beam 0, alpha 0.6, step 1"
+  other = run_row(plain, {"name": "plain"}, num_train_steps=3)
+  assert not any(k.startswith("best_") for k in other)
+  assert not os.path.exists(os.path.join(plain, "best_eval_loss"))
+  rows = [{"n": "a"}, {"n": "b", "bleu": 3.0}, {"n": "c", "bleu": float("nan")},
+          {"n": "d", "bleu": 5.0}, {"n": "e", "bleu": "x"}]
+  assert [r["n"] for r in sweeps.sort_rows(rows, "bleu")] == ["d", "b", "a", "c", "e"]
+  assert [r["n"] for r in sweeps.sort_rows(rows, "bleu", lower=True)] == ["b", "d", "a", "c", "e"]
 
 
 def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
@@ -383,10 +436,18 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
   assert seeds[2]["bleu_std"] == pytest.approx(2.0) and seeds[2]["left_out"] == ""
   assert seeds[0]["n"] == 1 and math.isnan(seeds[0]["bleu_std"])   # one seed: no spread
   assert "Over seeds" in out["markdown"] and "| 21 | 1 | 20 | 22 |" in out["markdown"]
-  assert {"report_seeds.csv", "report_seeds.md"} <= set(os.listdir(tmp_path))
-  # A loss sorts lowest first; learning_rate 1 and 1.0 are one setting, as their workdirs are.
+  assert [os.path.basename(f) for f in out["files"]] == [
+      "report.csv", "report.md", "report_bleu.png", "report_seeds.csv", "report_seeds.md"]
+  # A loss sorts lowest first, unless told otherwise; learning_rate 1 and 1.0 are one setting,
+  # as their workdirs are.
   by_loss = sweeps.seed_summary(out["rows"], out["fields"], "eval_loss")
   assert [r["learning_rate"] for r in by_loss] == [4.0, 2.0, 1.0]
+  lowest = sweeps.seed_summary(out["rows"], out["fields"], "bleu", lower=True)
+  assert [r["learning_rate"] for r in lowest] == [1.0, 2.0, 4.0]
+  # Seeds listed numbers first, in order, then others by their text.
+  mixed = [{"learning_rate": 1.0, "seed": seed, "status": "done", "bleu": 1.0}
+           for seed in (10, "b", 2, "a")]
+  assert sweeps.seed_summary(mixed, ["learning_rate", "seed"], "bleu")[0]["seeds"] == "2 10 a b"
   as_int = [dict(r, learning_rate=1) if r["learning_rate"] == 1.0 and r["seed"] == 0 else r
             for r in out["rows"]]
   assert sweeps.seed_summary(as_int, out["fields"], "bleu")[2]["n"] == 3
@@ -402,6 +463,15 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
   with pytest.raises(sweeps.SweepError, match=r"--metric blue: no point logged it; did you "
                                               r"mean 'bleu'\? The points logged: bleu, "):
     sweeps.report(str(tmp_path), "blue")
+
+
+def test_markdown_cells_of_other_units():
+  """`md_cells`: a column's Markdown heading and how its values read (benchmark curves give
+  rates in other units than their CSV); an empty cell stays empty."""
+  cells = {"rate": ("rate (%)", lambda v: f"{100 * v:.0f}%")}
+  text = markdown([{"rate": 0.5, "n": None}, {"rate": None, "n": 2}], ["rate", "n"],
+                         cells)
+  assert text == "| rate (%) | n |\n|---|---|\n| 50% |  |\n|  | 2 |\n"
 
 
 def test_report_sorts_by_the_scores_of_evaluate_py(tmp_path, capsys):

@@ -83,11 +83,11 @@ def evaluated(workdir: str) -> dict:
           out[f"{result['split']}_{score}"] = result[score]
         else:  # a later result without it (too many sentences, an older run's) has none
           out.pop(f"{result['split']}_{score}", None)
-      out[f"{result['split']}_search"] = _search(result)
+      out[f"{result['split']}_search"] = search_text(result)
   return out
 
 
-def _search(result: dict) -> str:
+def search_text(result: dict) -> str:
   """Which checkpoint and search an evaluate.py result is of: `beam 4, alpha 0.6, average of 5
   to step 1500`, `greedy, step 1000` (the column beside a sweep report's <split>_bleu)."""
   beam = result.get("beam_size")
@@ -113,11 +113,11 @@ def _evaluated_name(metric: str) -> bool:
 def sort_rows(rows: list[dict], metric: str, lower: bool | None = None) -> list[dict]:
   """Best first by `metric`; rows without it (failed, not started) last."""
   lower = lower_is_better(metric) if lower is None else lower
-  def key(row):
+  def key(row):  # (missing, value): False sorts first
     v = row.get(metric)
     if not isinstance(v, (int, float)) or (isinstance(v, float) and math.isnan(v)):
-      return (1, 0.0)
-    return (0, v if lower else -v)
+      return (True,)
+    return (False, v if lower else -v)
   return sorted(rows, key=key)
 
 
@@ -185,7 +185,24 @@ def write_table(rows: list[dict], fields: list[str], metric: str, out_prefix: st
 
 
 def plot(rows: list[dict], fields: list[str], metric: str, path: str) -> str | None:
-  """One panel per swept field: `metric` against the field's values (PNG).
+  """One panel per swept field: `metric` against the field's values (PNG, 4 x 3.2 inches a
+  panel at 100 dpi); None where no row has the metric or nothing was swept."""
+  fig = figure(rows, fields, metric)
+  if fig is None:
+    return None
+  fig.savefig(path, dpi=100)
+  return path
+
+
+def log_scale(values: list) -> bool:
+  """Whether a numeric field's axis is logarithmic: every value positive, spanning 10x or more
+  (learning rates, batch sizes in powers of two)."""
+  return all(v > 0 for v in values) and max(values) / min(values) >= 10
+
+
+def figure(rows: list[dict], fields: list[str], metric: str):
+  """`plot`'s matplotlib Figure, not saved: one panel per field, in order; numbers on their
+  own axis (`log_scale`), anything else as sorted labels, one for each distinct text.
 
   A bare `Figure` draws without pyplot, so the caller's matplotlib backend is left alone."""
   # Imported here: matplotlib adds about half a second to each import of transformer_jax.sweeps
@@ -196,14 +213,13 @@ def plot(rows: list[dict], fields: list[str], metric: str, path: str) -> str | N
   if not have or not fields:
     return None
   fig = Figure(figsize=(4 * len(fields), 3.2))
-  axes = fig.subplots(1, len(fields), squeeze=False)
-  for ax, field in zip(axes[0], fields):
+  # Flattened, not indexed: one row of panels, one per field.
+  for ax, field in zip(fig.subplots(1, len(fields), squeeze=False).ravel(), fields):
     values = [r.get(field) for r in have]
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     if numeric:
       xs = values
-      positive = [v for v in values if v > 0]
-      if positive and len(positive) == len(values) and max(values) / min(values) >= 10:
+      if log_scale(values):
         ax.set_xscale("log")
     else:
       labels = sorted({str(v) for v in values})
@@ -214,8 +230,7 @@ def plot(rows: list[dict], fields: list[str], metric: str, path: str) -> str | N
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  return path
+  return fig
 
 
 def _number(v) -> bool:
@@ -224,7 +239,8 @@ def _number(v) -> bool:
 
 
 def _seed_order(v):
-  return (0, v, "") if _number(v) else (1, 0, str(v))
+  """Numbers in order, then anything else by its text (seeds 2, 10, "a")."""
+  return (False, v) if _number(v) else (True, str(v))
 
 
 def seed_summary(rows: list[dict], fields: list[str], metric: str, lower: bool | None = None,
