@@ -1042,6 +1042,94 @@ def test_slurm_submission_covers_unfinished_points_and_counts_killed_ones(tmp_pa
     sweeps.submit(runner)
 
 
+FAKE_SLURM = """#!/bin/sh
+# A stand-in for sbatch or squeue: records its arguments, answers what the test set.
+echo "$0 $*" >> "$FAKE_SLURM_LOG"
+name=$(basename "$0")
+eval "out=\\$FAKE_${name}_OUT; err=\\$FAKE_${name}_ERR; rc=\\$FAKE_${name}_RC"
+[ -n "$out" ] && echo "$out"
+[ -n "$err" ] && echo "$err" >&2
+exit "${rc:-0}"
+"""
+
+
+def test_slurm_submission_with_stand_ins_for_sbatch_and_squeue(tmp_path, monkeypatch):
+  """What `submit` runs and reads, with scripts in place of sbatch and squeue on the PATH: the
+  job id of `--parsable` (`id;cluster`), `--wait` only when asked, a refusal's message, no
+  submission when every point is done or an earlier job is still queued."""
+  bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+  bin_dir.mkdir()
+  for name in ("sbatch", "squeue"):
+    (bin_dir / name).write_text(FAKE_SLURM)
+    (bin_dir / name).chmod(0o755)
+  monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+  monkeypatch.setenv("FAKE_SLURM_LOG", str(log))
+
+  def calls():
+    text = log.read_text() if log.exists() else ""
+    log.write_text("")
+    return [line.split()[1:] for line in text.splitlines()]
+
+  # squeue: a job is queued while it lists any task; an error (exit 1, unknown id) is not one.
+  monkeypatch.setenv("FAKE_squeue_OUT", "  41_0  debug  sweep  me  R  0:05  1 node")
+  assert sweeps_slurm.queued("41") and calls() == [["-h", "-j", "41"]]
+  monkeypatch.setenv("FAKE_squeue_RC", "1")
+  assert not sweeps_slurm.queued("41")
+  monkeypatch.setenv("FAKE_squeue_RC", "0")
+  monkeypatch.setenv("FAKE_squeue_OUT", "")
+  assert not sweeps_slurm.queued("41")
+  calls()
+
+  sweep_dir = str(tmp_path / "s")
+  runner = sweeps.Runner(TINY, sweep_dir, str(tmp_path / "train.py"))
+  record = os.path.join(sweep_dir, "slurm", "job_id")
+  # Refused by sbatch: its message, nothing recorded, sweep.json not written.
+  monkeypatch.setenv("FAKE_sbatch_ERR", "sbatch: error: invalid partition specified: gpu")
+  monkeypatch.setenv("FAKE_sbatch_RC", "1")
+  with pytest.raises(sweeps.SubmitError, match=r"sbatch --parsable .*sweep\.sbatch failed "
+                                               r"\(exit 1\): sbatch: error: invalid partition"):
+    sweeps.submit(runner, ["--partition=gpu"])
+  assert not os.path.exists(record) and not os.path.exists(os.path.join(sweep_dir, "sweep.json"))
+  assert "#SBATCH --partition=gpu" in open(os.path.join(sweep_dir, "sweep.sbatch")).read()
+  monkeypatch.setenv("FAKE_sbatch_ERR", "")
+  monkeypatch.setenv("FAKE_sbatch_OUT", "sbatch: error: Batch job submission failed")
+  with pytest.raises(sweeps.SubmitError, match=r"\(exit 1\): sbatch: error: Batch job"):
+    sweeps.submit(runner)
+  calls()
+  # Accepted: the id before `;cluster` recorded, the points given back, no --wait by default.
+  monkeypatch.setenv("FAKE_sbatch_RC", "0")
+  monkeypatch.setenv("FAKE_sbatch_OUT", "77;cluster0")
+  script = os.path.join(sweep_dir, "sweep.sbatch")
+  assert sweeps.submit(runner) == ("77", [0, 1, 2, 3])
+  assert calls() == [["--parsable", script]]
+  assert open(record).read() == "77\n" and os.path.exists(os.path.join(sweep_dir, "sweep.json"))
+  assert "#SBATCH --array=0-3\n" in open(script).read()   # no limit on running tasks
+  # Job 77 still queued: refused; ended: submitted again, here waiting for it.
+  monkeypatch.setenv("FAKE_squeue_OUT", "  77_2  debug  sweep  me  R  0:05  1 node")
+  with pytest.raises(sweeps.SubmitError, match="job 77 of this sweep is still queued"):
+    sweeps.submit(runner)
+  monkeypatch.setenv("FAKE_squeue_OUT", "")
+  monkeypatch.setenv("FAKE_sbatch_OUT", "78")
+  assert sweeps.submit(runner, max_concurrent=2, wait=True) == ("78", [0, 1, 2, 3])
+  assert calls() == [["-h", "-j", "77"], ["-h", "-j", "77"], ["--parsable", "--wait", script]]
+  assert "#SBATCH --array=0-3%2\n" in open(script).read()
+  # A record left empty (a crash as it was written) asks squeue nothing.
+  open(record, "w").close()
+  monkeypatch.setenv("FAKE_squeue_OUT", "  1_0  debug  other  me  R  0:05  1 node")
+  assert sweeps.submit(runner)[0] == "78" and calls() == [["--parsable", script]]
+  # Every point done: nothing submitted.
+  monkeypatch.setenv("FAKE_squeue_OUT", "")
+  for i, point in enumerate(runner.points):
+    os.makedirs(sweeps.point_dir(sweep_dir, point), exist_ok=True)
+    with open(os.path.join(sweeps.point_dir(sweep_dir, point), sweeps.DONE), "w") as f:
+      f.write(f"num_train_steps {runner.num_steps[i]}\n")
+  assert sweeps.submit(runner) == (None, []) and calls() == [["-h", "-j", "78"]]
+  assert "#SBATCH --array=0-3\n" in open(sweeps.write_sbatch(runner)).read()  # every point
+  # sbatch --array syntax: runs of two or more as ranges, anywhere in the list.
+  assert [sweeps.array_spec(i) for i in ([0, 1, 3], [0, 2], [4], [3, 1, 2], [5, 0, 1, 9])] == [
+      "0-1,3", "0,2", "4", "1-3", "0-1,5,9"]
+
+
 def test_a_refused_command_leaves_sweep_json_as_it_was(tmp_path, capsys):
   fake = tmp_path / "fake_train.py"
   fake.write_text(FAKE_TRAIN)

@@ -120,10 +120,11 @@ def submit(runner: Runner, options: Sequence[str] = (), max_concurrent: int = 0,
   path = write_sbatch(runner, options, max_concurrent, indices)
   command = ["sbatch", "--parsable", *(["--wait"] if wait else []), path]
   proc = subprocess.run(command, capture_output=True, text=True)
-  job_id = proc.stdout.strip().split(";")[0]
+  job_id = proc.stdout.strip().split(";")[0]   # --parsable: `<id>` or `<id>;<cluster>`
   # --wait returns the array's exit status: non-zero when a point failed, which the caller
-  # reads from the points' markers; only a job that was never accepted is an error here.
-  if not job_id:
+  # reads from the points' markers; only a job that was never accepted is an error here, and a
+  # message on stdout (a wrapper's, a site's sbatch plugin) is no job id.
+  if not job_id.isdigit():
     raise SubmitError(f"{' '.join(command)} failed (exit {proc.returncode}): "
                       f"{proc.stderr.strip() or proc.stdout.strip()}")
   with open(record, "w") as f:
