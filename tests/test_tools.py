@@ -3,6 +3,7 @@
 One tiny run is trained once for the module (steps 3 and 6 saved); the scripts' `main` functions
 are called in-process (one subprocess smoke test checks the command line itself).
 """
+import copy
 import io
 import json
 import logging
@@ -534,6 +535,10 @@ def test_a_checkpoint_of_a_run_with_another_tokenizer_is_refused(workdir, tmp_pa
   other = str(tmp_path / "other")
   shutil.copytree(workdir, other)
   _swap_two_pieces(os.path.join(other, "spm.model"))
+  # The same size and time stamp as this run's: only the bytes can tell them apart.
+  mine = os.stat(os.path.join(workdir, "spm.model"))
+  os.utime(os.path.join(other, "spm.model"), ns=(mine.st_atime_ns, mine.st_mtime_ns))
+  assert os.path.getsize(os.path.join(other, "spm.model")) == mine.st_size
   for checkpoint in (other, os.path.join(other, "checkpoints"),
                      os.path.join(other, "checkpoints", "3")):
     rc, out, err = run_main(translate_script, ["--workdir", workdir, "--checkpoint", checkpoint,
@@ -674,7 +679,7 @@ def test_the_edges_of_the_translators_defaults_and_checks(workdir, translator, t
   with open(path, "w") as f:
     json.dump(config, f)
   old = translator_lib.Translator(run)
-  assert (old.beam_size, old.alpha, old.max_len_margin) == (1, 0.6, 50)
+  assert (old.beam_size, old.alpha, old.max_len_margin, old.batch_size) == (1, 0.6, 50, 64)
   # No search timed yet: no rate rather than a division by zero.
   stats = translator_lib.SearchStats(sentences=3, output_tokens=7).as_dict()
   assert stats["sentences_per_sec"] is None and stats["target_tokens_per_sec"] is None
@@ -718,6 +723,97 @@ def test_the_edges_of_the_translators_defaults_and_checks(workdir, translator, t
   sources = [[5] * n for n in (1, 3, 2, 5, 4)]
   translator.with_search(1, None)._in_batches(sources, search, [None] * 5, "search")
   assert [x for x in seen if x] == [[1, 2, 3, 4], [0]], seen   # batch_size 4: 4 longest, 1
+
+
+def test_the_translators_counts_bounds_and_empty_lines(workdir, translator, monkeypatch):
+  """What the throughput figures add up (seconds on a clock that ticks once a reading, output
+  tokens with EOS), the bounds of the batch, length and sampling checks, and an empty line
+  among others in n-best lists and samples."""
+  eos = translator.config.eos_id
+  # A clock that advances by one at every reading: one compile and one search, a second each.
+  fresh = translator.with_search(1, None)
+  assert fresh.stats == translator_lib.SearchStats(0, 0, 0, 0.0, 0.0, 0)
+  ticks = iter(range(1000))
+  monkeypatch.setattr(translator_lib.time, "perf_counter", lambda: float(next(ticks)))
+  fresh._in_batches([[5, eos], [5, 5, eos]], lambda inputs, index: (np.zeros((len(index), 1)),),
+                    [None, None], "search")
+  monkeypatch.undo()
+  assert (fresh.stats.compile_seconds, fresh.stats.search_seconds) == (1.0, 1.0)
+  # Output tokens: the best hypothesis's, EOS included; an empty line in the middle is one
+  # empty hypothesis (no EOS), and the lines after it are searched.
+  beam = translator.with_search(3, 0.6)
+  found = beam.nbest_ids(beam.encode(["seven", "", "eight nine"]), 2)
+  assert found[1] == [translator_lib.Hypothesis([], 0.0, 0.0, False)]
+  assert len(found[2]) >= 1 and found[2][0].ids
+  assert beam.stats.output_tokens == sum(len(h[0].ids) + h[0].eos for h in found)
+  # Sampling: the same; translate and a 1-sample list share their program (one shape).
+  sampler = translator.with_sampling(seed=3)
+  drawn = sampler.nbest_ids(sampler.encode(["seven", "", "eight nine"]), 2)
+  assert drawn[1] == [translator_lib.Hypothesis([], 0.0, 0.0, False)] and len(drawn[2]) == 2
+  once = translator.with_sampling(seed=3)
+  once.translate(["seven"])
+  once.translate_nbest(["seven"], 1)
+  assert once.stats.shapes == 1
+  # n-best's hint names the beam to pass.
+  with pytest.raises(workdir_lib.RunError, match="pass --beam_size 2 or more for 2 "):
+    translator.with_search(1, None).check_nbest(2)
+  # Bounds: a batch of 0 rows, a top_k below 0 and a line offset below 0 are refused; a top_k
+  # of the whole vocabulary is not.
+  with pytest.raises(workdir_lib.RunError, match="batch_size=0 must be >= 1"):
+    copy.copy(translator)._set_search(None, None, None, 0)
+  vocab = translator.config.output_vocab_size
+  assert translator.with_sampling(top_k=vocab).sampling.top_k == vocab
+  with pytest.raises(workdir_lib.RunError, match="top_k=-1: must be between 0"):
+    translator.with_sampling(top_k=-1)
+  with pytest.raises(workdir_lib.RunError, match="line_offset=-1: the lines before"):
+    sampler.with_line_offset(-1)
+  # Bucket shapes: an empty length is one bucket; a longest source of exactly max_len is
+  # padded to max_len, not past it (40 here, not a multiple of the bucket).
+  assert translator.bucket_shape(1, 0) == (1, translator_lib.LENGTH_BUCKET)
+  long = copy.copy(translator)
+  long.config = translator.config.replace(max_len=40)
+  assert long.bucket_shape(3, 40) == (4, 40) and long.bucket_shape(3, 41) == (4, 48)
+  # A source of exactly the model's maximum is no warning; one piece more is.
+  limit = translator.max_source_pieces
+  for k in range(1, 200):
+    line = " ".join(["seven"] * k)
+    if len(translator.tokenizer.encode_batch([line])[0]) >= limit:
+      break
+  pieces = translator.tokenizer.encode_batch([line])[0]
+  while len(pieces) > limit:  # down to exactly the limit, a piece at a time
+    line = translator.detokenize(pieces[:-1])
+    pieces = translator.tokenizer.encode_batch([line])[0]
+  assert len(pieces) == limit, (len(pieces), limit)
+  warnings = []
+  translator.encode([line], warn=warnings.append)
+  assert warnings == []
+  translator.encode([line + " seven"], warn=warnings.append)
+  assert len(warnings) == 1
+
+
+def test_a_checkpoint_is_decoded_with_the_config_its_step_was_written_with(workdir, tmp_path):
+  """A resume at step 4 changed the search (`config.4.json`): step 3 decodes with the first
+  config, step 6 with the second; an ensemble member of another run is checked against the
+  model its own step was written with. A directory named like a step, with no checkpoint in
+  it, is no checkpoint to point at."""
+  run = tmp_path / "resumed"
+  shutil.copytree(workdir, run, ignore=shutil.ignore_patterns("eval", "tfds"))
+  config = json.loads((run / "config.json").read_text())
+  first = config.get("beam_size", 1)
+  (run / "config.4.json").write_text(json.dumps(dict(config, beam_size=first + 2)))
+  assert translator_lib.Translator(str(run), step=3).beam_size == first
+  assert translator_lib.Translator(str(run), step=6).beam_size == first + 2
+  other = tmp_path / "other"
+  shutil.copytree(workdir, other, ignore=shutil.ignore_patterns("eval", "tfds"))
+  mine = config["resolved_model"]["activation"]
+  config["resolved_model"]["activation"] = {"relu": "gelu"}.get(mine, "relu")
+  (other / "config.4.json").write_text(json.dumps(config))
+  member = translator_lib.Translator(workdir, ensemble=[str(other / "checkpoints" / "3")])
+  assert member.params.size == 2
+  with pytest.raises(workdir_lib.RunError, match="activation="):
+    translator_lib.Translator(workdir, ensemble=[str(other / "checkpoints" / "6")])
+  (tmp_path / "7").mkdir()
+  assert translator_lib._not_a_workdir(str(tmp_path / "7"), True) is None
 
 
 def test_translate_nbest_writes_tab_separated_rows(workdir, tmp_path, capsys):
@@ -859,6 +955,14 @@ def test_an_ensemble_decodes_its_members_by_their_mean_probability(workdir, tran
   mine = config["resolved_model"]["activation"]
   theirs = config["resolved_model"]["activation"] = {"relu": "gelu"}.get(mine, "relu")
   (other / "config.json").write_text(json.dumps(config))
+  # Another dropout rate is the same model at decoding: a member.
+  dropout = tmp_path / "other_dropout"
+  shutil.copytree(workdir, dropout, ignore=shutil.ignore_patterns("eval", "tfds"))
+  resolved = json.loads((dropout / "config.json").read_text())
+  resolved["resolved_model"]["dropout_rate"] = 0.5 if config["resolved_model"][
+      "dropout_rate"] != 0.5 else 0.25
+  (dropout / "config.json").write_text(json.dumps(resolved))
+  assert translator_lib.Translator(workdir, ensemble=[str(dropout)]).params.size == 2
   other_tokenizer = tmp_path / "other_tokenizer"
   shutil.copytree(workdir, other_tokenizer, ignore=shutil.ignore_patterns("eval", "tfds"))
   (other_tokenizer / "spm.model").write_bytes(b"another tokenizer")
@@ -873,7 +977,8 @@ def test_an_ensemble_decodes_its_members_by_their_mean_probability(workdir, tran
       ([str(tmp_path / "nowhere")], f"--ensemble {tmp_path / 'nowhere'}: no checkpoint in"),
       ([str(other)], f"activation={theirs!r} (--workdir's: {mine!r})"),
       ([str(other_tokenizer)], f"--ensemble {other_tokenizer}: "),
-      ([str(tmp_path / "wider")], f"--ensemble {tmp_path / 'wider'}: the parameters in "),
+      ([str(tmp_path / "wider")], f"--ensemble {tmp_path / 'wider'}: the parameters in "
+       f"{tmp_path / 'wider'}/3 do not fit the model of {workdir}"),
       ([os.path.join(workdir, "checkpoints", "3"), ""], "an empty path (a comma too many?)")):
     rc, _, err = run_main(translate_script, ["--workdir", workdir, "--ensemble",
                                              ",".join(members), "seven"], capsys)

@@ -179,7 +179,7 @@ def workdir_config(workdir: str, choose: bool = True) -> dict:
   return load_run_config(workdir)
 
 
-def _not_a_workdir(path: str, choose: bool = True) -> str | None:
+def _not_a_workdir(path: str, choose: bool) -> str | None:
   """What to pass instead of `path` as --workdir (None: no better advice than "train first");
   with `choose`, also the flag that picks the checkpoint `path` holds."""
   if not os.path.exists(path):
@@ -608,7 +608,7 @@ class Translator:
       return
     if n > self.beam_size:
       raise RunError(f"nbest={n}: must be between 1 and the beam size ({self.beam_size}): "
-                     f"pass --beam_size {max(n, 2)} or more for {n} translations a line")
+                     f"pass --beam_size {n} or more for {n} translations a line")
 
   def nbest_ids(self, sources: Sequence[Sequence[int]], n: int) -> list[list[Hypothesis]]:
     """The `n` best finished hypotheses per source (ids with eos), best first (`Hypothesis`;
