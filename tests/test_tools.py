@@ -733,7 +733,7 @@ def test_the_translators_counts_bounds_and_empty_lines(workdir, translator, monk
   # A clock that advances by one at every reading: one compile and one search, a second each.
   fresh = translator.with_search(1, None)
   assert fresh.stats == translator_lib.SearchStats(0, 0, 0, 0.0, 0.0, 0)
-  ticks = iter(range(1000))
+  ticks = iter(range(100, 1000))   # from 100: a sum of two readings shows
   monkeypatch.setattr(translator_lib.time, "perf_counter", lambda: float(next(ticks)))
   fresh._in_batches([[5, eos], [5, 5, eos]], lambda inputs, index: (np.zeros((len(index), 1)),),
                     [None, None], "search")
@@ -814,6 +814,12 @@ def test_a_checkpoint_is_decoded_with_the_config_its_step_was_written_with(workd
     translator_lib.Translator(workdir, ensemble=[str(other / "checkpoints" / "6")])
   (tmp_path / "7").mkdir()
   assert translator_lib._not_a_workdir(str(tmp_path / "7"), True) is None
+  # A run without its tokenizer: named, with the command that trains it again.
+  os.remove(run / "spm.model")
+  with pytest.raises(workdir_lib.RunError, match=re.escape(
+      f"{run}/spm.model not found: the run's SentencePiece model is missing; train first with "
+      f"python scripts/train.py --workdir {run} (it trains with the run's own config.json)")):
+    translator_lib.Translator(str(run))
 
 
 def test_translate_nbest_writes_tab_separated_rows(workdir, tmp_path, capsys):
