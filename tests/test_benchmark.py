@@ -409,6 +409,51 @@ def test_a_throughput_curve_runs_every_point_and_writes_table_plot_and_points(tm
   assert not bad.exists()
 
 
+def test_a_curves_columns_log_and_plot(tmp_path, monkeypatch):
+  """Without benchmarking (the runs are stand-ins): each search's columns of a decode curve,
+  the Markdown units, the log line of each point, a second curve into the same directory, and
+  the plot: one panel per figure, one line per setting of the other fields in a legend, the
+  first field on the x axis (labels where it is not numeric)."""
+  figures = {"greedy": {"sentences_per_s": 10.0, "target_tokens_per_s": 300.0},
+             "beam 4": {"sentences_per_s": 4.0, "target_tokens_per_s": 120.0}, "device": "cpu"}
+  assert curve._figures("decode", {"figures": figures}) == {
+      "greedy: sentences/s": 10.0, "greedy: target tokens/s": 300.0,
+      "beam 4: sentences/s": 4.0, "beam 4: target tokens/s": 120.0}
+  cells = curve.MD_CELLS
+  assert (cells["MFU"][1](0.5), cells["step time (s)"][1](1.0)) == ("50.0%", "1,000 ms")
+  train_figures = {key: 1.0 + i for i, (key, _) in enumerate(curve.FIGURES["train"])}
+  monkeypatch.setattr(curve.train, "run", lambda c, o: {"figures": train_figures})
+  points = [{"data.batch_size": b, "model.fused_qkv": f} for b in (8, 16) for f in (False, True)]
+  logs = []
+  for _ in range(2):   # the second into the directory of the first
+    out = curve.run_curve(tiny_config.get_config(), points, "train", None,
+                          str(tmp_path / "c"), log=logs.append)
+  assert logs[:4] == [f"curve point {i}/4: data.batch_size={b},model.fused_qkv={f}"
+                      for i, (b, f) in enumerate([(8, False), (8, True), (16, False),
+                                                  (16, True)], 1)]
+  with open(out["files"][-1], "rb") as f:
+    head = f.read(24)
+  assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (990, 360)
+  fig = curve._figure(out["rows"], out["fields"], "train")
+  assert [ax.get_ylabel() for ax in fig.axes] == ["target tokens/s", "MFU"]
+  assert list(fig.get_size_inches()) == [11.0, 4.0]
+  for ax in fig.axes:
+    assert ax.get_xlabel() == "data.batch_size"
+    assert [list(line.get_xdata()) for line in ax.get_lines()] == [[8, 16], [8, 16]]
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "model.fused_qkv=False", "model.fused_qkv=True"]
+    assert {t.get_fontsize() for t in legend.get_texts()} == {8}
+  # A flag on the x axis is two labels; one field alone needs no legend.
+  rows = [{"model.fused_qkv": f, "target tokens/s": 1.0, "MFU": 0.5} for f in (False, True)]
+  ax = curve._figure(rows, ["model.fused_qkv"], "train").axes[0]
+  assert list(ax.get_lines()[0].get_xdata()) == ["False", "True"] and ax.get_legend() is None
+  # A decode curve: one panel per search's sentences/s, from a single point too.
+  row = {"data.batch_size": 8, **curve._figures("decode", {"figures": figures})}
+  fig = curve._figure([row], ["data.batch_size"], "decode")
+  assert [ax.get_ylabel() for ax in fig.axes] == ["greedy: sentences/s", "beam 4: sentences/s"]
+
+
 def _fake_python(tmp_path):
   """A stand-in for python that records each run (cwd, PYTHONPATH, the cache dir, arguments)
   and prints a benchmark-like JSON line, so benchmark_gpu.sh's plumbing runs in seconds. A

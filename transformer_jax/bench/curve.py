@@ -96,13 +96,19 @@ def run_curve(config, points: list[Point], what: str, options, out_dir: str,
 
 
 def _plot(rows: list[dict], fields: list[str], what: str, path: str) -> str:
-  """Target tokens/s (decode: sentences/s) and MFU (train) against the first field; one line
-  per combination of the others."""
+  """`_figure` as a PNG at 90 dpi (5.5 x 4 inches a panel)."""
+  _figure(rows, fields, what).savefig(path, dpi=90)
+  return path
+
+
+def _figure(rows: list[dict], fields: list[str], what: str) -> Figure:
+  """Target tokens/s and MFU (train), or each search's sentences/s (decode), against the first
+  field; one line per combination of the others, named in a legend."""
   x_field, others = fields[0], fields[1:]
   panels = ([k for k in rows[0] if k.endswith("sentences/s")] if what == "decode"
             else ["target tokens/s", "MFU"])
   fig = Figure(figsize=(5.5 * len(panels), 4))
-  axes = fig.subplots(1, len(panels), squeeze=False)[0]
+  axes = fig.subplots(1, len(panels), squeeze=False).ravel()  # one row of panels
   groups: dict[tuple, list[dict]] = {}
   for r in rows:
     groups.setdefault(tuple(r[f] for f in others), []).append(r)
@@ -119,8 +125,7 @@ def _plot(rows: list[dict], fields: list[str], what: str, path: str) -> str:
     if others:
       ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  return path
+  return fig
 
 
 def points_from_flags(specs: list[str]) -> list[Point]:
@@ -129,7 +134,7 @@ def points_from_flags(specs: list[str]) -> list[Point]:
   fields = {}
   for spec in specs:
     name, sep, values = spec.partition("=")
-    if not sep or not values or "" in values.split(","):
+    if "" in values.split(","):  # no `=` (so no values), no values, or an empty one
       raise RunError(f"--sweep {spec!r}: expected FIELD=V1,V2,... e.g. data.batch_size=8,16")
     if name in fields:
       raise RunError(f"--sweep {spec!r}: {name} is swept twice; give its values once")
