@@ -452,6 +452,10 @@ def test_a_curves_columns_log_and_plot(tmp_path, monkeypatch):
   row = {"data.batch_size": 8, **curve._figures("decode", {"figures": figures})}
   fig = curve._figure([row], ["data.batch_size"], "decode")
   assert [ax.get_ylabel() for ax in fig.axes] == ["greedy: sentences/s", "beam 4: sentences/s"]
+  # ... and of one search, one panel (matplotlib's squeeze would hand back a bare Axes).
+  greedy = curve._figures("decode", {"figures": {"greedy": figures["greedy"]}})
+  fig = curve._figure([{"data.batch_size": 8, **greedy}], ["data.batch_size"], "decode")
+  assert [ax.get_ylabel() for ax in fig.axes] == ["greedy: sentences/s"]
 
 
 def _fake_python(tmp_path):
