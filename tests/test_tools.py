@@ -1453,6 +1453,12 @@ def test_empty_lines_of_a_test_set_are_warned_about_and_counted(workdir, tmp_pat
   evaluation.check_empty(many, "test", warn=said.append)
   assert said[0].startswith("empty pairs: the test references: 7 (pairs 1, 2, 3, 4, 5, ...); "
                             "the test sources: 7 (pairs 1, 2, 3, 4, 5, ...)"), said
+  # Either alone is said too.
+  for pair, counts in ((("a", ""), "references: 1 (pair 2); the test sources: 0"),
+                       (("", "a"), "references: 0; the test sources: 1 (pair 2)")):
+    said = []
+    evaluation.check_empty([("x", "y"), pair], "test", warn=said.append)
+    assert len(said) == 1 and said[0].startswith(f"empty pairs: the test {counts};"), said
 
 
 def test_evaluation_files_are_written_whole_under_their_own_temporary_names(tmp_path):
@@ -1869,10 +1875,14 @@ def test_evaluate_says_ten_long_sources_then_counts_the_rest_and_draws_its_examp
   with open(result["examples"], encoding="utf-8") as f:
     assert f.read() == evaluation.examples_markdown(
         evaluation.examples(pairs, hyps, 3, worst=1, seed=0))
-  evaluation.evaluate(translator, None, "mine", str(tmp_path / "d"), num_examples=0,
-                      pairs=pairs[:11])
+  result = evaluation.evaluate(translator, None, "mine", str(tmp_path / "d"), num_examples=1,
+                               pairs=pairs[:11])
   assert capsys.readouterr().err.splitlines()[10:] == [
       "warning: ... and 1 more source longer than max_len - 1 pieces"]
+  # One example asked for: a page of it and the worst of the rest.
+  with open(result["examples"], encoding="utf-8") as f:
+    assert f.read() == evaluation.examples_markdown(
+        evaluation.examples(pairs[:11], hyps[:11], 1, worst=1, seed=0))
   # Exactly ten: no count line; quiet: nothing said, still counted.
   evaluation.evaluate(translator, None, "mine", str(tmp_path / "b"), num_examples=0,
                       pairs=pairs[:10])
@@ -1892,4 +1902,7 @@ def test_line_numbers_are_cut_after_five_and_one_split_off_comma_is_not_tokenize
   assert evaluation.tokenized_lines(raw[:7] + ["Ja , gut"]) == []
   assert evaluation.tokenized_lines(raw[:6] + ["Ja , gut", "So ."]) == [7, 8]
   assert evaluation.tokenized_lines(raw * 3 + ["Ja , gut", "So ."]) == []  # 2 of 26
+  three = ["Ja , gut", "So .", "Nein , nie"]
+  assert evaluation.tokenized_lines(raw * 3 + raw[:3] + three) == [28, 29, 30]  # 3 of 30
+  assert evaluation.tokenized_lines(raw * 3 + raw[:6] + three) == []  # 3 of 33
   assert evaluation.tokenized_lines(raw + ["Ja , gut", "So .", "&quot;x&quot;"]) == [9, 10, 11]
