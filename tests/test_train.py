@@ -659,6 +659,28 @@ def test_the_original_command_after_a_resume_that_changed_fields_says_what_it_un
   # (num_train_steps 4 -> 5 is to a value the run never had: no undoing, not named.)
 
 
+def test_undoing_a_change_made_at_step_0_is_warned_of_like_any_other(tmp_path):
+  """A run that failed before its first checkpoint and was started again with a change records
+  it as `config.0.json`, at the step of the run's start: the change is found by its place in
+  the history, not by its step (a step comparison found nothing earlier than step 0)."""
+  def config(name, learning_rate):
+    (tmp_path / name).write_text(json.dumps(
+        {"learning_rate": learning_rate, "num_train_steps": 3, "resolved_model": {}}))
+  config("config.json", 1.0)
+  config("config.0.json", 2.0)
+  def undone(now, new):  # each warning up to the file it names
+    return [line.split(f" ({tmp_path}")[0]
+            for line in loop._reverted(str(tmp_path), [("learning_rate", now, new)])]
+  assert undone(2.0, 1.0) == ["this command sets learning_rate back to 1.0 (from 2.0): it undoes "
+                              "the change made at the resume at step 0"]
+  assert undone(2.0, 3.0) == [] and loop._reverted(str(tmp_path), []) == []
+  config("config.5.json", 3.0)
+  for back_to in (1.0, 2.0):
+    assert undone(3.0, back_to) == [f"this command sets learning_rate back to {back_to} (from "
+                                    "3.0): it undoes the change made at the resume at step 5"]
+  assert undone(3.0, 4.0) == []
+
+
 def test_a_lower_keep_checkpoints_deletes_the_oldest_before_the_first_save(tmp_path):
   # Orbax deletes the steps beyond max_to_keep only after a save completes: on a full disk the
   # save never completes, so lowering keep_checkpoints changed nothing.

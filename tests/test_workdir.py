@@ -967,6 +967,56 @@ def test_early_stopping_ends_the_run_resumes_to_the_same_step_and_trains_on_with
   assert "| not by step 6 | 12 (6) |" in capsys.readouterr().out
 
 
+def test_an_error_closing_the_checkpointer_is_raised_unless_another_is_on_its_way_out(
+    tmp_path, data_dir, monkeypatch):
+  """Closing waits for the last asynchronous save: its error must reach the command (a run
+  that ends quietly with its last save lost would be resumed from an older step), but not
+  hide the error that stopped the run."""
+  close = checkpointing.Checkpointer.close
+
+  def failing_close(self):
+    close(self)
+    raise RuntimeError("closing failed")
+
+  monkeypatch.setattr(checkpointing.Checkpointer, "close", failing_close)
+  with pytest.raises(RuntimeError, match="closing failed"):
+    loop.train_and_evaluate(config(data_dir, num_train_steps=2), str(tmp_path / "a"))
+
+  def failing_evaluation(self, params):
+    raise ValueError("evaluation failed")
+
+  monkeypatch.setattr(loop.Trainer, "evaluate", failing_evaluation)
+  with pytest.raises(ValueError, match="evaluation failed"):
+    loop.train_and_evaluate(config(data_dir, num_train_steps=2), str(tmp_path / "b"))
+
+
+def test_a_lost_evaluation_is_run_only_where_the_cadence_asked_and_metrics_jsonl_lacks_it(
+    tmp_path):
+  """`_Run._evaluate_if_lost` on its own (the loop's state as a stand-in): evaluated every
+  step and BLEU every second, each of the two is run again where its own record is missing,
+  never at step 0 (a new run) and never where the cadence asked for neither."""
+  calls = []
+
+  def lost(step, *records, every=(1, 2)):
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+      f.writelines(json.dumps({"step": step, **r}) + "\n" for r in records)
+    run = types.SimpleNamespace(
+        step=step, cadence=loop.Cadence(10, 1, 1, *every), workdir=str(tmp_path),
+        patience=None, progress=types.SimpleNamespace(write=lambda m: None),
+        _evaluate=lambda evaluate, bleu: calls.append((evaluate, bleu)) or {})
+    calls.clear()
+    loop._Run._evaluate_if_lost(run, {})
+    return calls[:]
+
+  assert lost(0) == []
+  assert lost(1, {"loss": 2.0}) == [(True, False)]
+  assert lost(2, {"loss": 2.0}) == [(True, True)]
+  assert lost(2, {"eval_loss": 1.0}) == [(False, True)]
+  assert lost(2, {"loss": 2.0}, {"bleu": 5.0}) == [(True, False)]
+  assert lost(2, {"eval_loss": 1.0, "bleu": 5.0}) == []
+  assert lost(3, {"loss": 2.0}, every=(2, 2)) == []
+
+
 def test_early_stopping_needs_keep_best():
   c = tiny_config.get_config()
   c.early_stopping_patience = 3
@@ -1282,6 +1332,11 @@ def test_an_mfu_above_100_percent_against_a_small_measured_peak_is_explained_onc
   assert len(notes) == 1, out + err
   assert "(measured float32 256x256 matmul) is too small a matmul" in notes[0]
   assert "(--config.cpu_peak_matmul_size, default 2048)" in notes[0]
+  # On CPU the peak is the host's, whatever the number of (fake) devices sharing its cores.
+  timed = [r for r in metrics.read_metrics(str(tmp_path / "run")) if r.get("mfu") is not None]
+  assert jax.device_count() == 8 and timed
+  for r in timed:
+    assert r["mfu"] == pytest.approx(r["tflops_per_sec"] * 1e12 / 1e6, rel=1e-9), r
 
 
 def test_a_resume_from_an_older_checkpoint_supersedes_later_changes(run, data_dir):

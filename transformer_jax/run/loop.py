@@ -118,12 +118,13 @@ def _reverted(workdir: str, changes: list) -> list[str]:
       for s, _ in history]
   undone: dict[int, list[str]] = {}
   for field, now, new in changes:
-    values = [(s, c.get(field)) for s, c in configs]
-    changed_at = [s for (s, v), (_, before) in zip(values[1:], values) if v != before]
-    if changed_at:
-      last = changed_at[-1]
-      if new in [v for s, v in values if s < last]:
-        undone.setdefault(last, []).append(f"{field} back to {new!r} (from {now!r})")
+    values = [c.get(field) for _, c in configs]
+    # By position, not step: a resume at step 0 (before the first checkpoint) shares its step
+    # with the run's start.
+    changed = [i for i in range(1, len(values)) if values[i] != values[i - 1]]
+    if changed and new in values[:changed[-1]]:
+      undone.setdefault(configs[changed[-1]][0], []).append(
+          f"{field} back to {new!r} (from {now!r})")
   w = shlex.quote(workdir)
   return [f"this command sets {', '.join(fields)}: it undoes the change made at the resume at "
           f"step {s} ({os.path.join(workdir, f'config.{s}.json')}). To keep the run's current "
@@ -294,7 +295,6 @@ class _Run:
         # decided it) if the cadence did not, then the record that says so.
         self.stopped_early = True
         if not save:
-          save = True
           self._save(data_state)
         self._write_stop()
     if evaluate or bleu or save:
