@@ -990,6 +990,28 @@ def test_an_error_closing_the_checkpointer_is_raised_unless_another_is_on_its_wa
     loop.train_and_evaluate(config(data_dir, num_train_steps=2), str(tmp_path / "b"))
 
 
+def test_a_plain_run_killed_during_an_evaluation_runs_it_on_resume(tmp_path, data_dir, capsys):
+  """Neither keep_best nor early stopping: the evaluation that a kill after the step's save
+  cut short is still run on resume, so the learning curve has no gap."""
+  run = str(tmp_path / "run")
+  every = {"eval_every_steps": 2, "bleu_every_steps": 2}
+  loop.train_and_evaluate(config(data_dir, num_train_steps=2, **every), run)
+  path = os.path.join(run, "metrics.jsonl")
+  records = metrics.read_metrics(run)
+  evaluated = [r for r in records if "eval_loss" in r or "bleu" in r]
+  assert [r["step"] for r in evaluated] == [2]
+  with open(path, "w") as f:   # as if killed during step 2's evaluation
+    f.writelines(json.dumps(r) + "\n" for r in records if r not in evaluated)
+  capsys.readouterr()
+  loop.train_and_evaluate(config(data_dir, num_train_steps=3, **every), run)
+  out, err = capsys.readouterr()
+  assert "step 2: its evaluation is missing from metrics.jsonl" in out + err, out + err
+  again = [r for r in metrics.read_metrics(run) if "eval_loss" in r or "bleu" in r]
+  assert [(r["step"], "eval_loss" in r, "bleu" in r) for r in again][:1] == [(2, True, True)]
+  assert again[0]["eval_loss"] == evaluated[0]["eval_loss"]
+  assert "deleted checkpoint" not in out + err   # nothing was pruned
+
+
 def test_a_lost_evaluation_is_run_only_where_the_cadence_asked_and_metrics_jsonl_lacks_it(
     tmp_path):
   """`_Run._evaluate_if_lost` on its own (the loop's state as a stand-in): evaluated every

@@ -223,7 +223,7 @@ class _Run:
         else:
           self.progress.write(f"step {self.step}: the run is finished (num_train_steps="
                               f"{self.config.num_train_steps}); nothing to do. {self._train_on()}")
-      elif self.patience is not None or self.best is not None:
+      else:
         self._evaluate_if_lost(last)
       with distributed.StopFlag() as stop:
         upcoming = self.batches.next() if self._trains() else None
@@ -345,8 +345,8 @@ class _Run:
 
   def _evaluate_if_lost(self, last: dict) -> None:
     """Run the resumed step's evaluation if its cadence asked for one and metrics.jsonl has
-    none (the run stopped during it, after the step's save): early stopping's count and
-    keep_best's best would otherwise go on without it."""
+    none (the run stopped during it, after the step's save): the learning curve would have a
+    gap there, and early stopping's count and keep_best's best would go on without it."""
     step, cadence, main = self.step, self.cadence, distributed.is_main()
     logged = [r for r in metrics_lib.read_metrics(self.workdir)
               if r.get("step") == step] if main and step > 0 else []
