@@ -1,7 +1,7 @@
 r"""Compare training runs made one by one: one row per run, the config fields they differ in as
 columns, then status, step, metrics, evaluate.py scores and the best evaluation, best first.
 
-    python scripts/compare_runs.py runs/default runs/pre_big_lr
+    python scripts/compare_runs.py runs/default runs/post_ln_lr1
     python scripts/compare_runs.py runs/ --metric test_bleu            # every run under runs/
     python scripts/compare_runs.py runs/ende_seed* --metric test_bleu --out runs/seeds
     python scripts/compare_runs.py runs/a runs/b --field model.d_model --field learning_rate

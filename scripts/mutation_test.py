@@ -1,6 +1,7 @@
 """Mutation testing of the core: which one-line bugs would the test suite let through?
 
   python scripts/mutation_test.py --out /tmp/mutation                 # every core module
+  python scripts/mutation_test.py --out /tmp/mutation --modules all   # every module (hours)
   python scripts/mutation_test.py --out /tmp/mutation --modules losses,optim
   python scripts/mutation_test.py --out /tmp/mutation --report        # the report again
   python scripts/mutation_test.py --out /tmp/mutation --modules search --since main  # a change
@@ -59,12 +60,28 @@ def load_config(path: Path = CONFIG) -> dict:
         raise SystemExit(f"{path}: [modules.{name}] has no `{field}`; see the other modules")
     if not (REPO / module["path"]).exists():
       raise SystemExit(f"{path}: [modules.{name}] path {module['path']} does not exist")
+  stray = sorted(set(config.get("core", [])) - set(config["modules"]))
+  if stray:
+    raise SystemExit(f"{path}: core lists {stray}, which are no [modules.<name>]")
   for i, entry in enumerate(config.get("equivalent", [])):
     missing = {"module", "line", "mutant", "reason"} - set(entry)
     if missing or entry["module"] not in config["modules"]:
       raise SystemExit(f"{path}: equivalent entry {i} ({entry}) needs module (one of "
                        f"{sorted(config['modules'])}), line, mutant and reason")
   return config
+
+
+def module_names(config: dict, modules: str, default: str = "core") -> list[str]:
+  """`--modules`: `all` for every module, or names; empty for `default` (config.toml's `core`
+  list for a run; `all` for --report and --retest, which take the modules run into --out)."""
+  if modules == "all" or not modules and default == "all":
+    return list(config["modules"])
+  names = [n for n in modules.split(",") if n] or list(config["core"])
+  unknown = set(names) - set(config["modules"])
+  if unknown:
+    raise SystemExit(f"--modules: {sorted(unknown)} not in {CONFIG}; "
+                     f"known: all, or {sorted(config['modules'])}")
+  return names
 
 
 def annotation_spans(code: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -552,7 +569,10 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", type=Path, help="where the copies and reports go (required but "
                       "for --equivalent)")
-  parser.add_argument("--modules", default="", help="comma-separated; default: every module")
+  parser.add_argument("--modules", default="",
+                      help="comma-separated, or `all` for every module of tests/mutation/"
+                           "config.toml; default: the core (its `core` list), and for --report "
+                           "and --retest every module run into --out")
   parser.add_argument("--workers", type=int, default=2, help="copies of the tree run side by side")
   parser.add_argument("--sample", type=int, default=None,
                       help="run this many mutants per module, drawn at random (--seed)")
@@ -581,11 +601,7 @@ def main(argv=None) -> None:
     return
   if args.out is None:
     parser.error("--out is required")
-  names = [n for n in args.modules.split(",") if n] or list(config["modules"])
-  unknown = set(names) - set(config["modules"])
-  if unknown:
-    raise SystemExit(f"--modules: {sorted(unknown)} not in {CONFIG}; "
-                     f"known: {sorted(config['modules'])}")
+  names = module_names(config, args.modules, "all" if args.report or args.retest else "core")
   out = args.out.resolve()
   if args.retest:
     retest(out, config, names)

@@ -114,6 +114,18 @@ def test_the_report_says_how_many_mutants_a_partial_run_took():
   assert mutation.mutants_run(c) == "3 of 112 (a sample of the 12 on lines changed since main)"
 
 
+def test_modules_default_to_the_core_and_all_means_every_module():
+  config = mutation.load_config()
+  core = mutation.module_names(config, "")
+  assert core == config["core"] and "search" in core and "loop" not in core
+  assert mutation.module_names(config, "all") == list(config["modules"])
+  # --report and --retest take whatever was run into --out: every module by default.
+  assert mutation.module_names(config, "", "all") == list(config["modules"])
+  assert mutation.module_names(config, "loop,losses", "all") == ["loop", "losses"]
+  with pytest.raises(SystemExit, match=r"\['lop'\] not in .*known: all, or"):
+    mutation.module_names(config, "lop")
+
+
 select = load_script("mutation_select")
 
 

@@ -1174,9 +1174,13 @@ def test_mistakes_with_a_new_run_are_refused_before_anything_is_written(run, dat
   for inside in (os.path.join(run, "checkpoints", "3"), os.path.join(run, "checkpoints"),
                  os.path.join(run, "best_bleu", "new")):
     before = snapshot(run)
+    existed = os.path.exists(inside)
     with pytest.raises(workdir_lib.RunError, match=f"is inside the run {run} "):
       loop.train_and_evaluate(config(data_dir), inside)
     assert snapshot(run) == before
+    # Not even a lock file in that run's checkpoint, nor a directory made there.
+    assert os.path.exists(inside) == existed
+    assert not os.path.exists(os.path.join(inside, workdir_lib.LOCK))
   # A directory of its own inside a run's is no part of it; nor is a checkpoints/ of no run.
   assert workdir_lib.inside_another_run(os.path.join(run, "fork")) is None
   assert workdir_lib.inside_another_run(str(tmp_path / "checkpoints" / "new")) is None
@@ -1185,6 +1189,17 @@ def test_mistakes_with_a_new_run_are_refused_before_anything_is_written(run, dat
   with pytest.raises(workdir_lib.RunError, match="init_from=.*/nope does not exist"):
     loop.train_and_evaluate(config(data_dir, init_from=str(tmp_path / "nope")), fork)
   assert not os.path.exists(os.path.join(fork, "spm.model"))
+  # The workdir the refused command made is gone, with the directories made for it; one that
+  # was there before stays (with its lock file), as does one with anything else in it.
+  assert not os.path.exists(fork)
+  deep = tmp_path / "made" / "for" / "it"
+  with pytest.raises(workdir_lib.RunError, match="init_from=.*/nope does not exist"):
+    loop.train_and_evaluate(config(data_dir, init_from=str(tmp_path / "nope")), str(deep))
+  assert not os.path.exists(tmp_path / "made")
+  os.makedirs(fork)
+  with pytest.raises(workdir_lib.RunError, match="init_from=.*/nope does not exist"):
+    loop.train_and_evaluate(config(data_dir, init_from=str(tmp_path / "nope")), fork)
+  assert os.listdir(fork) == [workdir_lib.LOCK]
   # A tokenizer an earlier command left in the fork's workdir is not the init_from run's.
   other = str(tmp_path / "other")
   get_data(config(data_dir, **{"data.vocab_size": 150}).data, other)

@@ -66,13 +66,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Train (resuming if possible) until `config.num_train_steps`, or until early stopping ends
   the run; returns the last metrics (with `stopped_early`, the reason, when it did).
 
-  In this order, so that a refused command writes nothing: the workdir is locked (one run at a
-  time; process 0 holds the lock), the config is compared with the one the run was started
-  with (`workdir.check_config`), and only then are data, tokenizer and state loaded and the
-  config recorded.
+  In this order, so that a refused command writes nothing: a workdir inside another run is
+  refused, the workdir is locked (one run at a time; process 0 holds the lock), the config is
+  compared with the one the run was started with (`workdir.check_config`), and only then are
+  data, tokenizer and state loaded and the config recorded. A first command refused after the
+  lock removes the workdir it made, when nothing but the lock is in it.
   """
   experiment.validate(config)
   distributed.initialize(config)
+  workdir_lib.refuse_inside_another_run(workdir)  # before a .lock is put in that run's files
+  created = workdir_lib.missing_dirs(workdir)
   os.makedirs(workdir, exist_ok=True)
   lock = workdir_lib.Lock(workdir) if distributed.is_main() else None
   holder = lock.acquire() if lock else None
@@ -100,6 +103,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         for line in reverted:
           run.progress.write(f"warning: {line}")
     return run.train()
+  except BaseException:
+    # A refused first command leaves no empty workdir holding a .lock behind.
+    if lock and workdir_lib.remove_if_untouched(lock, created):
+      lock = None
+    raise
   finally:
     if lock:
       lock.release()

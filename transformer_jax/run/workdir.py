@@ -412,14 +412,47 @@ def inside_another_run(workdir: str) -> str | None:
   return None
 
 
+def refuse_inside_another_run(workdir: str) -> None:
+  """Raise RunError where a new run's `workdir` is inside another run (`inside_another_run`);
+  called before the workdir is made or locked, so the refusal leaves nothing in that run."""
+  if not os.path.exists(os.path.join(workdir, CONFIG)):
+    inside = inside_another_run(workdir)
+    if inside:
+      raise RunError(inside)
+
+
+def missing_dirs(workdir: str) -> list[str]:
+  """The directories `os.makedirs(workdir)` would create, innermost first."""
+  out, path = [], os.path.abspath(workdir)
+  while not os.path.exists(path) and os.path.dirname(path) != path:
+    out.append(path)
+    path = os.path.dirname(path)
+  return out
+
+
+def remove_if_untouched(lock: "Lock", created: list[str]) -> bool:
+  """After a refused command: where this command made the workdir (`created`, from
+  `missing_dirs`) and wrote nothing into it but the lock, delete the lock file (still holding
+  it, so no other run can take a lock on a file about to go), release it and remove the
+  directories made. True if it did; a workdir with anything else in it is left as it is."""
+  if not created or os.listdir(created[0]) != [LOCK]:
+    return False
+  os.unlink(lock.path)
+  lock.release()
+  for path in created:
+    try:
+      os.rmdir(path)
+    except OSError:  # another command's files appeared meanwhile: theirs to keep
+      break
+  return True
+
+
 def check_config(workdir: str, config) -> tuple[dict | None, list]:
   """(stored config or None for a new run, the allowed changes); raises ConfigChangeRefused,
   naming every refused field and the way out, before anything is written."""
   path = os.path.join(workdir, CONFIG)
   if not os.path.exists(path):
-    inside = inside_another_run(workdir)
-    if inside:
-      raise RunError(inside)
+    refuse_inside_another_run(workdir)
     if config.init_from and not os.path.exists(config.init_from):
       raise RunError(f"--config.init_from={config.init_from} does not exist: pass a run's "
                      "workdir, its checkpoints directory or one checkpoints/<step> directory")
