@@ -272,6 +272,7 @@ def test_trainer_resumes_a_workdir_under_another_mesh(tmp_path):
     ({"fsdp": 8}, lambda d: d.id // 2, True),                 # four processes, two shards each
     ({"data": 1, "tensor": 8}, lambda d: d.id // 4, False),   # the batch replicated on both
     ({"data": 2, "tensor": 4}, lambda d: d.id % 2, False),    # tensor axis across processes
+    ({"data": 8}, lambda d: int(d.id >= 6), False),           # rows of its own, but 12 and 4
 ])
 def test_each_process_must_hold_rows_of_its_own(mesh_spec, process_of, ok):
   # 8 fake devices standing in for the devices of 2 or 4 processes (process_of): each process

@@ -217,6 +217,13 @@ def test_mesh_shapes():
     sharding.mesh_shape({"data": 3, "tensor": -1}, 8)
   with pytest.raises(ValueError, match="unknown axes"):
     sharding.mesh_shape({"model": 2}, 8)
+  # Sizes that are no size: each named as such, not left to a division by zero or to a
+  # product of negative sizes.
+  with pytest.raises(ValueError, match="at most one axis may be -1"):
+    sharding.mesh_shape({"data": -1, "tensor": -1}, 8)
+  for bad in ({"data": 0}, {"data": -2, "tensor": -1}, {"fsdp": -4}):
+    with pytest.raises(ValueError, match="does not divide the 8 devices"):
+      sharding.mesh_shape(bad, 8)
 
 
 # ---------------------------------------------------------------- end to end

@@ -1234,6 +1234,62 @@ def test_roles_of_a_record_without_them_are_found_by_the_paths_given(tmp_path):
                                                 "target_path": "y/tgt.txt"})
 
 
+def test_fingerprint_details_found_by_mutation_testing(tmp_path, monkeypatch):
+  text = lambda **paths: config(tmp_path, **{"data.dataset": "text",  # noqa: E731
+                                             **{f"data.{k}": str(v) for k, v in paths.items()}}).data
+  # A locale corpus is its language's catalogs under its own locale_dir (either direction),
+  # and its dictionary only when included and present.
+  catalogs = tmp_path / "locale" / "de" / "LC_MESSAGES"
+  catalogs.mkdir(parents=True)
+  (catalogs / "a.mo").write_bytes(b"a")
+  ding = tmp_path / "de-en.txt"
+  ding.write_text("Haus :: house\n")
+  loc = config(tmp_path, **{"data.dataset": "locale", "data.locale_dir": str(tmp_path / "locale"),
+                            "data.locale_ding_path": str(ding)}).data
+  for source, target, include, files in (("en", "de", False, [catalogs / "a.mo"]),
+                                         ("de", "en", False, [catalogs / "a.mo"]),
+                                         ("en", "de", True, [ding, catalogs / "a.mo"])):
+    loc.source_lang, loc.target_lang, loc.locale_include_ding = source, target, include
+    assert fingerprint.input_files(loc) == sorted(map(str, files))
+  loc.locale_ding_path = str(tmp_path / "missing.txt")
+  assert fingerprint.input_files(loc) == [str(catalogs / "a.mo")]
+
+  # changed(): every file is looked at, whatever comes before it; an untouched one is not read.
+  a, b, c = (tmp_path / n for n in ("a.txt", "b.txt", "c.txt"))
+  for path, content in ((a, "one\n"), (b, "eins\n"), (c, "one\n")):
+    path.write_text(content)
+  recorded = fingerprint.fingerprint(text(source_path=a, target_path=b))
+  monkeypatch.setattr(fingerprint, "_sha256", lambda path: 1 / 0)
+  assert fingerprint.changed(recorded) == []
+  monkeypatch.undo()
+  b.write_text("zwei\n")
+  assert fingerprint.changed(recorded) == [f"{b}: its content changed (5 -> 5 bytes)"]
+  a.unlink()
+  assert fingerprint.changed(recorded) == [f"{a}: no longer exists",
+                                           f"{b}: its content changed (5 -> 5 bytes)"]
+  a.write_text("one\n")
+
+  # Files in other roles, or roles naming a file the record has no entry for: no match.
+  record = fingerprint.record(text(source_path=a, target_path=b))
+  assert fingerprint.matches(record, text(source_path=a, target_path=b))
+  assert not fingerprint.matches(record, text(source_path=b, target_path=a))
+  assert not fingerprint.matches({**record, "roles": {"source_path": str(tmp_path / "x.txt"),
+                                                      "target_path": str(b)}},
+                                 text(source_path=a, target_path=b))
+  # A record from before roles: of one file, not the same corpus as two files of which one is
+  # missing; of two files of the same bytes, the same corpus however its paths were given.
+  single = {"inputs": fingerprint.fingerprint(text(tsv_path=a))}
+  assert not fingerprint.matches(single, text(source_path=a, target_path=tmp_path / "gone.txt"))
+  same = {"inputs": fingerprint.fingerprint(text(source_path=a, target_path=c))}
+  assert fingerprint.matches(same, text(source_path=a, target_path=c),
+                             {"source_path": "x/a.txt", "target_path": "y/c.txt"})
+  # Paths given from a directory up or two: the recorded path ending with the rest.
+  legacy = {"inputs": {"/w/x/a/src.txt": {"sha256": "1"}, "/w/y/b/src.txt": {"sha256": "2"}}}
+  for given in ("../a/src.txt", "../../a/src.txt"):
+    assert fingerprint.recorded_roles(legacy, {"source_path": given}) == {
+        "source_path": "/w/x/a/src.txt"}
+
+
 def test_evaluating_an_older_step_finds_the_corpus_where_a_later_resume_recorded_it(tmp_path):
   run = tmp_path / "run"
   run.mkdir()
