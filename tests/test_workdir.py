@@ -1235,8 +1235,10 @@ def test_roles_of_a_record_without_them_are_found_by_the_paths_given(tmp_path):
 
 
 def test_fingerprint_details_found_by_mutation_testing(tmp_path, monkeypatch):
-  text = lambda **paths: config(tmp_path, **{"data.dataset": "text",  # noqa: E731
-                                             **{f"data.{k}": str(v) for k, v in paths.items()}}).data
+  def text(**paths):
+    fields = {f"data.{k}": str(v) for k, v in paths.items()}
+    return config(tmp_path, **{"data.dataset": "text", **fields}).data
+
   # A locale corpus is its language's catalogs under its own locale_dir (either direction),
   # and its dictionary only when included and present.
   catalogs = tmp_path / "locale" / "de" / "LC_MESSAGES"
