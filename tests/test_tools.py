@@ -864,6 +864,68 @@ def test_score_gives_the_runs_own_validation_nll(workdir, tmp_path, capsys):
     assert json.load(f) == result
 
 
+def test_scoring_details_found_by_mutation_testing(translator, tmp_path):
+  config = translator.config
+  assert config.position_encoding == "sinusoidal" and config.max_len == 32
+  pieces = lambda text: len(translator.tokenizer.encode_batch([text])[0])  # noqa: E731
+
+  def of_pieces(n):  # a target of n pieces, words added while they fit
+    words = []
+    while pieces(" ".join(words)) < n:
+      fitting = [w for w in ("sieben", "ein") if pieces(" ".join(words + [w])) <= n]
+      assert fitting, words
+      words.append(fitting[0])
+    return " ".join(words)
+
+  # A target of exactly max_len tokens with EOS is not too long; one more is.
+  fits, longer = of_pieces(31), of_pieces(32)
+  # Twelve long targets among short ones: ten warnings, each naming its pair, then a count;
+  # scored whole, as sinusoidal positions extend past max_len.
+  pairs = [("seven", "sieben"), ("seven", fits)] + [("seven", longer)] * 12
+  said = []
+  records = scoring.pair_scores(translator, pairs, warn=said.append)
+  assert len(said) == 11 and said[0].startswith("pair 3: the target is 33 tokens with EOS, "
+                                                "more than the 32 (max_len)")
+  assert said[9].startswith("pair 12: ") and said[10] == (
+      "... and 2 more sources or targets longer than the model's max_len")
+  assert all(r["log_prob"] is not None and "skipped" not in r for r in records)
+  assert [r["target_tokens"] for r in records[:3]] == [3, 32, 33]  # "sieben" is 2 pieces
+  for r in records:
+    assert r["nll_per_token"] == -r["log_prob"] / r["target_tokens"] > 0
+  # Empty sources: five named, more said with "...".
+  for empty, named in ((5, "(pair 1, pair 2, pair 3, pair 4, pair 5): "),
+                       (6, "(pair 1, pair 2, pair 3, pair 4, pair 5, ...): ")):
+    said = []
+    scoring.pair_scores(translator, [("", "sieben")] * empty, warn=said.append)
+    assert said == [f"{empty} pair(s) with an empty source not scored {named}the model never "
+                    "saw an empty source (translate.py gives it an empty translation)"]
+  # A scorer starts at no time; score() reports the time of its own scoring and compiling.
+  scorer = scoring.PairScorer(translator)
+  assert (scorer.compile_seconds, scorer.score_seconds, scorer.compiled_shapes) == (0.0, 0.0, 0)
+  begin = time.perf_counter()
+  result = scoring.score(translator, pairs[:2], "two", str(tmp_path / "two"))
+  elapsed = time.perf_counter() - begin
+  assert 0 < result["score_seconds"] and 0 <= result["compile_seconds"]
+  assert result["score_seconds"] + result["compile_seconds"] < elapsed
+  assert result["pairs_per_sec"] == pytest.approx(2 / result["score_seconds"])
+  # With a learned position table the long targets are not scored: skipped and counted, and
+  # nothing scored has no speed.
+  learned = copy.copy(translator)
+  learned.config = config.replace(position_encoding="learned")
+  said = []
+  result = scoring.score(learned, [("seven", longer)] * 2, "long", str(tmp_path / "long"),
+                         warn=said.append)
+  assert said[0] == ("long pair 1: the target is 33 tokens with EOS, more than the model's "
+                     "learned position table (max_len 32): not scored")
+  assert (result["scored"], result["skipped_long_targets"], result["skipped_empty_sources"],
+          result["pairs_per_sec"]) == (0, 2, 0, None)
+  # Ten warnings are all said; the eleventh is counted.
+  for count, last in ((10, "pair 10: the target"), (11, "... and 1 more sources or targets")):
+    said = []
+    scoring.pair_scores(learned, [("seven", longer)] * count, warn=said.append)
+    assert len(said) == 10 + (count > 10) and said[-1].startswith(last), said[-1]
+
+
 def test_score_pairs_of_ones_own(workdir, tmp_path, capsys):
   src, tgt = tmp_path / "src.en", tmp_path / "hyps.de"
   src.write_text("seven\n\ntwelve\nseven\n", encoding="utf-8")
