@@ -17,7 +17,7 @@ import optax
 import pytest
 
 import transformer_jax as tj
-from transformer_jax import experiment, losses, optim, sharding, steps
+from transformer_jax import experiment, flops as flops_lib, losses, optim, sharding, steps
 from transformer_jax.run import checkpointing, distributed, loop, metrics, throughput
 from transformer_jax.run import workdir as workdir_lib
 from transformer_jax.run.trainer import Trainer
@@ -580,6 +580,46 @@ def _tensorboard_purges(workdir) -> list[int]:
       if event.HasField("session_log") and event.session_log.status == 1:  # START
         steps.append(event.step)
   return steps
+
+
+def test_a_logged_window_of_steps_is_their_token_weighted_mean(monkeypatch):
+  # Two steps' sums (as the step returns them): the window's figures weigh each by its tokens.
+  steps_ = [{"loss": 4.0, "nll": 3.0, "correct": 2.0, "tokens": 4.0, "source_tokens": 5.0,
+             "learning_rate": 0.1, "grad_norm": 1.0, "param_norm": 2.0, "update_norm": 0.5},
+            {"loss": 1.0, "nll": 0.5, "correct": 3.0, "tokens": 6.0, "source_tokens": 7.0,
+             "learning_rate": 0.2, "grad_norm": 3.0, "param_norm": 4.0, "update_norm": 0.25}]
+  total = None
+  for m in steps_:
+    total = metrics.accumulate(total, {k: np.float32(m[k]) for k in throughput.SUMS})
+  assert total == {"loss": 5.0, "nll": 3.5, "correct": 5.0, "tokens": 10.0, "source_tokens": 12.0}
+  cfg = tj.TransformerConfig(vocab_size=16, d_model=8, num_heads=2, d_ff=16,
+                             num_encoder_layers=1, num_decoder_layers=1, max_len=8)
+  meter = throughput.ThroughputMeter(cfg, peak_flops=1e9, checkpoint_dir="ckpt")
+  clock = iter([100.0, 102.0, 102.0])  # the window opens at 100 s, closes at 102 s
+  monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(clock))
+  meter.restart()
+  for m in steps_:
+    meter.add(m, [5], [4])
+  record = meter.record(7)
+  flops = 2 * flops_lib.train_flops(cfg, [5], [4])
+  assert record == pytest.approx({
+      "train_loss": 0.5, "train_nll": 0.35, "train_perplexity": np.exp(0.35),
+      "train_accuracy": 0.5, "learning_rate": 0.2, "grad_norm": 3.0, "param_norm": 4.0,
+      "update_norm": 0.25, "tokens_per_sec": 5.0, "source_target_tokens_per_sec": 11.0,
+      "steps_per_sec": 1.0, "tflops_per_sec": flops / 2 / 1e12, "mfu": flops / 2 / 1e9})
+  # A perplexity past exp(50) is logged as exp(50), not as an overflow.
+  assert metrics.summarize({"loss": 0.0, "nll": 100.0, "correct": 0.0, "tokens": 0.0},
+                           "eval")["eval_perplexity"] == np.exp(50.0)
+
+
+def test_last_values_are_the_numbers_a_run_logged_last(tmp_path):
+  # The last value of each number logged; text, flags and missing values are no metric.
+  writer = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
+  writer.write(1, {"train_loss": 2.0, "bleu": 10.0, "stopped_early": "patience"})
+  writer.write(2, {"train_loss": 1.5, "includes_compilation": True, "tokens_per_sec": None,
+                   "mfu": 0.25})
+  assert metrics.last_values(str(tmp_path)) == {"step": 2, "train_loss": 1.5, "bleu": 10.0,
+                                                "mfu": 0.25}
 
 
 @pytest.mark.parametrize("resume_step", [0, 2])
