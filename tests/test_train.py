@@ -17,7 +17,8 @@ import optax
 import pytest
 
 import transformer_jax as tj
-from transformer_jax import experiment, flops as flops_lib, losses, optim, sharding, steps
+from transformer_jax import experiment, losses, optim, sharding, steps
+from transformer_jax import flops as flops_lib
 from transformer_jax.run import checkpointing, distributed, loop, metrics, throughput
 from transformer_jax.run import workdir as workdir_lib
 from transformer_jax.run.trainer import Trainer
