@@ -110,8 +110,19 @@ def test_the_progress_bar_shows_the_numbers_of_the_step_it_shows(capsys):
   drawn = [line for line in capsys.readouterr().err.split("\r") if "/60" in line]
   for step in (10, 20, 30):
     lines = [line for line in drawn if f" {step}/60 " in line]
-    assert lines and all(f"loss {step / 10:.3f} lr {step * 1e-4:.2e}" in line
-                         for line in lines), lines
+    assert lines and all(f"loss {step / 10:.3f} lr {step * 1e-4:.2e} tok/s 1,000 MFU 50.0%"
+                         in line for line in lines), lines
+  assert progress.bar.disable  # closed
+  # Without a bar (other processes, or asked for none) lines still reach stderr.
+  quiet = metrics.Progress(total=60, initial=0, enabled=False)
+  quiet.update(10, {"train_loss": 1.0})
+  quiet.write("saved step 10")
+  quiet.close()
+  assert capsys.readouterr().err == "saved step 10\n"
+  progress = metrics.Progress(total=60, initial=0)
+  progress.write("saved step 20")
+  progress.close()
+  assert "saved step 20\n" in capsys.readouterr().err
 
 
 def test_help_into_a_closed_pipe_ends_without_a_traceback():

@@ -608,19 +608,63 @@ def test_a_logged_window_of_steps_is_their_token_weighted_mean(monkeypatch):
       "train_accuracy": 0.5, "learning_rate": 0.2, "grad_norm": 3.0, "param_norm": 4.0,
       "update_norm": 0.25, "tokens_per_sec": 5.0, "source_target_tokens_per_sec": 11.0,
       "steps_per_sec": 1.0, "tflops_per_sec": flops / 2 / 1e12, "mfu": flops / 2 / 1e9})
-  # A perplexity past exp(50) is logged as exp(50), not as an overflow.
+  # A perplexity past exp(50) is logged as exp(50), not as an overflow; no tokens count as one.
   assert metrics.summarize({"loss": 0.0, "nll": 100.0, "correct": 0.0, "tokens": 0.0},
                            "eval")["eval_perplexity"] == np.exp(50.0)
+  assert metrics.summarize({"loss": 3.0, "nll": 2.0, "correct": 1.0, "tokens": 1.0},
+                           "eval")["eval_loss"] == 3.0
+  # A sum that appears later starts from 0.
+  assert metrics.accumulate({"a": 1.0}, {"a": 1.0, "b": 2.0}) == {"a": 2.0, "b": 2.0}
 
 
 def test_last_values_are_the_numbers_a_run_logged_last(tmp_path):
-  # The last value of each number logged; text, flags and missing values are no metric.
-  writer = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
+  # The last value of each number logged; text, flags and missing values are no metric, in
+  # metrics.jsonl's summary as in TensorBoard.
+  writer = metrics.MetricsWriter(str(tmp_path))
   writer.write(1, {"train_loss": 2.0, "bleu": 10.0, "stopped_early": "patience"})
   writer.write(2, {"train_loss": 1.5, "includes_compilation": True, "tokens_per_sec": None,
                    "mfu": 0.25})
+  writer.close()
   assert metrics.last_values(str(tmp_path)) == {"step": 2, "train_loss": 1.5, "bleu": 10.0,
                                                 "mfu": 0.25}
+  assert sorted(_tensorboard_scalars(str(tmp_path))) == [
+      ("bleu", 1), ("mfu", 2), ("train_loss", 1), ("train_loss", 2)]
+  # An evaluation with BLEU at a step, and only that, is an evaluated step.
+  writer = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
+  writer.write(3, {"eval_loss": 1.0})
+  assert [s for s in range(5) if metrics.evaluated(str(tmp_path), s)] == [1]
+  # A line no record can be read from is passed over, not the end of the records.
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write("not json\n[1, 2]\n")
+  writer.write(4, {"bleu": 11.0})
+  assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [1, 2, 3, 4]
+  # A writer of another process writes nothing and truncates nothing.
+  before = (tmp_path / "metrics.jsonl").read_bytes()
+  quiet = metrics.MetricsWriter(str(tmp_path / "other"), enabled=False, resume_step=0)
+  quiet.write(5, {"train_loss": 1.0})
+  quiet.close()
+  metrics.MetricsWriter(str(tmp_path), enabled=False, resume_step=0).close()
+  assert not os.path.exists(tmp_path / "other")
+  assert (tmp_path / "metrics.jsonl").read_bytes() == before
+
+
+def _tensorboard_scalars(workdir: str) -> list[tuple[str, int]]:
+  """(tag, step) of every scalar in a workdir's TensorBoard event files."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+  out = []
+  for name in os.listdir(os.path.join(workdir, "tensorboard")):
+    with open(os.path.join(workdir, "tensorboard", name), "rb") as f:
+      data = f.read()
+    i = 0
+    while i < len(data):  # TFRecord framing, as in _tensorboard_purges
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      event = event_pb2.Event()
+      event.ParseFromString(data[i + 12:i + 12 + n])
+      i += 16 + n
+      out += [(v.tag, event.step) for v in event.summary.value]
+  return out
 
 
 @pytest.mark.parametrize("resume_step", [0, 2])

@@ -151,8 +151,10 @@ class Progress:
     self.bar.update(step - self.bar.n)
 
   def write(self, text: str):
+    """A line above the bar, on stderr as the bar (tqdm's own default is stdout, which would
+    split a run's messages over two streams by whether it has a bar)."""
     if self.bar is not None:
-      self.bar.write(text)
+      self.bar.write(text, file=sys.stderr)
     else:
       print(text, file=sys.stderr)
 
