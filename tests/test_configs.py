@@ -5,6 +5,8 @@ import os
 import pytest
 
 from transformer_jax import experiment, sweeps
+from transformer_jax.data import tokenizer
+from transformer_jax.data.config import default_data_config
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -72,3 +74,46 @@ def test_locale_variants_differ_only_where_documented():
     sweeps.apply_overrides(short, p)
   with pytest.raises(ValueError, match="expected <pair>"):
     locale.get_config("ende_long")
+
+
+def test_the_defaults_a_run_gets_for_the_fields_it_does_not_set():
+  """What every config that leaves a field alone runs with. A change here changes those runs
+  (and docs/training.md's account of them): make it on purpose."""
+  c = experiment.base_config("small")
+  assert {k: v for k, v in c.to_dict().items()
+          if k not in ("model", "data", "logical_axis_rules")} == {
+      "adam_b1": 0.9, "adam_b2": 0.98, "adam_eps": 1e-09, "async_checkpointing": True,
+      "average_last_checkpoints": 1, "beam_size": 1, "bleu_every_steps": 1000,
+      "bleu_num_sentences": 256, "checkpoint_every_steps": 500, "coordinator_address": "",
+      "coordinator_bind_address": "", "cpu_peak_matmul_size": 2048, "distributed": "auto",
+      "early_stopping_min_delta": 0.0, "early_stopping_patience": 0, "eval_every_steps": 500,
+      "flatten_optimizer": False, "grad_accum_steps": 1, "grad_clip_norm": 0.0, "init_from": "",
+      "keep_best": "", "keep_checkpoints": 3, "keep_every_steps": 0, "label_smoothing": 0.1,
+      "learning_rate": 1.0, "length_penalty_alpha": 0.6, "log_every_steps": 50,
+      "max_len_margin": 50, "mesh": {"data": -1, "fsdp": 1, "tensor": 1}, "num_processes": 0,
+      "num_train_steps": 2000, "process_id": -1, "schedule": "rsqrt", "seed": 0,
+      "warmup_steps": 4000, "weight_decay": 0.0, "weight_decay_mask": "matrices"}
+  assert default_data_config().to_dict() == {
+      "batch_size": 64, "batch_tokens": 0, "batching": "pack",
+      "bucket_boundaries": (8, 16, 24, 32, 48, 64, 96, 128, 192, 256), "bucket_rows_multiple": 8,
+      "data_dir": None, "dataset": "numbers", "eval_batch_size": 64, "eval_max_len": 0,
+      "held_out_per_mille": 30, "locale_ding_path": None, "locale_dir": None,
+      "locale_include_ding": False, "max_source_len": 64, "max_target_len": 64,
+      "num_threads": 2, "numbers_eval_size": 1000, "numbers_seed": 0,
+      "numbers_train_size": 50000, "prefetch": 4, "shuffle_seed": 0, "source_lang": "en",
+      "source_path": None, "split": "grouped", "target_lang": "de", "target_path": None,
+      "tsv_path": None, "vocab_byte_fallback": False, "vocab_max_chars": 10_000_000,
+      "vocab_model_type": "bpe", "vocab_path": None, "vocab_size": 2000,
+      "vocab_split_digits": True, "window_chunks": 16}
+  # keep_best's metrics and which way is better for each.
+  assert experiment.BEST_METRICS == {"bleu": True, "eval_loss": False, "eval_nll": False,
+                                     "eval_perplexity": False, "eval_accuracy": True}
+  # The model config of a run without a tokenizer (the benchmarks') has the tokenizer's ids.
+  model = experiment.transformer_config(c, vocab_size=100)
+  assert (model.pad_id, model.bos_id, model.eos_id) == (
+      tokenizer.PAD_ID, tokenizer.BOS_ID, tokenizer.EOS_ID)
+  # dropout_rate None leaves TransformerConfig's default; a rate given is kept.
+  c.model.dropout_rate = None
+  assert experiment.transformer_config(c, 100).dropout_rate == model.dropout_rate == 0.1
+  c.model.dropout_rate = 0.3
+  assert experiment.transformer_config(c, 100).dropout_rate == 0.3

@@ -174,6 +174,54 @@ def test_bad_config_values_name_the_field(tmp_path, field, value, match):
     experiment.validate(c)
 
 
+COORDINATOR = {"coordinator_address": "127.0.0.1:1234"}
+BEST = {"keep_best": "bleu", "early_stopping_patience": 2}
+
+
+@pytest.mark.parametrize("fields, match", [
+    # Each check's bound: the value at it accepted (None), the one past it refused.
+    ({"learning_rate": 1e-9, "adam_eps": 1e-12}, None),
+    ({"learning_rate": 0.0}, r"config.learning_rate=0.0: must be > 0"),
+    ({"adam_eps": 0.0}, r"config.adam_eps=0.0: must be > 0"),
+    ({"warmup_steps": 1}, None),
+    ({"warmup_steps": 0}, r"config.warmup_steps=0: must be >= 1 with schedule='rsqrt'"),
+    ({"schedule": "constant", "warmup_steps": 0}, None),
+    ({"schedule": "constant", "warmup_steps": -1}, r"config.warmup_steps=-1: must be >= 0"),
+    ({"schedule": "cosine", "num_train_steps": 10, "warmup_steps": 9}, None),
+    ({"schedule": "cosine", "num_train_steps": 10, "warmup_steps": 10}, r"must be < num_train"),
+    ({"adam_b1": 0.0, "label_smoothing": 0.0, "adam_b2": 0.999}, None),
+    ({"adam_b2": -0.5}, r"config.adam_b2=-0.5: must be in \[0, 1\)"),
+    ({"label_smoothing": 1.0}, r"config.label_smoothing=1.0: must be in \[0, 1\)"),
+    ({"cpu_peak_matmul_size": 16, "beam_size": 1, "max_len_margin": 0}, None),
+    ({"cpu_peak_matmul_size": 15}, r"config.cpu_peak_matmul_size=15: must be >= 16"),
+    ({"beam_size": 0}, r"config.beam_size=0: must be >= 1"),
+    ({"max_len_margin": -1}, r"config.max_len_margin=-1: must be >= 0"),
+    ({**COORDINATOR, "num_processes": 1, "process_id": 0}, None),
+    ({**COORDINATOR, "num_processes": 2, "process_id": 1}, None),
+    ({**COORDINATOR, "num_processes": 2, "process_id": 2}, r"config.process_id=2: must be in "
+     r"\[0, num_processes=2\)"),
+    ({**COORDINATOR, "num_processes": 2, "process_id": -1}, r"config.process_id=-1: must be in"),
+    ({"early_stopping_patience": -1}, r"config.early_stopping_patience=-1: must be >= 0"),
+    ({**BEST, "early_stopping_min_delta": 0.5}, None),
+    ({**BEST, "early_stopping_min_delta": -0.5}, r"early_stopping_min_delta=-0.5: must be a "
+     r"finite number >= 0"),
+    ({**BEST, "early_stopping_min_delta": float("inf")}, r"early_stopping_min_delta=inf: must be"),
+    ({"flatten_optimizer": True}, None),
+    ({"mesh.tensor": 2}, None),
+    ({"flatten_optimizer": True, "mesh.fsdp": 2}, r"config.flatten_optimizer=True: needs a "
+     r"data-parallel mesh, but config.mesh splits \{'fsdp': 2\}"),
+    ({"grad_accum_steps": 2, "data.bucket_rows_multiple": 3}, None),    # packed rows
+    ({"grad_accum_steps": 2, "data.batching": "bucket", "data.bucket_rows_multiple": 4}, None),
+])
+def test_each_config_check_has_its_bound_where_its_message_says(tmp_path, fields, match):
+  c = tiny_config(tmp_path, **fields)
+  if match is None:
+    experiment.validate(c)
+  else:
+    with pytest.raises(ValueError, match=match):
+      experiment.validate(c)
+
+
 def test_grad_accum_checked_against_the_real_rows(tmp_path):
   # 250 tokens per batch // 32-token rows = 7 rows: 2 microbatches cannot split them.
   c = tiny_config(tmp_path, **{"data.batch_tokens": 250, "grad_accum_steps": 2})
