@@ -8,6 +8,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import DataError, default_data_config, get_data, validate
+from transformer_jax.data.config import global_rows, stray_corpus_field
 
 
 @pytest.mark.parametrize("dataset, source_lang, target_lang", [
@@ -175,6 +176,46 @@ def test_text_needs_paths():
   c.dataset = "text"
   with pytest.raises(ValueError, match="data.tsv_path"):
     validate(c)
+  c.source_path = "a.en"  # half a pair of files
+  with pytest.raises(ValueError, match="data.source_path and data.target_path must both be set"):
+    validate(c)
+
+
+def test_data_checks_have_their_bounds_where_their_messages_say():
+  def check(match=None, **fields):
+    c = default_data_config()
+    c.update(fields)
+    if match is None:
+      validate(c)
+    else:
+      with pytest.raises(ValueError, match=match):
+        validate(c)
+
+  check(held_out_per_mille=1, bucket_boundaries=(1, 8), shuffle_seed=0, batch_tokens=0)
+  check(held_out_per_mille=499)
+  for bad in (0, 500):
+    check(f"data.held_out_per_mille={bad}: expected 1..499", held_out_per_mille=bad)
+  check(r"data.batch_size=-1: expected an integer > 0", batch_size=-1)
+  check(r"data.shuffle_seed=-1: expected an integer >= 0", shuffle_seed=-1)
+  check(r"data.batch_tokens=-1: expected an integer >= 0", batch_tokens=-1)
+  # Rows of a batch given in tokens: at least one, however few the tokens.
+  c = default_data_config()
+  for tokens, rows in ((0, 64), (1, 1), (10, 1), (128, 2)):
+    c.batch_tokens = tokens
+    assert global_rows(c) == rows, tokens
+  # A corpus field set for another dataset is named, with the dataset it belongs to.
+  c = default_data_config()
+  assert stray_corpus_field(c) is None
+  c.source_path, c.target_path = "a.en", "a.de"
+  assert stray_corpus_field(c) == (
+      "data.source_path is set but data.dataset='numbers': add --config.data.dataset=text to "
+      "train on your files, or drop data.source_path")
+  c.dataset = "text"
+  assert stray_corpus_field(c) is None
+  c.locale_dir = "/usr/share/locale"
+  assert stray_corpus_field(c) == (
+      "data.locale_dir is set but data.dataset='text': add --config.data.dataset=locale to "
+      "train on those catalogs, or drop data.locale_dir")
 
 
 def test_batch_tokens_sets_rows(tmp_path):
