@@ -988,5 +988,12 @@ def test_storage_error_figures_of_a_first_save_and_of_an_earlier_async_save(tmp_
     with pytest.raises(checkpointing.StorageError) as e:
       other.save(9, state)
     assert f"saving checkpoint {blamed} into" in str(e.value), async_save
+  # A failure that surfaces when waiting for the saves is the last requested save's.
+  def failed_write():
+    raise OSError(28, "No space left on device")
+
+  other.manager.wait_until_finished = failed_write
+  with pytest.raises(checkpointing.StorageError, match="saving checkpoint 9 into"):
+    other.wait()
   ckpt.manager.save = real_save
   ckpt.close()
