@@ -242,3 +242,78 @@ def test_pairs_left_out_are_counted_when_the_corpus_is_built(tmp_path, capsys):
           "2 repeating an earlier line's source") in capsys.readouterr().err
   datasets.load_sources(c)                               # built already: nothing to say
   assert "kept as pairs" not in capsys.readouterr().err
+
+
+def test_builder_details_found_by_mutation_testing(tmp_path, capsys, monkeypatch):
+  import logging
+
+  from transformer_jax.data import builders, numbers
+  # A TSV's bad lines: five listed whole, more with "..."; the first one's fields counted; a bare
+  # carriage return looked for in the five shown.
+  def error(lines):
+    (tmp_path / "bad.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as e:
+      builders._raw_pairs(str(tmp_path / "bad.tsv"), None, None)
+    return str(e.value)
+
+  five = ["a\tb\tc", "x", "x", "x", "x\ry", "ok\tgut"]
+  assert "lines [1, 2, 3, 4, 5]; line 1 has 3. The file has lines that end in a bare " in (
+      error(five))
+  six = ["x", "x", "x", "x", "x", "x\ry", "ok\tgut"]
+  assert error(six).endswith("lines [1, 2, 3, 4, 5, ...]; line 1 has 1")
+
+  # The numbers task in either direction: its English sentences under "en" both ways.
+  c = default_data_config()
+  c.data_dir, c.numbers_train_size, c.numbers_eval_size = str(tmp_path / "tfds"), 40, 10
+  for source, target, reverse in (("en", "de", False), ("de", "en", True)):
+    c.source_lang, c.target_lang = source, target
+    assert builders.make_builder(c, c.data_dir)._pairs() == numbers.generate_pairs(
+        40, 10, 10, 0, reverse=reverse)
+
+  # A text corpus says what it left out when only blank lines were, and nothing when clean.
+  c = default_data_config()
+  c.dataset, c.source_lang, c.target_lang = "text", "en", "de"
+  for name, extra, said in (("blank.tsv", ["\tleer"], "1 with a blank source or target, 0 "),
+                            ("clean.tsv", [], None)):
+    (tmp_path / name).write_text("\n".join([f"s{i}\tt{i}" for i in range(40)] + extra) + "\n")
+    c.tsv_path = str(tmp_path / name)
+    builders.make_builder(c, str(tmp_path / "tfds"))._pairs()
+    err = capsys.readouterr().err
+    assert (said in err) if said else "kept as pairs" not in err, err
+
+  # A locale corpus's build is named after its own dictionary path, included only when asked.
+  catalogs = tmp_path / "locale" / "de" / "LC_MESSAGES"
+  catalogs.mkdir(parents=True)
+  (catalogs / "a.mo").write_bytes(b"")
+  ding = tmp_path / "ding.txt"
+  ding.write_text("Haus :: house\n")
+  c = default_data_config()
+  c.dataset, c.locale_dir, c.locale_ding_path = "locale", str(tmp_path / "locale"), str(ding)
+  signature = [builders._file_signature(str(catalogs / "a.mo"))]
+  for include, inputs in ((False, signature),
+                          (True, signature + [builders._file_signature(str(ding))])):
+    c.locale_include_ding = include
+    params = builders.make_builder(c, str(tmp_path / "tfds")).builder_config.params
+    assert (params["ding_path"], params["inputs"]) == (str(ding), builders._digest(inputs))
+
+  # TFDS's custom-config warning is dropped and nothing else; no progress bars off a terminal.
+  def record(msg):
+    return logging.LogRecord("absl", logging.WARNING, "", 0, msg, None, None)
+
+  notice = builders._CustomConfigNotice()
+  assert not notice.filter(record("Using custom data configuration: x"))
+  assert notice.filter(record("Generating splits..."))
+  from tensorflow_datasets.core.utils import tqdm_utils
+  shown = []
+  monkeypatch.setattr(tqdm_utils, "_active", True)
+  monkeypatch.setattr(builders.tfds, "display_progress_bar", shown.append)
+
+  class Fake:
+    data_dir_root, name = str(tmp_path), "fake"
+    builder_config = type("Config", (), {"name": "x"})
+
+    def download_and_prepare(self, file_format):
+      pass
+
+  builders.prepare(Fake())
+  assert shown == [False, True]  # stderr is captured here: no terminal
