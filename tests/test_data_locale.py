@@ -110,3 +110,56 @@ def test_the_machines_catalogs():
   sources = [s for s, _ in pairs]
   assert len(set(sources)) == len(sources)
   assert not any("\n" in s or "%s" in s or "%s" in t for s, t in pairs)
+
+
+def test_cleaning_bounds_the_dictionary_and_catalog_entries(tmp_path):
+  # Rule 5's word counts (1 to 50, each side) and rule 6's length ratio (3x, past 10 chars).
+  words = lambda n: " ".join(["word"] * n)  # noqa: E731
+  assert locale.clean_pair(words(50), words(49) + " wort") is not None
+  assert locale.clean_pair(words(51), words(50)) is None
+  assert locale.clean_pair(words(50), words(51)) is None
+  assert locale.clean_pair("Open", "") is None and locale.clean_pair("", "Öffnen") is None
+  assert locale.clean_pair("abcdefghijkl", "abcd") == ("abcdefghijkl", "abcd")    # 12 = 3 x 4
+  assert locale.clean_pair("abcdefghijklm", "abcd") is None                       # 13 > 3 x 4
+  assert locale.clean_pair("abcdefghij", "abc") == ("abcdefghij", "abc")          # 10 chars
+  assert locale.clean_pair("abcdefghijk", "abc") is None                          # 11 > 3 x 3
+  # The dictionary: its first sense of each side, annotations gone, two words or more each;
+  # comments and lines without " :: " skipped, not the end of the file.
+  (tmp_path / "ding.txt").write_text(
+      "# comment\n"
+      "no separator here\n"
+      "eins | zwei :: one\n"
+      "zwei Wege :: two ways :: double\n"
+      "rotes Haus {n}; Haus :: red house; house\n"
+      "ein Haus :: house\n"
+      "Haus :: a house\n"
+      "guten Tag | gute Nacht :: good day | good night\n", encoding="utf-8")
+  assert locale.read_ding(str(tmp_path / "ding.txt")) == [
+      ("two ways :: double", "zwei Wege"), ("red house", "rotes Haus"), ("good day", "guten Tag"),
+      ("good night", "gute Nacht")]
+  assert locale.dedupe([("a", "x"), ("a", "y"), ("a", "y"), ("a", "x"), ("a", "x")]) == [
+      ("a", "x")]
+  # A catalog's plural forms give their singular; a context prefix goes; empty sides are no pair.
+  header = "Content-Type: text/plain; charset=UTF-8\n"
+  write_mo(str(tmp_path / "c.mo"), {"": header, "file\x00files": "Datei\x00Dateien",
+                                    "menu\x04a\x04b": "x", "empty": ""})
+  assert sorted(locale.read_catalog(str(tmp_path / "c.mo"))) == [("a\x04b", "x"),
+                                                                 ("file", "Datei")]
+  # The dictionary is for German only, added to the catalogs' pairs.
+  make_catalogs(tmp_path / "locale")
+  write_mo(str(tmp_path / "locale" / "fr" / "LC_MESSAGES" / "a.mo"), {"": header, "Open": "Ouvrir"})
+  with pytest.raises(ValueError, match="needs German, not 'fr'"):
+    locale.locale_pairs(str(tmp_path / "locale"), "fr", include_ding=True,
+                        ding_path=str(tmp_path / "ding.txt"))
+  plain, _ = locale.locale_pairs(str(tmp_path / "locale"), "de")
+  both, counts = locale.locale_pairs(str(tmp_path / "locale"), "de", include_ding=True,
+                                     ding_path=str(tmp_path / "ding.txt"))
+  assert counts["ding_pairs"] == 4 and set(both) >= set(plain) | {
+      ("red house", "rotes Haus"), ("good day", "guten Tag"), ("good night", "gute Nacht")}
+  # iso_* catalogs are passed over, and the catalogs after them still read.
+  write_mo(str(tmp_path / "locale" / "fr" / "LC_MESSAGES" / "iso_639.mo"), {"": header,
+                                                                         "French": "français"})
+  write_mo(str(tmp_path / "locale" / "fr" / "LC_MESSAGES" / "z.mo"),
+           {"": header, "Close": "Fermer"})
+  assert locale.read_catalogs(str(tmp_path / "locale"), "fr") == [("Open", "Ouvrir"),
+                                                                   ("Close", "Fermer")]

@@ -317,3 +317,25 @@ def test_builder_details_found_by_mutation_testing(tmp_path, capsys, monkeypatch
 
   builders.prepare(Fake())
   assert shown == [False, True]  # stderr is captured here: no terminal
+
+
+def test_lines_come_in_chunks_and_files_are_closed(tmp_path, monkeypatch):
+  from transformer_jax.data import lines as lines_lib
+  for count, chunks in ((5, [["l0", "l1"], ["l2", "l3"], ["l4"]]),
+                        (4, [["l0", "l1"], ["l2", "l3"]]), (0, [])):
+    (tmp_path / "f").write_text("".join(f"l{i}\n" for i in range(count)))
+    assert list(lines_lib.line_chunks(str(tmp_path / "f"), 2)) == chunks
+  assert list(lines_lib.line_chunks(str(tmp_path / "f"))) == [[]]  # all at once: one list
+  # A file read is closed; stdin is left open for whoever reads it next.
+  opened = []
+
+  def tracking_open(*args, **kwargs):
+    opened.append(open(*args, **kwargs))
+    return opened[-1]
+
+  monkeypatch.setattr(lines_lib, "open", tracking_open, raising=False)
+  (tmp_path / "f").write_text("a\nb\n")
+  assert lines_lib.read_lines(str(tmp_path / "f")) == ["a", "b"] and opened[0].closed
+  stdin = io.TextIOWrapper(io.BytesIO(b"c\n"))
+  monkeypatch.setattr(sys, "stdin", stdin)
+  assert lines_lib.read_lines("-") == ["c"] and not stdin.buffer.closed
