@@ -69,6 +69,59 @@ def test_plot_draws_every_curve_of_every_run_into_a_real_png(tmp_path):
                                      "post": {"learning_rate": 7}}}
 
 
+def test_what_each_panel_draws_found_by_mutation_testing(tmp_path, monkeypatch):
+  # Hours since the first record, exactly.
+  write_metrics(tmp_path / "r", [{"step": 1, "time": 1000.0, "train_loss": 2.0},
+                                 {"step": 2, "time": 8200.0, "train_loss": 1.0}])
+  assert curves.load_series(str(tmp_path / "r"))["train_loss"][1] == [0.0, 2.0]
+  # A workdir given twice keeps its whole path (and the search for a longer name ends).
+  assert curves.default_labels(["/a/run", "/a/run"]) == ["/a/run", "/a/run"]
+  figures = []
+
+  class Recorded(curves.Figure):
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      figures.append(self)
+
+  monkeypatch.setattr(curves, "Figure", Recorded)
+  # Eleven runs (colours cycle past ten), the first of 29 points, the others of 30; the last
+  # lacks train_loss (its eval_loss still drawn) and every run lacks BLEU.
+  def series(n, train=True):
+    out = {"eval_loss": (list(range(n)), [h / 10 for h in range(n)], [1.0] * n),
+           "learning_rate": (list(range(n)), [h / 10 for h in range(n)], [0.1] * n)}
+    if train:
+      out["train_loss"] = (list(range(n)), [h / 10 for h in range(n)], [2.0] * n)
+    return out
+
+  runs = {f"r{i}": series(29 if i == 0 else 30, train=i < 10) for i in range(11)}
+  curves.plot_runs(runs, str(tmp_path / "p.png"), title="eleven runs")
+  fig, = figures
+  assert fig._suptitle.get_text() == "eleven runs" and len(fig.axes) == 6
+  loss_step, bleu_step, rate_step, loss_time, bleu_time, rate_time = fig.axes
+  for ax, xlabel in ((loss_step, "step"), (loss_time, "wall time (hours)")):
+    assert ax.get_xlabel() == xlabel and ax.get_yscale() == "log"
+    lines = {line.get_label(): line for line in ax.lines}
+    assert len(lines) == 21 and lines["r10: validation"]
+    train, validation = lines["r0: train"], lines["r0: validation"]
+    assert (train.get_linestyle(), validation.get_linestyle()) == ("-", "--")
+    assert train.get_marker() == "o" and lines["r1: train"].get_marker() in (None, "None")
+    assert lines["r10: validation"].get_color() == "C0" and train.get_color() == "C0"
+    hours = [h / 10 for h in range(29)]
+    assert list(train.get_xdata()) == (list(range(29)) if xlabel == "step" else hours)
+    assert ax.get_legend() is not None
+  assert rate_step.get_yscale() == "log" and [line.get_label() for line in rate_step.lines][:2] == [
+      "r0", "r1"]
+  for ax in (bleu_step, bleu_time):  # no run has BLEU: an empty panel, linear, without legend
+    assert not ax.lines and ax.get_yscale() == "linear" and ax.get_legend() is None
+  figures.clear()
+  curves.plot_runs({"r": series(3)}, str(tmp_path / "q.png"))
+  assert figures[0]._suptitle is None
+  # BLEU is drawn on a linear scale; a log scale only for loss and learning rate with points.
+  figures.clear()
+  curves.plot_runs({"r": {"bleu": ([1, 2], [0.0, 1.0], [10.0, 20.0])}}, str(tmp_path / "b.png"))
+  assert [ax.get_yscale() for ax in figures[0].axes] == ["linear"] * 6
+
+
 def test_plot_metrics_errors_are_one_line(tmp_path, capsys):
   assert plot_metrics.main(["--workdir", str(tmp_path / "none")]) == 1
   assert "holds no metrics" in capsys.readouterr().err
