@@ -1264,7 +1264,8 @@ def test_fingerprint_details_found_by_mutation_testing(tmp_path, monkeypatch):
   monkeypatch.setattr(fingerprint, "_sha256", lambda path: 1 / 0)
   assert fingerprint.changed(recorded) == []
   monkeypatch.undo()
-  b.write_text("zwei\n")
+  b.write_text("zwei\n")  # the same size: its time (set a second on, not to rely on the clock's
+  os.utime(b, ns=(0, recorded[str(b)]["mtime_ns"] + 10**9))  # resolution) says to look
   assert fingerprint.changed(recorded) == [f"{b}: its content changed (5 -> 5 bytes)"]
   a.unlink()
   assert fingerprint.changed(recorded) == [f"{a}: no longer exists",
