@@ -612,23 +612,27 @@ with StopFlag() as flag:
     assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in proc.stderr, proc
 
 
-def _tensorboard_purges(workdir) -> list[int]:
-  """Steps of the SessionLog START events (purge_step) in a workdir's TensorBoard files."""
+def _tensorboard_events(workdir):
+  """The events of a workdir's TensorBoard files, file by file in name order."""
   import glob
   import struct
 
   from tensorboardX.proto import event_pb2
-  steps = []
   for path in sorted(glob.glob(os.path.join(workdir, "tensorboard", "events.*"))):
-    data, i = open(path, "rb").read(), 0
+    with open(path, "rb") as f:
+      data, i = f.read(), 0
     while i < len(data):  # TFRecord framing: length, its CRC, the record, its CRC
       (n,) = struct.unpack("<Q", data[i:i + 8])
       event = event_pb2.Event()
       event.ParseFromString(data[i + 12:i + 12 + n])
       i += 16 + n
-      if event.HasField("session_log") and event.session_log.status == 1:  # START
-        steps.append(event.step)
-  return steps
+      yield event
+
+
+def _tensorboard_purges(workdir) -> list[int]:
+  """Steps of the SessionLog START events (purge_step) in a workdir's TensorBoard files."""
+  return [e.step for e in _tensorboard_events(workdir)
+          if e.HasField("session_log") and e.session_log.status == 1]  # START
 
 
 def test_a_logged_window_of_steps_is_their_token_weighted_mean(monkeypatch):
@@ -698,21 +702,7 @@ def test_last_values_are_the_numbers_a_run_logged_last(tmp_path):
 
 def _tensorboard_scalars(workdir: str) -> list[tuple[str, int]]:
   """(tag, step) of every scalar in a workdir's TensorBoard event files."""
-  import struct
-
-  from tensorboardX.proto import event_pb2
-  out = []
-  for name in os.listdir(os.path.join(workdir, "tensorboard")):
-    with open(os.path.join(workdir, "tensorboard", name), "rb") as f:
-      data = f.read()
-    i = 0
-    while i < len(data):  # TFRecord framing, as in _tensorboard_purges
-      (n,) = struct.unpack("<Q", data[i:i + 8])
-      event = event_pb2.Event()
-      event.ParseFromString(data[i + 12:i + 12 + n])
-      i += 16 + n
-      out += [(v.tag, event.step) for v in event.summary.value]
-  return out
+  return [(v.tag, e.step) for e in _tensorboard_events(workdir) for v in e.summary.value]
 
 
 @pytest.mark.parametrize("resume_step", [0, 2])
