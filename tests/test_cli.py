@@ -118,3 +118,166 @@ def test_an_os_error_that_names_no_file_says_where_it_was_raised(tmp_path, capsy
   monkeypatch.setattr(workdir_lib, "check_config", worded)
   assert train.main(["--config", TINY, "--workdir", str(tmp_path / "run")]) == 1
   assert capsys.readouterr().err == "error: --source x.en: No such file or directory\n"
+
+
+# ---------------------------------------------------------------- cli.run itself, with toy bodies
+# (found by mutation testing: every script has a config, a workdir and a real body, so the
+# policy's own branches had no test of their own)
+
+from absl import flags  # noqa: E402
+
+from transformer_jax import cli  # noqa: E402
+
+DOC = "toy: a script of one flag"
+
+
+def _define(values):
+  flags.DEFINE_string("name", "none", "a name", flag_values=values)
+
+
+def _toy(argv, body=lambda values, args: None, **kwargs):
+  return cli.run(body, argv, doc=DOC, define=_define, **kwargs)
+
+
+def test_run_exit_codes_arguments_and_help(capsys, monkeypatch):
+  seen = []
+  def body(values, args):
+    seen.append((values.name, args))
+    return {"none": None, "three": 3}.get(values.name)
+  assert _toy(["--name", "three"], body) == 3 and _toy([], body) == 0
+  # Arguments besides flags: refused unless the script takes them, then all of them passed.
+  assert _toy(["a"], body) == 2
+  assert capsys.readouterr().err == ("error: unexpected arguments ['a'] (--help lists the "
+                                     "flags)\n")
+  assert _toy(["a", "--name=x", "b"], body, positional=True) == 0 and seen[-1] == ("x", ["a", "b"])
+  # argv defaults to sys.argv without the program; a program name may be missing or empty.
+  monkeypatch.setattr(sys, "argv", ["/bin/toy.py", "--name", "argv"])
+  assert _toy(None, body) == 0 and seen[-1] == ("argv", [])
+  for argv in ([], [""], ["toy.py"]):
+    monkeypatch.setattr(sys, "argv", argv)
+    assert _toy(["--name", "n"], body) == 0 and seen[-1] == ("n", [])
+  # --help: the docstring, then the script's own flags (not absl's --flagfile and the like).
+  count = len(seen)
+  assert _toy(["--name", "x", "--help"], body) == 0 and len(seen) == count
+  out = capsys.readouterr().out
+  assert out.startswith(DOC + "\n\nflags:\n") and "--name: a name" in out, out
+  assert "--flagfile" not in out
+  assert _toy(["--nam", "x"], body) == 2
+  assert capsys.readouterr().err.startswith("error: Unknown command line flag 'nam'")
+
+
+def test_a_scripts_config_is_locked_and_the_checkout_importable(monkeypatch):
+  """With a config: the checkout goes on sys.path (a config of one's own can import configs/),
+  once, at the end; the config is locked (the body cannot add a field by a typo). Without: the
+  path is left alone."""
+  path = [p for p in sys.path if p != cli.REPO]
+  monkeypatch.setattr(sys, "path", list(path))
+  assert _toy([]) == 0 and sys.path == path
+  def body(values, args):
+    with pytest.raises(AttributeError):
+      values.config.num_train_stepz = 5
+    return 7
+  assert _toy([], body, config=TINY) == 7 and sys.path == path + [cli.REPO]
+  assert _toy([], body, config=TINY) == 7 and sys.path == path + [cli.REPO]
+
+
+class JaxRuntimeError(RuntimeError):
+  """Named like jax's: `cli.out_of_memory` tells it by its name."""
+
+
+def test_user_errors_out_of_memory_and_a_broken_pipe(capsys, monkeypatch):
+  def raising(error):
+    def body(values, args):
+      raise error
+    return body
+  assert _toy([], raising(cli.RunError("the run is locked"))) == 1
+  assert capsys.readouterr().err == "error: the run is locked\n"
+  first = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.5GiB " + "x" * 400
+  assert _toy([], raising(JaxRuntimeError(first + "\nthe allocator's dump"))) == 1
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: out of memory ({first[:300]}): when decoding, fewer "), err
+  assert err.count("\n") == 1 and "--config.grad_accum_steps=N" in err
+  # Not an out-of-memory error: a traceback, as for any bug.
+  for error in (JaxRuntimeError("INTERNAL: a failed kernel"),
+                JaxRuntimeError("RESOURCE_EXHAUSTED: too many open handles"),
+                ValueError("RESOURCE_EXHAUSTED: out of memory")):
+    with pytest.raises(type(error)):
+      _toy([], raising(error))
+  # The reader of --help went away (`--help | head`): exit 1, stdout pointed at /dev/null
+  # for Python's last flush at exit.
+  class ClosedPipe:
+    def write(self, text):
+      raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self):
+      return 101
+  dups = []
+  monkeypatch.setattr(cli.os, "open", lambda path, mode: (path, mode))
+  monkeypatch.setattr(cli.os, "dup2", lambda fd, to: dups.append((fd, to)))
+  monkeypatch.setattr(sys, "stdout", ClosedPipe())
+  assert _toy(["--help"]) == 1 and dups == [((os.devnull, os.O_WRONLY), 101)]
+
+
+def test_an_os_error_without_a_file_names_the_checkouts_innermost_frame(capsys):
+  def body(values, args):
+    raise OSError(28, "No space left on device")
+  line = body.__code__.co_firstlineno + 1
+  assert _toy([], body) == 1
+  assert capsys.readouterr().err == ("error: [Errno 28] No space left on device (in "
+                                     f"tests/test_cli.py:{line}, body)\n")
+  # A frame of a package installed inside the checkout (a virtual environment of another
+  # name) is not where the user's code was: the frame that called it is.
+  where = os.path.join(cli.REPO, "env", "lib", "python3.11", "site-packages", "package.py")
+  namespace = {}
+  exec(compile("def write():\n  raise OSError(28, 'No space left on device')\n", where, "exec"),
+       namespace)
+  def through_a_package(values, args):
+    namespace["write"]()
+  line = through_a_package.__code__.co_firstlineno + 1
+  assert _toy([], through_a_package) == 1
+  assert capsys.readouterr().err.endswith(f"(in tests/test_cli.py:{line}, through_a_package)\n")
+  # An OSError with a message of its own, or a file, is left as it is.
+  class OwnMessage(OSError):
+    def __str__(self):
+      return "the disk of the checkpoint is full"
+  for error, message in ((OwnMessage(28, "No space left on device"),
+                          "the disk of the checkpoint is full"),
+                         (OSError(2, "No such file or directory", "a.txt"),
+                          "[Errno 2] No such file or directory: 'a.txt'")):
+    assert _toy([], lambda values, args, error=error: (_ for _ in ()).throw(error)) == 1
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_the_messages_helpers():
+  assert [cli.flag_value(argv, "config") for argv in (
+      ["--config", "a.py"], ["-config", "b.py"], ["--x", "y", "--config=c.py"],
+      ["--x", "y", "--config", "d.py"], ["--config"], ["--configs", "e.py"])] == [
+      "a.py", "b.py", "c.py", "d.py", None, None]
+  assert cli.overrides_without_config(["--config.a=1", "-config.b=2", "--x"]) == [
+      "--config.a=1", "-config.b=2"]
+  assert cli.overrides_without_config(["--config", "a.py", "--config.a=1"]) == []
+  assert cli._config_file_error(NameError("x"), "runs/a/config.json:1").startswith(
+      "not a Python config file with get_config()")
+  assert cli._config_file_error(NameError("name 'x' is not defined"), "a.py:json") == (
+      "NameError: name 'x' is not defined")
+
+  class Deferred:
+    _error = ValueError("while loading\n  a.py\n the last line ")
+  assert cli._load_error(Deferred()) == "the last line"
+  assert cli._flag_error(AttributeError("a message of its own")) == "a message of its own"
+  assert cli._flag_error(AttributeError(KeyError("'lr'\nDid you mean 'lr2'?"))) == (
+      "no config field 'lr': Did you mean 'lr2'?")
+  assert cli._flag_error(KeyError("a key")) == "a key"
+
+
+def _renamed():
+  cli.deprecated("--old", "--new")
+  return sys._getframe().f_lineno - 1
+
+
+def test_a_deprecated_flag_warns_at_its_callers_line(capsys):
+  with pytest.warns(DeprecationWarning, match="--old is deprecated") as caught:
+    line = _renamed()
+  assert (caught[0].filename, caught[0].lineno) == (__file__, line)
+  assert capsys.readouterr().err == ("warning: --old is deprecated and will be removed in the "
+                                     "next release: use --new\n")

@@ -583,3 +583,37 @@ def test_a_local_corpus_builds_and_loads_without_tfds_download_notices(tmp_path,
     assert bar not in err, bar
   from tensorflow_datasets.core.utils import tqdm_utils
   assert tqdm_utils._active
+
+
+def test_data_defaults_to_one_process_and_checks_its_index_first(base, tmp_path):
+  """Found by mutation testing: `Data`'s defaults and its index check were never reached (every
+  test passed both). The check comes before any read, so a bad index costs nothing."""
+  from transformer_jax.data import Data
+  tmp, data = base
+  one = Data(data.config, str(tmp / "work"))
+  assert (one.process_index, one.process_count, one.rows_per_process) == (0, 1, 16)
+  for index, count in ((-1, 2), (2, 2), (0, 0)):
+    with pytest.raises(ValueError, match=re.escape(f"process_index={index} not in [0, {count})")):
+      Data(data.config, str(tmp_path / "never"), process_index=index, process_count=count)
+  assert not (tmp_path / "never").exists()
+
+
+def test_the_tokenizers_sample_is_seeded_and_stops_at_the_first_chunk_past_the_budget():
+  """`Data._vocab_texts`: sources and targets of the training pairs in a seeded order, read
+  1,024 pairs at a time until the characters read reach data.vocab_max_chars."""
+  from transformer_jax.data import Data
+  class Source(list):  # a data source's batched read
+    def __getitems__(self, keys):
+      return [self[k] for k in keys]
+  c = default_data_config()
+  pairs = Source({c.source_lang: f"s{i}".encode(), c.target_lang: f"t{i} x"} for i in range(2500))
+  data = Data.__new__(Data)  # only the fields the sampler reads
+  data.config, data.sources = c, {"train": pairs}
+  order = np.random.default_rng(c.shuffle_seed).permutation(len(pairs))
+  expected = [t for i in order for t in (f"s{i}", f"t{i} x")]
+  c.vocab_max_chars = 10**9  # every pair, in the seeded order
+  assert data._vocab_texts() == expected
+  first = sum(len(t) for t in expected[:2048])  # the first chunk's characters, exactly
+  for budget, pairs_read in ((first, 1024), (first + 1, 2048), (1, 1024)):
+    c.vocab_max_chars = budget
+    assert data._vocab_texts() == expected[:2 * pairs_read], budget

@@ -339,3 +339,16 @@ def test_lines_come_in_chunks_and_files_are_closed(tmp_path, monkeypatch):
   stdin = io.TextIOWrapper(io.BytesIO(b"c\n"))
   monkeypatch.setattr(sys, "stdin", stdin)
   assert lines_lib.read_lines("-") == ["c"] and not stdin.buffer.closed
+
+
+def test_the_data_dir_is_the_configs_else_tfds_data_dir_else_tfds_default(monkeypatch):
+  # Found by mutation testing: only the config's own data_dir was ever used.
+  from transformer_jax.data import datasets
+  c = default_data_config()
+  monkeypatch.setenv("TFDS_DATA_DIR", "/data/tfds")
+  c.data_dir = "~/mine"
+  assert datasets.default_data_dir(c) == os.path.expanduser("~/mine")
+  c.data_dir = None
+  assert datasets.default_data_dir(c) == "/data/tfds"
+  monkeypatch.delenv("TFDS_DATA_DIR")
+  assert datasets.default_data_dir(c) == os.path.expanduser("~/tensorflow_datasets")

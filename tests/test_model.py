@@ -438,6 +438,72 @@ def test_invalid_configs_name_the_field():
     tj.model_config("tiny").d_model = 3
 
 
+def test_the_configs_defaults_sizes_and_bounds():
+  """TransformerConfig's defaults are the paper's base model (PAPER.md; found by mutation
+  testing: no test read them), the named sizes its Table 3 rows, and each check's bound sits
+  where its message says."""
+  assert tj.TransformerConfig().to_dict() == dict(
+      vocab_size=37000, target_vocab_size=None, d_model=512, num_heads=8, d_ff=2048,
+      num_encoder_layers=6, num_decoder_layers=6, dropout_rate=0.1, attention_dropout_rate=0.0,
+      relu_dropout_rate=0.0, norm_position="post", layer_norm_epsilon=1e-6,
+      share_embeddings=True, tie_output_embedding=True, scale_embeddings=True,
+      position_encoding="sinusoidal", max_len=256, activation="relu", use_bias=True,
+      attention_bias=False, kernel_init="xavier_uniform", dtype="float32",
+      param_dtype="float32", attention_impl="xla", padding_as_lengths=True, remat="none",
+      fused_qkv=False, pad_id=0, bos_id=2, eos_id=3, deterministic=False, decode=False)
+  assert tj.model_config() == tj.TransformerConfig()  # "base" by default
+  def layers(n):
+    return dict(num_encoder_layers=n, num_decoder_layers=n)
+  assert tj.config.SIZES == {
+      "tiny": dict(d_model=32, num_heads=4, d_ff=64, **layers(2), dropout_rate=0.1, max_len=64),
+      "small": dict(d_model=256, num_heads=4, d_ff=1024, **layers(3), dropout_rate=0.1),
+      "base": dict(d_model=512, num_heads=8, d_ff=2048, **layers(6), dropout_rate=0.1),
+      "big": dict(d_model=1024, num_heads=16, d_ff=4096, **layers(6), dropout_rate=0.3)}
+  assert CHOICES == {
+      "norm_position": ("post", "pre"), "position_encoding": ("sinusoidal", "learned"),
+      "activation": ("relu", "gelu"), "kernel_init": ("xavier_uniform", "normal"),
+      "dtype": ("float32", "bfloat16", "float16"), "param_dtype": ("float32", "bfloat16"),
+      "attention_impl": ("xla", "cudnn"), "remat": ("none", "layer")}
+  for name, allowed in CHOICES.items():
+    for value in allowed:
+      tj.model_config("tiny", **{name: value, "attention_dropout_rate": 0.0})
+  def refused(message, **fields):
+    with pytest.raises(ValueError) as e:
+      tj.model_config("tiny", **fields)
+    assert str(e.value) == message
+  for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
+    refused(f"TransformerConfig.{name}=0: must be positive", **{name: 0})
+  tj.model_config("tiny", vocab_size=1, max_len=1, d_ff=1)
+  tj.model_config("tiny", d_model=2, num_heads=1)
+  for name in ("num_encoder_layers", "num_decoder_layers"):
+    refused(f"TransformerConfig.{name}=0: need at least 1 layer", **{name: 0})
+    tj.model_config("tiny", **{name: 1})
+  refused("TransformerConfig.d_model=30 is not divisible by num_heads=4: choose num_heads among "
+          "the divisors of d_model [1, 2, 3, 5, 6, 10, 15, 30]", d_model=30)
+  refused("TransformerConfig.d_model=128 is not divisible by num_heads=3: choose num_heads "
+          "among the divisors of d_model [1, 2, 4, 8, 16, 32, 64]", d_model=128, num_heads=3)
+  refused("TransformerConfig.d_model=130 is not divisible by num_heads=4: choose num_heads "
+          "among the divisors of d_model [1, 2, 5, 10, 13, 26]", d_model=130)  # not 65: > 64
+  for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
+    for bad in (-0.01, 1.0):
+      refused(f"TransformerConfig.{name}={bad}: must be in [0, 1)", **{name: bad})
+    tj.model_config("tiny", **{name: 0.0})
+    tj.model_config("tiny", **{name: 0.99})
+  # One vocabulary when shared: the same size given twice is one; two sizes need two tables.
+  assert tj.model_config("tiny", vocab_size=50, target_vocab_size=50).output_vocab_size == 50
+  untied = tj.model_config("tiny", vocab_size=50, target_vocab_size=70, share_embeddings=False)
+  assert untied.output_vocab_size == 70 and tj.model_config("tiny").output_vocab_size == 37000
+  tj.model_config("tiny", attention_impl="cudnn", attention_dropout_rate=0.0)
+  refused("TransformerConfig.attention_impl='cudnn' has no attention-weight dropout: set "
+          "attention_dropout_rate=0.0 or attention_impl='xla'", attention_impl="cudnn",
+          attention_dropout_rate=0.1)
+  cfg = tj.model_config("tiny", dtype="bfloat16")
+  assert cfg.head_dim == 8 and cfg.compute_dtype == jnp.bfloat16
+  assert cfg.params_dtype == jnp.float32 and cfg.replace(d_ff=8).d_ff == 8 and cfg.d_ff == 64
+  refused("unknown TransformerConfig field(s) ['d_modle', 'headz']: expected among "
+          f"{sorted(tj.TransformerConfig().to_dict())}", d_modle=3, headz=1)
+
+
 def test_token_validity_of_packed_rows_is_their_segment_ids():
   from transformer_jax.model import token_validity
   tokens = jnp.array([[5, 6, 0, 7, 0]])

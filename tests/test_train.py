@@ -669,6 +669,34 @@ def test_a_logged_window_of_steps_is_their_token_weighted_mean(monkeypatch):
   assert metrics.accumulate({"a": 1.0}, {"a": 1.0, "b": 2.0}) == {"a": 2.0, "b": 2.0}
 
 
+def test_the_meters_first_window_compiles_and_each_later_one_starts_from_nothing(monkeypatch):
+  """Found by mutation testing: the compiling window's flag, a window's FLOPs counted afresh and
+  for every process, and rates as true quotients (a 2.75 s window, 2 processes)."""
+  step = {"loss": 4.0, "nll": 3.0, "correct": 2.0, "tokens": 4.0, "source_tokens": 5.0,
+          "learning_rate": 0.1, "grad_norm": 1.0, "param_norm": 2.0, "update_norm": 0.5}
+  cfg = tj.TransformerConfig(vocab_size=16, d_model=8, num_heads=2, d_ff=16,
+                             num_encoder_layers=1, num_decoder_layers=1, max_len=8)
+  meter = throughput.ThroughputMeter(cfg, peak_flops=1e9, checkpoint_dir="ckpt")
+  monkeypatch.setattr(throughput.jax, "process_count", lambda: 2)
+  clock = iter([50.0, 100.0, 102.75, 102.75])
+  monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(clock))
+  assert meter.record(1) == {}  # nothing pending
+  meter.add(step, [5], [4])     # the first step compiles: no window yet, no FLOPs counted
+  first = meter.record(1)       # ... and opens the window at 50 s
+  assert first["tokens_per_sec"] is None and first["includes_compilation"] is True
+  assert "mfu" not in first and meter.window_flops == 0.0
+  meter.restart()               # 100 s: after an evaluation, say
+  for _ in range(2):
+    meter.add(step, [5], [4])
+  record = meter.record(3)      # 102.75 s
+  flops = 2 * 2 * flops_lib.train_flops(cfg, [5], [4])  # 2 steps x 2 processes
+  assert (record["tokens_per_sec"], record["source_target_tokens_per_sec"],
+          record["steps_per_sec"]) == (8.0 / 2.75, 18.0 / 2.75, 2.0 / 2.75)
+  assert (record["tflops_per_sec"], record["mfu"]) == (flops / 2.75 / 1e12, flops / 2.75 / 1e9)
+  assert "includes_compilation" not in record
+  assert meter.pending == [] and meter.window_flops == 0.0 and meter.record(4) == {}
+
+
 def test_last_values_are_the_numbers_a_run_logged_last(tmp_path):
   # The last value of each number logged; text, flags and missing values are no metric, in
   # metrics.jsonl's summary as in TensorBoard.

@@ -25,11 +25,9 @@ def default_data_dir(data_config) -> str:
 def make_builder(data_config):
   data_dir = default_data_dir(data_config)
   if data_config.dataset in WMT_NAMES:
-    # Importing the module registers the builder with TFDS.
-    if data_config.dataset == "wmt14":
-      import tensorflow_datasets.translate.wmt14  # noqa: F401 - registers the builder
-    else:
-      import tensorflow_datasets.translate.wmt17  # noqa: F401 - registers the builder
+    # Importing the package registers its builders with TFDS, wmt14's and wmt17's among them
+    # (importing either module imports the package: one branch per year registered both).
+    import tensorflow_datasets.translate  # noqa: F401 - registers the builders
     return tfds.builder(WMT_NAMES[data_config.dataset], data_dir=data_dir,
                         file_format="array_record")
   return builders.make_builder(data_config, data_dir)
