@@ -1853,6 +1853,62 @@ def test_attention_rows_sum_to_one(translator):
   assert np.all(np.triu(maps["decoder_self"][0], k=1) == 0)
 
 
+def test_attention_maps_cut_a_long_target_and_plot_what_each_kind_attends(translator, tmp_path,
+                                                                          monkeypatch):
+  """Found by mutation testing: a target past max_len, the decoder's input pieces, each kind's
+  axes, the colour scale, the grid of heads, the summary's mean over heads (read from the
+  figures themselves; how they look, sizes and fonts, is left to the eye)."""
+  long_target = " ".join(["einhundertzwei"] * 40)
+  maps = attention_maps.attention_maps(translator, "one hundred and two", long_target)
+  max_len = translator.config.max_len
+  assert len(maps["target_pieces"]) == max_len and maps["target_pieces"][-1] == "</s>"
+  assert maps["decoder_input_pieces"] == ["<s>"] + maps["target_pieces"][:-1]
+  assert maps["cross"][0].shape[1:] == (max_len, len(maps["source_pieces"]))
+  src, tgt, dec = ["a", "b", "</s>"], ["x", "y", "z", "</s>"], ["<s>", "x", "y", "z"]
+  rng = np.random.default_rng(0)
+  def weights(queries, keys, heads=6):
+    w = rng.random((heads, queries, keys)).astype(np.float32)
+    return w / w.sum(-1, keepdims=True)
+  fake = {"source_pieces": src, "target_pieces": tgt, "decoder_input_pieces": dec,
+          "encoder_self": [weights(3, 3)], "decoder_self": [weights(4, 4)],
+          "cross": [weights(4, 3), weights(4, 3)]}
+  assert [attention_maps.axes_pieces(fake, kind) for kind in attention_maps.TITLES] == [
+      (src, src), (tgt, dec), (tgt, src)]
+  saved = {}
+  monkeypatch.setattr(attention_maps.Figure, "savefig",
+                      lambda fig, path, dpi: saved.__setitem__(os.path.basename(path), fig))
+  out = tmp_path / "maps"
+  out.mkdir()  # an existing directory is written into
+  attention_maps.plot_maps(fake, str(out))
+  assert sorted(saved) == ["cross_layer0.png", "cross_layer1.png", "decoder_self_layer0.png",
+                           "encoder_self_layer0.png", "summary.png"]
+  for name, kind, layer in (("encoder_self_layer0.png", "encoder_self", 0),
+                            ("decoder_self_layer0.png", "decoder_self", 0),
+                            ("cross_layer1.png", "cross", 1)):
+    rows, cols = attention_maps.axes_pieces(fake, kind)
+    axes = saved[name].axes
+    assert len(axes) == 8  # 6 heads at most 4 a row: 2 rows, the last 2 cells empty
+    assert axes[0].get_subplotspec().get_gridspec().get_geometry() == (2, 4)
+    for h, ax in enumerate(axes):
+      if h >= 6:
+        assert not ax.images and not ax.axison
+        continue
+      (image,) = ax.images
+      np.testing.assert_array_equal(image.get_array(), fake[kind][layer][h])
+      assert image.get_clim() == (0.0, 1.0) and ax.get_title() == f"head {h}"
+      assert [t.get_text() for t in ax.get_xticklabels()] == cols
+      assert [t.get_text() for t in ax.get_yticklabels()] == rows
+  (summary, _colorbar) = saved["summary.png"].axes
+  np.testing.assert_allclose(summary.images[0].get_array(), fake["cross"][1].mean(axis=0))
+  assert summary.get_title() == ("encoder-decoder attention\nlast layer (1), mean of 6 heads")
+  assert saved["cross_layer1.png"].get_suptitle() == "encoder-decoder attention, layer 1"
+  assert saved["summary.png"].get_suptitle() == ""
+  attention_maps.plot_maps(fake, str(out), title="run 7, step 600")
+  assert saved["cross_layer1.png"].get_suptitle() == ("encoder-decoder attention, layer 1\n"
+                                                      "run 7, step 600")
+  assert saved["summary.png"].get_suptitle() == "run 7, step 600"
+
+
 def test_plot_attention_refuses_an_empty_target_and_names_a_long_source(workdir, tmp_path,
                                                                          capsys):
   """An empty --target (an empty shell variable) would plot eos alone as if it were a result;
