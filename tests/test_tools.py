@@ -119,6 +119,20 @@ def test_translate_stdin_keeps_lines_and_survives_odd_input(workdir, capsys, mon
   assert rc == 1 and "stdin line 5 is not UTF-8" in err and not never.exists(), err
 
 
+def test_a_carriage_return_in_the_first_of_several_chunks_names_its_lines(tmp_path, capsys):
+  # Found by mutation testing: the chunk's line range was tested in a later chunk only.
+  path = tmp_path / "in.txt"
+  path.write_bytes(b"one\rtwo\nthree\nfour\nfive\n")
+  assert list(tool_flags.flag_line_chunks("input", str(path), 2)) == [
+      ["one\rtwo", "three"], ["four", "five"]]
+  assert (f"warning: --input {path}: 1 line(s) of lines 1-2 hold a carriage return not followed "
+          "by a line feed (first: line 1)") in capsys.readouterr().err
+  # The whole file in its first chunk (fewer lines than a chunk): no range to name.
+  assert list(tool_flags.flag_line_chunks("input", str(path), 10)) == [
+      ["one\rtwo", "three", "four", "five"]]
+  assert f"--input {path}: 1 line(s) hold a carriage return" in capsys.readouterr().err
+
+
 def test_translate_arguments_to_file_with_overrides(workdir, tmp_path, capsys):
   out_path = tmp_path / "out.txt"
   rc, out, err = run_main(translate_script, [
