@@ -181,19 +181,22 @@ def test_a_scripts_config_is_locked_and_the_checkout_importable(monkeypatch):
   assert _toy([], body, config=TINY) == 7 and sys.path == path + [cli.REPO]
 
 
+def _raising(error):
+  """A script body that raises `error`."""
+  def body(values, args):
+    raise error
+  return body
+
+
 class JaxRuntimeError(RuntimeError):
   """Named like jax's: `cli.out_of_memory` tells it by its name."""
 
 
 def test_user_errors_out_of_memory_and_a_broken_pipe(capsys, monkeypatch):
-  def raising(error):
-    def body(values, args):
-      raise error
-    return body
-  assert _toy([], raising(cli.RunError("the run is locked"))) == 1
+  assert _toy([], _raising(cli.RunError("the run is locked"))) == 1
   assert capsys.readouterr().err == "error: the run is locked\n"
   first = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.5GiB " + "x" * 400
-  assert _toy([], raising(JaxRuntimeError(first + "\nthe allocator's dump"))) == 1
+  assert _toy([], _raising(JaxRuntimeError(first + "\nthe allocator's dump"))) == 1
   err = capsys.readouterr().err
   assert err.startswith(f"error: out of memory ({first[:300]}): when decoding, fewer "), err
   assert err.count("\n") == 1 and "--config.grad_accum_steps=N" in err
@@ -202,7 +205,7 @@ def test_user_errors_out_of_memory_and_a_broken_pipe(capsys, monkeypatch):
                 JaxRuntimeError("RESOURCE_EXHAUSTED: too many open handles"),
                 ValueError("RESOURCE_EXHAUSTED: out of memory")):
     with pytest.raises(type(error)):
-      _toy([], raising(error))
+      _toy([], _raising(error))
   # The reader of --help went away (`--help | head`): exit 1, stdout pointed at /dev/null
   # for Python's last flush at exit.
   class ClosedPipe:
@@ -244,7 +247,7 @@ def test_an_os_error_without_a_file_names_the_checkouts_innermost_frame(capsys):
                           "the disk of the checkpoint is full"),
                          (OSError(2, "No such file or directory", "a.txt"),
                           "[Errno 2] No such file or directory: 'a.txt'")):
-    assert _toy([], lambda values, args, error=error: (_ for _ in ()).throw(error)) == 1
+    assert _toy([], _raising(error)) == 1
     assert capsys.readouterr().err == f"error: {message}\n"
 
 

@@ -117,8 +117,8 @@ def test_number_words_at_the_edges_of_their_ranges():
 
 # The English number words of 0..999, for reading the sentences back.
 _WORDS = {numbers.english_number(n): n for n in range(1000)}
-_NOUNS = {en: (n, gender, de_sg, de_pl) for n in numbers.NOUNS
-          for en, gender, de_sg, de_pl in [(n[0], n[2], n[3], n[4]), (n[1], n[2], n[3], n[4])]}
+# Each English noun form, singular or plural, to its lexicon entry.
+_NOUNS = {word: entry for entry in numbers.NOUNS for word in entry[:2]}
 
 
 def _count_and_noun(words):
@@ -146,8 +146,8 @@ def test_verbs_agree_with_their_subjects_and_counted_nouns_with_their_numbers():
           "adjective": 0}
   for _ in range(4000):
     en, de = numbers.sentence(rng)
-    match = [s for s in subjects if en.startswith(s[0][0].upper() + s[0][1:] + " ")
-             and de.startswith(s[1][0].upper() + s[1][1:] + " ")]
+    match = [s for s in subjects if en.startswith(numbers._capitalize(s[0]) + " ")
+             and de.startswith(numbers._capitalize(s[1]) + " ")]
     if not match or " that " in en:
       continue  # a fronted adverbial or a subordinate clause: test_word_order_rules
     en_subj, de_subj, person = match[0]
@@ -166,8 +166,8 @@ def test_verbs_agree_with_their_subjects_and_counted_nouns_with_their_numbers():
                                          f"{numbers.german_number(n)} Euro"), (en, de)
       seen[noun] += 1
       continue
-    entry, gender, de_sg, de_pl = _NOUNS[noun]
-    assert noun == (entry[0] if n == 1 else entry[1]), en
+    en_sg, en_pl, gender, de_sg, de_pl = _NOUNS[noun]
+    assert noun == (en_sg if n == 1 else en_pl), en
     stem = dict(numbers.ADJECTIVES)[adjective] if adjective else None
     if n == 1:
       article = {"m": "einen", "f": "eine", "n": "ein"}[gender]
@@ -209,7 +209,7 @@ def test_dates_and_times_are_real_and_read_the_german_way():
     elif words[0] == "In":
       seen["year"].add(int(words[1]))
       assert de.startswith(f"Im Jahr {numbers.german_year(int(words[1]))} "), (en, de)
-    elif en.split()[0] in ("Yesterday", "Today", "Now", "Often", "Every", "Last", "This"):
+    elif words[0] in ("Yesterday", "Today", "Now", "Often", "Every", "Last", "This"):
       seen["adverb"] += 1
   assert {h for h, _ in seen["time"]} == set(range(1, 13)) and (1, 0) in seen["time"]
   assert {d for _, d in seen["date"]} == set(range(1, 32)) and (2, 28) in seen["date"]
@@ -228,11 +228,11 @@ def test_too_many_wanted_sentences_is_an_error_after_a_bounded_number_of_draws(m
 
 
 # What `numbers.generate_pairs` gave on 2026-11-28 for the default config's corpus
-# (data.numbers_*: 50,000 / 1,000 / 1,000, seed 0) and a small reversed one: every figure in
-# README and docs was measured on it. A change to the grammar, the lexicon, the draws or the
-# split changes it: prepared datasets under data_dir (TFDS caches numbers_translate by its
-# version) would then differ from fresh builds. Bump `NumbersTranslate.VERSION`, re-run what
-# the README quotes, and update these digests.
+# (data.numbers_*: 50,000 / 1,000 / 1,000, seed 0), on which every figure in README and docs was
+# measured, and for five small corpora at the edges named below. A change to the grammar, the
+# lexicon, the draws or the split changes them: prepared datasets under data_dir (TFDS caches
+# numbers_translate by its version) would then differ from fresh builds. Bump
+# `NumbersTranslate.VERSION`, re-run what the README quotes, and update these digests.
 CORPUS_DIGESTS = {
     (50_000, 1_000, 1_000, 0, False): "31439dfdce795983",  # the default config's
     # German sources: past draw 2,881, the first German sentence drawn a second time.
