@@ -196,12 +196,22 @@ def init_mutants(db, module_path: str, root: Path) -> list:
                                               i.mutations[0].occurrence))
 
 
+def draw(runnable: list[int], sample: int, seed: int, after_sample: int = 0) -> set[int]:
+  """The mutants (indices) of a sample of `sample` with `seed`, less those that a sample of
+  `after_sample` with the same seed draws: the rest of a smaller sample run before."""
+  def first(n):
+    return set(random.Random(seed).sample(runnable, min(n, len(runnable))))
+  return first(sample) - first(after_sample)
+
+
 def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: dict,
             sample: int | None = None, select: bool = False,
-            since: str | None = None, seed: int = 0) -> list[list[Path]]:
+            since: str | None = None, seed: int = 0,
+            after_sample: int = 0) -> list[list[Path]]:
   """One cosmic-ray session per module and worker; worker w runs every workers-th mutant
-  (of `sample` drawn at random per module with `seed`, when given; only those on lines changed
-  since git revision `since`, when given)."""
+  (of `sample` drawn at random per module with `seed`, when given, less those that a sample
+  of `after_sample` with the same seed draws; only those on lines changed since git revision
+  `since`, when given)."""
   (out / "sessions").mkdir(parents=True, exist_ok=True)
   queues = [[] for _ in range(workers)]
   for name in names:
@@ -229,8 +239,8 @@ def prepare(out: Path, config: dict, names: list[str], workers: int, timeouts: d
                              else f"unchanged: line not changed since {since}")
                        for r, item in zip(reasons, items)]
           runnable = [i for i, reason in enumerate(reasons) if reason is None]
-          if sample is not None and sample < len(runnable):
-            drawn = set(random.Random(seed).sample(runnable, sample))
+          if sample is not None and (sample < len(runnable) or after_sample):
+            drawn = draw(runnable, sample, seed, after_sample)
             reasons = [r if i in drawn or r else "sample: not drawn"
                        for i, r in enumerate(reasons)]
             runnable = sorted(drawn)
@@ -579,6 +589,10 @@ def main(argv=None) -> None:
   parser.add_argument("--seed", type=int, default=0,
                       help="the sample's random seed (default 0): another seed draws another "
                            "sample, which may share mutants with the first")
+  parser.add_argument("--after_sample", type=int, default=0,
+                      help="leave out the mutants that --sample N with the same --seed draws: "
+                           "--sample 90 --after_sample 40 runs the other 50 of a sample of 90 "
+                           "(more of a sample run before)")
   parser.add_argument("--since", default=None,
                       help="only the mutants on lines changed since this git revision (a quick "
                            "check of a change; the rest are skipped, not counted)")
@@ -595,6 +609,9 @@ def main(argv=None) -> None:
                       help="a mutant that the tests executing its lines do not catch survives "
                            "without the whole list confirming it (faster, may over-count)")
   args = parser.parse_args(argv)
+  if args.after_sample and (args.sample is None or args.after_sample >= args.sample):
+    parser.error(f"--after_sample {args.after_sample} needs a larger --sample (the mutants "
+                 "of the larger sample that the smaller one did not draw are run)")
   config = load_config()
   if args.equivalent:
     print(equivalent_markdown(config), end="")
@@ -612,7 +629,7 @@ def main(argv=None) -> None:
     select = not args.no_select
     timeouts = baseline(out, config, names, args.workers, select, not args.trust_coverage)
     queues = prepare(out, config, names, args.workers, timeouts, args.sample, select,
-                     args.since, args.seed)
+                     args.since, args.seed, args.after_sample)
     with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
       list(pool.map(lambda wq: execute(out, *wq), enumerate(queues)))
   report(out, config, names)

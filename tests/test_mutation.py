@@ -101,6 +101,16 @@ def test_a_sample_of_seeded_bugs_is_killed(tmp_path):
   assert report["seconds"] > 0 and report["seconds_per_mutant"] > 0  # mutation_select's times
 
 
+def test_a_larger_sample_after_a_smaller_one_runs_only_the_mutants_it_did_not_draw():
+  runnable = list(range(3, 92))
+  first = mutation.draw(runnable, 40, seed=0)
+  rest = mutation.draw(runnable, 89, seed=0, after_sample=40)
+  assert len(first) == 40 and len(rest) == 49 and not first & rest
+  assert first | rest == set(runnable) == mutation.draw(runnable, 89, seed=0)
+  with pytest.raises(SystemExit):
+    mutation.main(["--out", "unused", "--sample", "3", "--after_sample", "3"])
+
+
 def test_the_report_says_how_many_mutants_a_partial_run_took():
   c = dict.fromkeys(["killed", "timeout", "survived", "incompetent", "pending", "not_drawn",
                      "unchanged"], 0)

@@ -20,6 +20,7 @@ import transformer_jax as tj
 from transformer_jax import experiment, losses, optim, sharding, steps
 from transformer_jax import flops as flops_lib
 from transformer_jax.run import checkpointing, distributed, loop, metrics, throughput
+from transformer_jax.run import trainer as trainer_lib
 from transformer_jax.run import workdir as workdir_lib
 from transformer_jax.run.trainer import Trainer
 
@@ -278,7 +279,7 @@ def test_mesh_shapes():
 # ---------------------------------------------------------------- end to end
 
 
-def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir):
+def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir, monkeypatch):
   full = tmp_path / "full"
   result = loop.train_and_evaluate(tiny_config(data_dir, eval_every_steps=6, bleu_every_steps=6),
                                     str(full))
@@ -327,6 +328,21 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir):
   _, saved = checkpointing.load_params(str(full))
   for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(state.params)):
     np.testing.assert_array_equal(a, np.asarray(b))
+  # Evaluation's figures do not depend on how its pairs are batched: 56 rows a batch (more
+  # rows than pieces in a row) or 3 (filled up to the 8 devices with empty rows).
+  figures = {}
+  for rows in (56, 3):
+    trainer.data.config.eval_batch_size = rows
+    figures[rows] = trainer.evaluate(state.params)
+  assert figures[3] == pytest.approx(figures[56], rel=1e-5)
+  # BLEU on the first 4 pairs searches the batches that hold them, not the whole split.
+  searched = []
+  def search(model_config, params, inputs, **settings):
+    searched.append(len(inputs))
+    return np.asarray(inputs), np.full(len(inputs), 2, np.int32)
+  monkeypatch.setattr(trainer_lib, "search_batch", search)
+  assert trainer.bleu(state.params, 4)["bleu_sentences"] == 4
+  assert searched == [3, 3]
   # Parameters of another shape: the first parameter that differs, and the model fields of the
   # init_from run's config.json that differ (it said only "do not match this model's shapes").
   c = tiny_config(data_dir, num_train_steps=7, init_from=str(full), **{"model.d_ff": 48})

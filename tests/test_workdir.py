@@ -26,6 +26,7 @@ from transformer_jax.inference import evaluation
 from transformer_jax.inference.translator import Translator
 from transformer_jax.run import best as best_lib
 from transformer_jax.run import checkpointing, early_stopping, loop, metrics
+from transformer_jax.run import trainer as trainer_lib
 from transformer_jax.run import workdir as workdir_lib
 from transformer_jax.sweeps import runner as runner_lib
 from transformer_jax.sweeps.report import collect as report_rows
@@ -1478,6 +1479,40 @@ def test_the_tools_find_the_latest_config_and_init_from_finds_its_tokenizer(tmp_
   (run / "spm.model").write_bytes(b"")
   for path in (run, run / "checkpoints", run / "checkpoints" / "30"):
     assert workdir_lib.init_from_vocabulary(str(path)) == str(run / "spm.model"), path
+
+
+def test_a_fork_copies_the_init_from_tokenizer_only_when_it_has_none_of_its_own(tmp_path):
+  """adopt_init_from_tokenizer's cases by their files: the copy (model and record), a
+  tokenizer of the fork's own kept once it has checkpoints, one left before them refused even
+  when size and mtime match, and nothing copied with data.vocab_path or without init_from."""
+  source, fork = tmp_path / "source", tmp_path / "fork"
+  source.mkdir()
+  (source / "spm.model").write_bytes(b"the source's pieces")
+  (source / "spm.model.json").write_text('{"vocab_size": 200}')
+  c = ml_collections.ConfigDict({"init_from": str(source), "data": {"vocab_path": ""}})
+  trainer_lib.adopt_init_from_tokenizer(c, str(fork))
+  assert (fork / "spm.model").read_bytes() == b"the source's pieces"
+  assert (fork / "spm.model.json").read_text() == '{"vocab_size": 200}'
+  # The fork trained on with a tokenizer that is no longer the source's: left as it is.
+  (fork / "checkpoints" / "3" / "state").mkdir(parents=True)
+  (fork / "spm.model").write_bytes(b"the fork's own pieces")
+  trainer_lib.adopt_init_from_tokenizer(c, str(fork))
+  assert (fork / "spm.model").read_bytes() == b"the fork's own pieces"
+  # Before any checkpoint, other bytes are refused, even of the same size and mtime (a
+  # shallow comparison would take those for the same file).
+  shutil.rmtree(fork / "checkpoints")
+  (fork / "spm.model").write_bytes(b"other source pieces")
+  stat = os.stat(source / "spm.model")
+  os.utime(fork / "spm.model", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  with pytest.raises(workdir_lib.RunError, match="is not the tokenizer of the init_from run"):
+    trainer_lib.adopt_init_from_tokenizer(c, str(fork))
+  # A vocabulary of its own (data.vocab_path), or no init_from: nothing is copied.
+  own_vocabulary = ml_collections.ConfigDict(
+      {"init_from": str(source), "data": {"vocab_path": str(source / "spm.model")}})
+  no_init_from = ml_collections.ConfigDict({"init_from": None, "data": {"vocab_path": ""}})
+  for name, c in (("own_vocabulary", own_vocabulary), ("no_init_from", no_init_from)):
+    trainer_lib.adopt_init_from_tokenizer(c, str(tmp_path / name))
+    assert not os.path.exists(tmp_path / name), name
 
 
 def test_only_failed_writes_count_as_storage_failures():

@@ -206,7 +206,7 @@ class TrainBatches:
   """The training iterator, yielding batches already on their devices and the per-sentence
   lengths that the FLOP count needs; `state()` is what a checkpoint saves."""
 
-  def __init__(self, iterator, batch_sharding, pad_id: int, packed: bool = True):
+  def __init__(self, iterator, batch_sharding, pad_id: int, packed: bool):
     self._iterator, self._sharding, self._pad_id = iterator, batch_sharding, pad_id
     self._packed = packed   # False: one pair a row (pad, bucket), the packing keys left out
 
