@@ -5,10 +5,12 @@ every global batch, agree on the (replicated) loss, and write one checkpoint tog
 single process then restores onto its own 8-device mesh.
 """
 import ast
+import json
 import os
 import socket
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -203,3 +205,66 @@ def test_a_detected_cluster_is_said_before_jax_waits(monkeypatch, capsys):
   distributed.initialize(c)
   assert calls == [((), {})]
   assert capsys.readouterr().err.startswith("joining a multi-process run that JAX detects ")
+
+
+def test_the_collectives_as_process_0_of_two_sees_them(monkeypatch):
+  """any_process, from_main, StopFlag.agreed and gather_data_states with a second process
+  faked (its answers to the collectives), in this process: each must take the collective's
+  answer, not its own value, when there are two processes."""
+  theirs = {"parent": {"next_index": 7}, "window": [1, 2], "next": 3}   # process 1's position
+  blob = np.frombuffer(json.dumps(theirs).encode(), np.uint8)
+
+  def allgather(x):
+    x = np.asarray(x)
+    if x.dtype == np.uint8:      # each process's position as JSON, padded to the longest
+      other = np.zeros_like(x)
+      other[:blob.size] = blob
+    elif x.shape == (1,):        # the JSON's lengths
+      other = np.array([blob.size], np.int32)
+    else:                        # a flag: process 1 got a signal
+      other = np.array(1, np.int32)
+    return np.stack([x, other])
+
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(distributed.multihost_utils, "process_allgather", allgather)
+  monkeypatch.setattr(distributed.multihost_utils, "broadcast_one_to_all",
+                      lambda x: np.array(True))                     # process 0's value
+  assert distributed.any_process(False) is True
+  assert distributed.from_main(False) is True
+  assert distributed.StopFlag().agreed() == "a signal to another process"
+  mine = {"parent": {"next_index": 4}, "window": [], "next": 0}
+  record = distributed.gather_data_states(mine)
+  assert record == {"process_count": 2, "processes": {"0": mine, "1": theirs}}
+  assert distributed.own_data_state(record, data=None) == mine
+  synced = []
+  monkeypatch.setattr(distributed.multihost_utils, "sync_global_devices", synced.append)
+  distributed.sync("the tokenizer is copied")
+  assert synced == ["the tokenizer is copied"]
+
+
+def test_joining_binds_where_asked_and_leaving_stops_the_service_last(monkeypatch):
+  joined = []
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **k: joined.append(k))
+  c = tiny_config_module.get_config()
+  c.update(coordinator_address="127.0.0.1:5000", num_processes=2, process_id=1)
+  distributed.initialize(c)
+  c.coordinator_bind_address = "127.0.0.1:5000"
+  distributed.initialize(c)
+  assert [k.get("coordinator_bind_address") for k in joined] == [None, "127.0.0.1:5000"]
+  # Leaving: the client first (with the service detached from JAX's state), then the service.
+  from jax._src import distributed as jax_distributed
+  events = []
+  service = types.SimpleNamespace(shutdown=lambda: events.append("service"))
+  state = types.SimpleNamespace(service=service)
+  monkeypatch.setattr(jax_distributed, "global_state", state)
+  monkeypatch.setattr(jax.distributed, "shutdown",
+                      lambda: events.append(("client", state.service)))
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+  distributed.shutdown(linger_s=0.0)
+  assert events == [("client", None), "service"]
+  # Not in a multi-process run: nothing to leave.
+  events.clear()
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  distributed.shutdown(linger_s=0.0)
+  assert events == []

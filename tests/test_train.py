@@ -335,14 +335,18 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir, monkeypatch
     trainer.data.config.eval_batch_size = rows
     figures[rows] = trainer.evaluate(state.params)
   assert figures[3] == pytest.approx(figures[56], rel=1e-5)
-  # BLEU on the first 4 pairs searches the batches that hold them, not the whole split.
+  assert figures[56]["eval_loss"] > 1 and 0 < figures[56]["eval_accuracy"] < 1  # rows were seen
+  # BLEU on the first 4 pairs searches the batches that hold them, not the whole split; its
+  # example is the first pair's output (here the first 2 pieces of each source).
   searched = []
   def search(model_config, params, inputs, **settings):
-    searched.append(len(inputs))
+    searched.append(np.asarray(inputs))
     return np.asarray(inputs), np.full(len(inputs), 2, np.int32)
   monkeypatch.setattr(trainer_lib, "search_batch", search)
-  assert trainer.bleu(state.params, 4)["bleu_sentences"] == 4
-  assert searched == [3, 3]
+  result = trainer.bleu(state.params, 4)
+  assert result["bleu_sentences"] == 4 and [len(x) for x in searched] == [3, 3]
+  outputs = [trainer.data.tokenizer.detokenize(row[:2].tolist()) for b in searched for row in b]
+  assert result["bleu_example"] == outputs[0] and outputs[0] not in outputs[1:4], outputs
   # Parameters of another shape: the first parameter that differs, and the model fields of the
   # init_from run's config.json that differ (it said only "do not match this model's shapes").
   c = tiny_config(data_dir, num_train_steps=7, init_from=str(full), **{"model.d_ff": 48})
