@@ -131,6 +131,21 @@ def test_a_carriage_return_in_the_first_of_several_chunks_names_its_lines(tmp_pa
   assert list(tool_flags.flag_line_chunks("input", str(path), 10)) == [
       ["one\rtwo", "three", "four", "five"]]
   assert f"--input {path}: 1 line(s) hold a carriage return" in capsys.readouterr().err
+  # Carriage returns in both chunks, two in the first: one warning, naming the first line.
+  path.write_bytes(b"one\rtwo\nthree\rx\nfour\rx\nfive\n")
+  list(tool_flags.flag_line_chunks("input", str(path), 2))
+  err = capsys.readouterr().err
+  assert err.count("warning:") == 1 and "2 line(s) of lines 1-2" in err and "(first: line 1)" in err
+
+
+def test_batch_size_says_what_a_batch_holds_for_each_tool():
+  from absl import flags
+  helps = {}
+  for searches in (True, False):
+    values = flags.FlagValues()
+    tool_flags.define_checkpoint_flags(values, search=searches)
+    helps[searches] = values["batch_size"].help
+  assert helps == {True: "sentences per search batch", False: "sentence pairs per batch"}
 
 
 def test_translate_arguments_to_file_with_overrides(workdir, tmp_path, capsys):
