@@ -243,6 +243,8 @@ def test_the_collectives_as_process_0_of_two_sees_them(monkeypatch):
 
 
 def test_joining_binds_where_asked_and_leaving_stops_the_service_last(monkeypatch):
+  for key in ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "JAX_COORDINATOR_ADDRESS"):
+    monkeypatch.delenv(key, raising=False)
   joined = []
   monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
   monkeypatch.setattr(jax.distributed, "initialize", lambda **k: joined.append(k))
@@ -252,6 +254,16 @@ def test_joining_binds_where_asked_and_leaving_stops_the_service_last(monkeypatc
   c.coordinator_bind_address = "127.0.0.1:5000"
   distributed.initialize(c)
   assert [k.get("coordinator_bind_address") for k in joined] == [None, "127.0.0.1:5000"]
+  # Not when told not to, not twice, and on a TPU pod's variable alone.
+  c.distributed = "off"
+  distributed.initialize(c)
+  c.distributed, c.coordinator_address = "auto", ""
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "t0,t1")
+  distributed.initialize(c)
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  distributed.initialize(c)
+  assert len(joined) == 3 and joined[2] == {}
   # Leaving: the client first (with the service detached from JAX's state), then the service.
   from jax._src import distributed as jax_distributed
   events = []

@@ -619,6 +619,7 @@ with StopFlag() as flag:
   os.kill(os.getpid(), signal.{sig})
   time.sleep(3)
   print("still running", flush=True)
+print("restored:", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)
 """
   proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                         timeout=60, cwd=REPO)
@@ -626,6 +627,7 @@ with StopFlag() as flag:
   assert f"{sig}: saving and stopping after this step" in proc.stderr, proc
   if sig == "SIGTERM":
     assert proc.returncode == 0 and "still running" in proc.stdout, proc
+    assert "restored: True" in proc.stdout and "Ctrl-C again" not in proc.stderr, proc
   else:  # Python's default handler: KeyboardInterrupt (uncaught, Python ends by SIGINT)
     assert "Ctrl-C again to stop at once, without saving" in proc.stderr, proc
     assert "still running" not in proc.stdout, proc
