@@ -2,7 +2,8 @@
 
 They meet through `jax.distributed.initialize` on 127.0.0.1 only, each reads its own half of
 every global batch, agree on the (replicated) loss, and write one checkpoint together that this
-single process then restores onto its own 8-device mesh.
+single process then restores onto its own 8-device mesh. The last tests check the
+collectives, joining and leaving in this process, with the other process's answers faked.
 """
 import ast
 import json
