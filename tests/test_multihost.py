@@ -28,6 +28,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 STEPS = 3
 TIMEOUT = 300
+# What makes `distributed.initialize` join a run that JAX detects: kept out of these tests.
+CLUSTER_VARIABLES = ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "JAX_COORDINATOR_ADDRESS")
 
 
 def _free_port() -> int:
@@ -57,7 +59,7 @@ def _run_two_processes(data_dir, workdir, mesh_flags) -> tuple[list[int], list[s
   port = _free_port()
   env = dict(os.environ, XLA_FLAGS=xla_env.flags(2),
              JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-  for key in ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "JAX_COORDINATOR_ADDRESS"):
+  for key in CLUSTER_VARIABLES:
     env.pop(key, None)
   procs = []
   for i in range(2):
@@ -244,7 +246,7 @@ def test_the_collectives_as_process_0_of_two_sees_them(monkeypatch):
 
 
 def test_joining_binds_where_asked_and_leaving_stops_the_service_last(monkeypatch):
-  for key in ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "JAX_COORDINATOR_ADDRESS"):
+  for key in CLUSTER_VARIABLES:
     monkeypatch.delenv(key, raising=False)
   joined = []
   monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
