@@ -1,12 +1,16 @@
 """The train step compiles once (alone and in the training loop); the benchmarks
 (`transformer_jax.bench`) run and report what they say, and `scripts/benchmark.py` maps its
 flags onto them; `--what train` needs neither tensorflow-datasets nor grain."""
+import contextlib
+import gzip
 import json
 import os
 from pathlib import Path
 import re
 import subprocess
 import sys
+import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -15,10 +19,13 @@ import optax
 import pytest
 
 import transformer_jax as tj
-from transformer_jax import steps
+from transformer_jax import search, steps
+from transformer_jax.bench import common as bench_common
 from transformer_jax.bench import curve
+from transformer_jax.bench import data as bench_data
 from transformer_jax.bench import decode as bench_decode
 from transformer_jax.bench import kernels as bench_kernels
+from transformer_jax.bench import profile as bench_profile
 from transformer_jax.bench import train as bench_train
 from transformer_jax.run import loop
 from transformer_jax.run import trainer as trainer_lib
@@ -128,12 +135,80 @@ def test_benchmark_data_smoke(tmp_path, capsys):
   assert "--seconds=0.0: must be > 0" in capsys.readouterr().err
 
 
+def _rows(real: int) -> np.ndarray:
+  return np.array([1] * real + [0] * (8 - real)).reshape(2, 4)
+
+
+class FakeData:
+  """What the data benchmark reads of `get_data`'s result: sizes, vocabulary, batches of 2 rows
+  x 4 tokens with 5 real source and 3 real target tokens each, and whether it was closed."""
+
+  def __init__(self):
+    self.sources = {"train": [0] * 7, "validation": [0] * 2, "test": [0] * 3}
+    self.tokenizer = types.SimpleNamespace(vocab_size=1234)
+    self.closed = False
+    self.read = 0
+
+  def train_dataset(self):
+    return self
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    self.read += 1
+    return {"inputs_segmentation": _rows(5), "targets_segmentation": _rows(3),
+            "inputs": np.zeros((2, 4), np.int32), "targets": np.zeros((2, 4), np.int32),
+            "text": ["not an array"]}
+
+  def close(self):
+    self.closed = True
+
+
+def test_the_data_benchmark_counts_real_tokens_after_one_untimed_batch(monkeypatch, capsys):
+  data = FakeData()
+  n = bench_data._measure(data, 0.05)
+  assert n["batches"] == data.read - 1 > 0 and data.closed   # the first batch is not timed
+  b = n["batches"]
+  assert (n["source"], n["target"], n["capacity"]) == (5 * b, 3 * b, 8 * b)
+  assert n["shapes"] == [[2, 4]] and 0.05 <= n["elapsed"] < 5
+  # The figures of a point: per second of the timed reads, the fill of the target rows; the
+  # setup (building the dataset, training the tokenizer) timed apart, in the dataset's workdir.
+  asked = []
+  monkeypatch.setattr(bench_data, "get_data", lambda c, workdir: asked.append(workdir) or data)
+  clock = iter([10.0, 11.23456])
+  monkeypatch.setattr(bench_data, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+  counts = {"batches": 7, "source": 5001, "target": 3001, "capacity": 8000, "elapsed": 3.2,
+            "shapes": [[2, 4]]}
+  monkeypatch.setattr(bench_data, "_measure", lambda data, seconds: counts)
+  p = bench_data._point("numbers", "pack", bench_data.DataOptions(seconds=0.1, workdir="/w"))
+  assert asked == ["/w/numbers"] and p == {
+      "dataset": "numbers", "batching": "pack", "sizes": {"train": 7, "validation": 2, "test": 3},
+      "vocab_size": 1234, "setup_s": 1.23, "batches_per_s": 2.2, "source_tokens_per_s": 1563,
+      "target_tokens_per_s": 938, "target_fill": 0.375, "batch_shapes": [[2, 4]]}
+  # No batch read in the time: no capacity, no fill.
+  counts.update(batches=0, source=0, target=0, capacity=0, shapes=[])
+  clock = iter([0.0, 1.0])
+  p = bench_data._point("numbers", "pad", bench_data.DataOptions(seconds=0.1, workdir="/w"))
+  assert (p["target_fill"], p["batches_per_s"], p["batch_shapes"]) == (0.0, 0.0, [])
+
+
+def test_the_train_benchmarks_real_batches_are_the_datasets_first_with_its_reader_closed(
+    monkeypatch):
+  data = FakeData()
+  monkeypatch.setattr(bench_train, "get_data", lambda c, workdir: data)
+  batches, tok = bench_train.real_batches(tiny_config_with(), "/w", 3)
+  assert len(batches) == 3 == data.read and data.closed and tok.vocab_size == 1234
+  assert sorted(batches[0]) == ["inputs", "inputs_segmentation", "targets",
+                                "targets_segmentation"]
+
+
 def test_benchmark_train_smoke(capsys):
   code = benchmark.main(["--what", "train", "--config", TINY, "--steps", "2", "--warmup", "1",
                          "--matmul_n", "128", "--matmul_seconds", "0",
                          "--config.model.fused_qkv=True"])
-  out = capsys.readouterr().out
-  assert code == 0
+  out, err = capsys.readouterr()
+  assert code == 0 and "WARNING" not in err, err
   printed = last_json_line(out)
   assert "train step: 32d, 1+1 layers, vocab 200, float32, batches synthetic" in out
   assert f"config                    {TINY}\n" in out
@@ -152,28 +227,204 @@ def test_benchmark_train_smoke(capsys):
   assert f["tflops_per_s"] > 0 and 0 < f["mfu"] < 10 and np.isfinite(f["final_loss"])
   assert f["peak_source"].startswith("measured") and f["peak_memory_bytes"] > 0
   assert f["back_to_back_step_time_s"] > 0 and 0 < f["back_to_back_mfu"] < 10
+  # The table prints the JSON line's figures.
+  for name, value in bench_train.table_rows(f):
+    assert re.search(rf"\n{re.escape(name)} +{re.escape(value)}\n", out), (name, value)
+
+
+def test_train_benchmark_figures_and_table_are_the_arithmetic_of_the_times():
+  # Digits chosen so that another rounding, another operator or another constant shows.
+  t = {"times": [0.3456789, 0.123456789, 0.2345678], "back_to_back": 0.16789,
+       "dispatch": [0.00123456, 0.0123456, 0.02], "first_step_s": 1.23456, "loss": 2.345678}
+  f = bench_train.step_figures(t, 256.0, 128.0, 2.5e9, 1e10)
+  assert f == {
+      "first_step_s": 1.235, "step_time_s": 0.2346, "step_time_min_s": 0.1235,
+      "step_time_max_s": 0.3457, "steps_timed": 3, "target_tokens_per_step": 256.0,
+      "source_tokens_per_step": 128.0, "target_tokens_per_s": 1091.4,
+      "source_target_tokens_per_s": 1637.1, "model_flops_per_step": 2.5e9,
+      "tflops_per_s": 0.0107, "peak_flops_per_s": 1e10, "mfu": 1.0658,
+      "back_to_back_step_time_s": 0.1679, "back_to_back_target_tokens_per_s": 1524.8,
+      "back_to_back_mfu": 1.4891, "dispatch_time_s": 0.01235, "final_loss": 2.3457}
+  f.update(peak_source="measured float32 64x64 matmul", state_arrays=17,
+           peak_memory_bytes=int(1234.6 * 2**20), peak_memory_source="process peak RSS (CPU)",
+           compilations=1)
+  assert bench_train.table_rows(f) == [
+      ("first step (compiles)", "1.24 s"),
+      ("step time (median)", "234.6 ms  (min 123.5, max 345.7, 3 steps)"),
+      ("target tokens/s", "1,091  (256 real per step)"),
+      ("source+target tokens/s", "1,637"),
+      ("model TFLOP/s", "0.0107  (2.5 GFLOP per step)"),
+      ("peak FLOP/s", "0.0100 TFLOP/s  (measured float32 64x64 matmul)"),
+      ("MFU", "106.6 %"),
+      ("back to back (no wait)", "167.9 ms/step, 1,525 target tokens/s, MFU 148.9 %"),
+      ("host dispatch (median)", "12.35 ms of the one-by-one step  (the state: 17 arrays)"),
+      ("peak memory", "1,235 MiB  (process peak RSS (CPU))"),
+      ("compilations of the step", "1")]
+  # A CPU's measured peak is the host's, which its fake devices share; a table's is per chip.
+  assert bench_train.peak_total(5.0, "cpu", 8) == 5.0
+  assert bench_train.peak_total(5.0, "gpu", 8) == 40.0
+
+
+def test_benchmark_table_load_average_memory_and_random_tokens(monkeypatch, capsys):
+  bench_common.print_table("title", [("a", "1"), ("longer key", "2")])
+  rule = "-" * (len("longer key") + 24)
+  assert capsys.readouterr().out == f"\ntitle\n{rule}\na           1\nlonger key  2\n{rule}\n"
+  monkeypatch.setattr(bench_common.os, "getloadavg", lambda: (1.23456, 0.5, 2.0))
+  assert bench_common.load_average() == [1.23, 0.5, 2.0]
+  # On CPU the allocator keeps no statistics: the process's peak RSS, in KiB on Linux.
+  monkeypatch.setattr(bench_common.resource, "getrusage",
+                      lambda who: types.SimpleNamespace(ru_maxrss=1000))
+  assert bench_common.peak_memory() == (1024000, "process peak RSS (CPU)")
+  # Random real tokens: ids 4 (the first after the special ids) to vocab_size - 1.
+  c = tiny_config_with()
+  (b,) = bench_common.synthetic_batches(c, 6, 1)
+  assert sorted(b) == ["inputs", "targets"] and b["inputs"].shape == (8, 32)
+  assert {int(b[k].min()) for k in b} == {4} and {int(b[k].max()) for k in b} == {5}
+
+
+class FakeSetup:
+  """What `bench_train._timed` uses of a `TrainSetup`, with a step that sleeps and records which
+  batch it was given and when."""
+
+  model = types.SimpleNamespace(config=types.SimpleNamespace(dtype="float32"))
+
+  def __init__(self):
+    self.calls = []
+
+  def context(self):
+    return contextlib.nullcontext()
+
+  def train_step(self, state, batch):
+    start = time.perf_counter()
+    time.sleep(0.01)
+    self.calls.append((batch, start, time.perf_counter()))
+    return state + 1, {"loss": np.float32(6.0), "tokens": np.float32(4.0)}
+
+
+def test_train_benchmark_cycles_the_batches_and_times_each_step():
+  setup = FakeSetup()
+  options = bench_train.TrainOptions(steps=4, warmup=3, matmul_n=64, matmul_seconds=0)
+  t = bench_train._timed(setup, 0, ["b0", "b1", "b2"], options)
+  batches = [b for b, _, _ in setup.calls]
+  # Warm-up (the first call compiles), the timed steps one by one, then back to back.
+  assert batches == ["b0", "b1", "b2"] + ["b0", "b1", "b2", "b0"] * 2
+  assert t["used"] == [0, 1, 2, 0] and t["loss"] == 1.5
+  first, timed, b2b = setup.calls[0], setup.calls[3:7], setup.calls[7:]
+  assert first[2] - first[1] <= t["first_step_s"] < 1
+  for (_, start, end), step, dispatch in zip(timed, t["times"], t["dispatch"]):
+    assert end - start <= dispatch <= step < 1
+  # The back-to-back figure is the mean of its steps' span.
+  span = b2b[-1][2] - b2b[0][1]
+  assert span / 4 <= t["back_to_back"] < 2 * span / 4 + 0.01
+  assert t["peak"][0] > 0 and t["peak"][1].startswith("measured")
 
 
 def test_benchmark_profile_summary(tmp_path):
+  # On the dataset's own (packed) batches: their real tokens are what is counted.
+  c = tiny_config_with()
+  c.data.data_dir = str(tmp_path / "tfds")
   options = bench_train.TrainOptions(steps=1, warmup=1, matmul_n=64, matmul_seconds=0,
-                                     profile_dir=str(tmp_path))
-  result = bench_train.run(tiny_config_with(), options)
+                                     profile_dir=str(tmp_path / "profile"), batches="real",
+                                     num_batches=2, workdir=str(tmp_path / "work"))
+  result = bench_train.run(c, options)
   # What the script prints as its JSON line: the result must survive it unchanged.
   assert json.loads(json.dumps(result)) == result
   assert result["figures"]["steps_timed"] == 1 and result["figures"]["compilations"] == 1
+  assert "spm.model" in os.listdir(tmp_path / "work")   # the tokenizer, where it was asked
+  (batch,), tok = bench_train.real_batches(c, str(tmp_path / "work"), 1)
+  assert result["batches"] == "real" and result["model"]["vocab_size"] == tok.vocab_size
+  assert result["shapes"] == {k: [8, 32] for k in batch}
+  src, tgt = (int(n.sum()) for n in bench_train.flops.batch_lengths(batch, tok.pad_id))
+  assert tgt < 8 * 32 and result["figures"]["target_tokens_per_step"] == tgt
+  assert result["figures"]["source_tokens_per_step"] == src != tgt
   profile = result["figures"]["profile"]
   assert profile["kernel_ms_per_step"] > 0 and profile["top"], profile
   assert sum(profile["categories"].values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def _write_trace(path, events, age_s=0.0):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with gzip.open(path, "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  if age_s:
+    os.utime(path, (time.time() - age_s, time.time() - age_s))
+
+
+def meta(pid, name):
+  return {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}
+
+
+def span(pid, name, dur):
+  return {"ph": "X", "pid": pid, "name": name, "dur": dur}
+
+
+def test_a_profile_summary_sums_each_kernel_over_the_steps_by_category(tmp_path, capsys):
+  gemm = "nvjet_gemm_" + "x" * 250   # a long kernel name: cut at 200 (JSON) and 110 (printed)
+  # An accelerator's trace: only its device streams count, not the host's spans.
+  _write_trace(tmp_path / "a" / "old.trace.json.gz", [meta(1, "/device:GPU:0"),
+                                                      span(1, "nvjet_old", 10)], age_s=60)
+  _write_trace(tmp_path / "a" / "x" / "new.trace.json.gz", [
+      meta(1, "/device:GPU:0"), meta(2, "/host:CPU"), meta(3, "python"), span(1, gemm, 1233.3),
+      span(1, "loop_fusion", 602.2), span(1, "cudnn_fmha", 200), span(1, gemm, 400),
+      span(1, "threefry2x32", 100), span(1, "weird_op", 500), span(2, "host_work", 9000),
+      span(3, "python_work", 7000),
+      {"ph": "M", "name": "thread_name", "pid": 1, "args": {"name": "stream 7"}}])
+  s = bench_profile.trace_summary(str(tmp_path / "a"), steps=4, top=2)
+  assert s == {"trace": str(tmp_path / "a" / "x" / "new.trace.json.gz"),
+               "where": "device streams: /device:GPU:0", "kernel_ms_per_step": 0.759,
+               "categories": {"matmul": 0.5381, "reduction / elementwise fusion": 0.1984,
+                              "other": 0.1647, "attention (cuDNN)": 0.0659,
+                              "random bits (dropout)": 0.0329},
+               "top": [[gemm[:200], 0.4083], ["loop_fusion", 0.1506]]}
+  out = capsys.readouterr().out
+  assert "profile (device streams: /device:GPU:0), 4 steps: 0.8 ms of kernel time/step\n" in out
+  assert "  matmul                            53.8 %\n" in out
+  assert f"   53.8 %     0.408 ms  {gemm[:110]}\n" in out and "weird_op" not in out
+  assert "   19.8 %     0.151 ms  loop_fusion\n" in out
+  # On CPU the ops run on the host's threads, beside the runtime's own spans.
+  _write_trace(tmp_path / "c" / "t.trace.json.gz", [
+      meta(1, "/host:CPU"), span(1, "dot.3", 300), span(1, "fusion.1", 100),
+      span(1, "ThunkExecutor::Execute", 5000), span(1, "Pjit$step", 5000),
+      span(1, "SlinkyThreadPool", 5000), {"ph": "X", "pid": 1, "name": "copy.2"}])
+  s = bench_profile.trace_summary(str(tmp_path / "c"), steps=1)
+  assert s["where"] == "host threads (CPU backend)" and s["kernel_ms_per_step"] == 0.4
+  assert s["categories"] == {"matmul": 0.75, "reduction / elementwise fusion": 0.25,
+                             "copy / transpose": 0.0}
+  # Spans of no duration, and the 25 longest of many kernels.
+  _write_trace(tmp_path / "z" / "t.trace.json.gz", [meta(1, "/host:CPU"), span(1, "copy.1", 0)])
+  assert bench_profile.trace_summary(str(tmp_path / "z"), steps=1)["categories"] == {
+      "copy / transpose": 0.0}
+  _write_trace(tmp_path / "m" / "t.trace.json.gz",
+               [meta(1, "/host:CPU")] + [span(1, f"op{i}", 100 + i) for i in range(30)])
+  many = bench_profile.trace_summary(str(tmp_path / "m"), steps=1)
+  assert [n for n, _ in many["top"]] == [f"op{i}" for i in range(29, 4, -1)]
+  assert many["kernel_ms_per_step"] == 3.435   # 100 + 101 + ... + 129 us
+  assert bench_profile.trace_summary(str(tmp_path / "none"), steps=1) == {
+      "error": f"no *.trace.json.gz under {tmp_path / 'none'}"}
 
 
 def test_an_mfu_above_100_percent_on_a_small_measured_matmul_is_explained(monkeypatch, capsys):
   # A peak as low as a 256 matmul's can be: the step's MFU comes out far above 100%.
   monkeypatch.setattr(bench_train.flops, "peak_flops",
                       lambda dtype, n, **kw: (1e6, f"measured {dtype} {n}x{n} matmul"))
-  options = bench_train.TrainOptions(steps=1, warmup=1, matmul_n=256, matmul_seconds=0)
+
+  class Recompiling(bench_train.TrainSetup):
+    """A step that reports two compilations, as one given batches of two shapes would."""
+
+    def __init__(self, *args):
+      super().__init__(*args)
+      step = self.train_step
+      self.train_step = lambda *a: step(*a)
+      self.train_step._cache_size = lambda: 2
+
+  monkeypatch.setattr(bench_train, "TrainSetup", Recompiling)
+  options = bench_train.TrainOptions(steps=1, warmup=2, matmul_n=256, matmul_seconds=0)
   result = bench_train.run(tiny_config_with(), options)
-  assert result["figures"]["mfu"] > 1
-  notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+  assert result["figures"]["mfu"] > 1 and result["figures"]["compilations"] == 2
+  out, err = capsys.readouterr()
+  assert err == "WARNING: the train step compiled 2 times\n"
+  assert "\nwarm-up (untimed)         2 steps, the first compiles\n" in out
+  notes = [line for line in out.splitlines() if line.startswith("note:")]
   assert len(notes) == 1 and "(measured float32 256x256 matmul) is too small a matmul" in notes[0]
   assert "default 2048" in notes[0]
   assert bench_train.mfu_note(0.98, "measured float32 256x256 matmul") is None
@@ -203,25 +454,45 @@ def test_check_accelerator_runs_and_passes_on_cpu(tmp_path):
 
 
 def test_benchmark_decode_smoke(capsys):
-  options = bench_decode.DecodeOptions(beams=(1, 2), steps=1, rows=2, decode_len=5)
+  # The config's rows (8) and output length (32) when none are given.
+  options = bench_decode.DecodeOptions(beams=(1, 2), steps=1)
+  start = time.perf_counter()
   result = bench_decode.run(tiny_config_with(), options)
+  wall = time.perf_counter() - start
   assert json.loads(json.dumps(result)) == result
   out = capsys.readouterr().out
-  assert "decode: 2 sources x 32 tokens, up to 5 output tokens" in out
+  assert "decode: 8 sources x 32 tokens, up to 32 output tokens" in out
+  assert result["shapes"] == {"inputs": [8, 32], "max_output_len": 32}
   assert re.search(r"\nsources +random token ids \(4\.\.199, no padding\)", out), out
-  assert result["what"] == "decode" and "random parameters" in result["parameters"]
+  assert result["what"] == "decode"
+  assert result["parameters"] == "random parameters; EOS disabled, 32 tokens per sentence"
   assert result["sources"].startswith("random token ids")
   for name in ("greedy", "beam 2"):
     f = result["figures"][name]
-    # EOS is disabled with random parameters: every sentence runs to its 5-token limit.
-    assert f["target_tokens_per_batch"] == 2 * 5, name
-    assert f["sentences_per_s"] > 0 and f["target_tokens_per_s"] > 0
-  # Two models searched together.
-  options = bench_decode.DecodeOptions(beams=(2,), steps=1, rows=2, decode_len=5,
-                                       ensemble_size=2)
+    # EOS is disabled with random parameters: every sentence runs to its 32-token limit.
+    assert f["target_tokens_per_batch"] == 8 * 32, name
+    assert f["sentences_per_s"] > 0 and f["target_tokens_per_s"] > 0 and f["calls_timed"] == 1
+    assert 0 < f["batch_time_s"] + f["first_call_s"] < wall
+    for row, value in bench_decode.table_rows(name, f):
+      assert re.search(rf"\n{re.escape(row)} +{re.escape(value)}\n", out), (row, value)
+  # Three models searched together, for longer than the model's max_len of 32 positions.
+  options = bench_decode.DecodeOptions(beams=(2,), steps=1, rows=2, decode_len=40,
+                                       ensemble_size=3)
   result = bench_decode.run(tiny_config_with(), options)
-  assert result["ensemble_size"] == 2 and "an ensemble of 2 models" in result["parameters"]
-  assert result["figures"]["beam 2"]["target_tokens_per_batch"] == 2 * 5
+  assert result["ensemble_size"] == 3 and result["parameters"] == (
+      "random parameters; EOS disabled, 40 tokens per sentence; an ensemble of 3 models "
+      "(seeds 0 to 2)")
+  assert result["figures"]["beam 2"]["target_tokens_per_batch"] == 2 * 40
+
+
+def test_decode_benchmark_figures_and_table_are_the_arithmetic_of_the_calls():
+  f = bench_decode.search_figures(7, 1.23456, [0.3456789, 0.123456789, 0.2345678], [71, 68, 69])
+  assert f == {"first_call_s": 1.235, "batch_time_s": 0.2346, "calls_timed": 3,
+               "sentences_per_s": 29.84, "target_tokens_per_s": 295.6,
+               "target_tokens_per_batch": pytest.approx(69.3333333)}
+  assert bench_decode.table_rows("beam 4", f) == [
+      ("beam 4: batch time (median)", "234.6 ms (first call 1.24 s, 3 calls)"),
+      ("beam 4: sentences/s", "29.8"), ("beam 4: target tokens/s", "296 (69 per batch)")]
 
 
 def test_benchmark_kernels_smoke(capsys):
@@ -246,6 +517,43 @@ def test_benchmark_kernels_smoke(capsys):
     assert all(len(us) == 2 and min(us) > 0 for us in variants.values()), name
 
 
+def test_kernel_figures_are_the_median_call_per_iteration_and_a_difference_shows(monkeypatch,
+                                                                                 capsys):
+  clock = iter([0.0, 1.0, 1.0, 4.0, 4.0, 6.0])   # timed calls of 1, 3 and 2 s
+  fake_time = types.SimpleNamespace(perf_counter=lambda: next(clock))
+  monkeypatch.setattr(bench_kernels, "time", fake_time)
+  assert bench_kernels._per_iteration(lambda x: x * 2, (jnp.ones(3),), 4, 3) == 0.5
+  # Before and after that disagree are reported as such; each variant's figure per round.
+  monkeypatch.setattr(bench_kernels, "_pairs", lambda **shapes: {"pair": ((jnp.ones(3),), {
+      "before: x": lambda x: x, "after: x + 1": lambda x: x + 1})})
+  monkeypatch.setattr(bench_kernels, "_per_iteration", lambda step, args, n, calls: 1.23456e-6)
+  result = bench_kernels.run(tiny_config_with(), bench_kernels.KernelOptions(repeats=2))
+  assert result["figures"] == {"pair": {"same_outputs": False, "us_per_iteration": {
+      "before: x": [1.2, 1.2], "after: x + 1": [1.2, 1.2]}}}
+  out = capsys.readouterr().out
+  assert "pair (before and after give the same outputs: False)\n" in out
+  assert f"\n  {'before: x':<40} 1, 1\n" in out and f"\n  {'after: x + 1':<40} 1, 1\n" in out
+
+
+def test_the_kernels_loop_runs_each_step_once_an_iteration_on_shifted_inputs():
+  count = jax.jit(bench_kernels._loop(lambda x: jnp.ones(()), 5))
+  assert float(count(jnp.zeros(3))) == 5.0
+  # The first input moves by 1e-3 an iteration: 0 + 0.001 + ... + 0.004.
+  shifted = jax.jit(bench_kernels._loop(lambda x: x, 5))
+  assert float(shifted(jnp.zeros(1))) == pytest.approx(0.01, rel=1e-5)
+  # Beam search's scores of every extension: the live score plus the next token's log-prob.
+  logits = np.random.default_rng(0).standard_normal((2 * 3, 5)).astype(np.float32)
+  live = np.arange(6, dtype=np.float32).reshape(2, 3)
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  np.testing.assert_allclose(bench_kernels._log_scores(logits, live, 2, 3, 5),
+                             (live[:, :, None] + log_probs.reshape(2, 3, 5)).reshape(2, 15),
+                             atol=1e-5)
+  # The config's rows and output length when the options leave them at 0.
+  assert bench_kernels.shapes(tiny_config_with(), bench_kernels.KernelOptions()) == dict(
+      rows=8, beam=4, vocab=200, d_model=32, heads=4,
+      slots=[4 * end for end in search.stage_ends(32)])
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--what", "kernels", "--sweep", "data.batch_size=8,16"], "not kernels"),
     (["--sweep", "data.batch_size=8,16"], "not data"),   # --what data is the default
@@ -268,14 +576,27 @@ def test_benchmark_rejects_bad_flags(argv, message, capsys):
 def test_benchmark_options_check_their_ranges():
   with pytest.raises(ValueError, match="must be >= 1"):
     bench_train.TrainOptions(warmup=0)
+  with pytest.raises(ValueError, match="steps=0: both must be >= 1"):
+    bench_train.TrainOptions(steps=0)
+  with pytest.raises(ValueError, match="num_batches=0: must be >= 1"):
+    bench_train.TrainOptions(num_batches=0)
+  bench_train.TrainOptions(steps=1, warmup=1, num_batches=1)
   with pytest.raises(ValueError, match="batches"):
     bench_train.TrainOptions(batches="fake")
   with pytest.raises(ValueError, match="beam sizes"):
     bench_decode.DecodeOptions(beams=(0,))
+  with pytest.raises(ValueError, match="steps=0: must be >= 1"):
+    bench_decode.DecodeOptions(steps=0)
+  with pytest.raises(ValueError, match="ensemble_size=0: must be >= 1"):
+    bench_decode.DecodeOptions(ensemble_size=0)
   with pytest.raises(ValueError, match="evaluate.py --ensemble"):
     bench_decode.DecodeOptions(ensemble_size=2, workdir="runs/x")
   with pytest.raises(ValueError, match="iterations=0: must be >= 1"):
     bench_kernels.KernelOptions(iterations=0)
+  with pytest.raises(ValueError, match="seconds=0: must be > 0"):
+    bench_data.DataOptions(seconds=0)
+  with pytest.raises(ValueError, match="datasets and batchings must each name at least one"):
+    bench_data.DataOptions(datasets=())
 
 
 BLOCKER = r"""

@@ -1982,11 +1982,20 @@ def test_translate_command_line(workdir):
   assert "stdin line 3" in proc.stderr
 
 
-def test_decode_benchmark_of_a_trained_run_holds_its_parameters_on_the_device(workdir):
+def test_decode_benchmark_of_a_trained_run_times_its_parameters_on_the_device_and_its_eos(workdir):
   # Host arrays would be copied to an accelerator in every timed search call.
   from transformer_jax.bench import decode as bench_decode
   _, params, step = bench_decode.trained_run(workdir)
   assert step == 6 and all(isinstance(x, jax.Array) for x in jax.tree.leaves(params))
+  # Timed with the run's parameters and its own EOS: outputs stop there, as they would in use.
+  result = bench_decode.run(tiny_config.get_config(), bench_decode.DecodeOptions(
+      beams=(1,), steps=2, rows=2, decode_len=5, workdir=workdir))
+  assert result["parameters"] == f"trained parameters of {workdir} (step 6); stops at EOS"
+  model = workdir_lib.load_run_config(workdir)["resolved_model"]
+  assert {k: result["model"][k] for k in ("vocab_size", "eos_id", "pad_id")} == {
+      k: model[k] for k in ("vocab_size", "eos_id", "pad_id")}
+  f = result["figures"]["greedy"]
+  assert f["calls_timed"] == 2 and 2 <= f["target_tokens_per_batch"] <= 2 * 5
 
 
 class _EchoTranslator:

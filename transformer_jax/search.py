@@ -241,6 +241,12 @@ def _reorder_beams(cache, rows):
 FIRST_STAGE = 32
 
 
+def num_candidates(beam: int, vocab: int) -> int:
+  """The one-token extensions a beam search step keeps: 2 * beam, as tensor2tensor's and Flax's
+  (a finished one among them leaves a live one to go on), or every one if there are fewer."""
+  return min(2 * beam, beam * vocab)
+
+
 def stage_ends(buffer_len: int) -> list[int]:
   """The output positions at which the self-attention cache grows: FIRST_STAGE, twice that, ...
   then the buffer length (a last stage shorter than half the one before is merged into it)."""
@@ -412,7 +418,7 @@ def beam_search(config: TransformerConfig, params, inputs, *, beam_size: int = 4
   batch, source_len = inputs.shape
   vocab = config.output_vocab_size
   beam = beam_size
-  candidates = min(2 * beam, beam * vocab)
+  candidates = num_candidates(beam, vocab)
   buffer_len = buffer_length(config, source_len, max_len_margin, max_decode_len)
   limits = length_limits(config, inputs, max_len_margin, buffer_len)
   ends = stage_ends(buffer_len)

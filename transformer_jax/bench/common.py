@@ -13,6 +13,9 @@ import numpy as np
 
 from transformer_jax import batch as batch_lib
 
+# The first id after the special ones (padding, <unk>, BOS, EOS: transformer_jax/data/tokenizer.py).
+FIRST_TOKEN = 4
+
 
 def default_workdir() -> str:
   """Where datasets' tokenizers are trained and kept when no workdir is given."""
@@ -57,12 +60,17 @@ def config_json(config) -> dict:
 
 
 def synthetic_batches(config, vocab_size: int, count: int, seed: int = 0) -> list[dict]:
-  """Rows full of random real tokens (ids 4.. vocab): no padding, so every position counts.
+  """Rows full of random real tokens (`random_tokens`): no padding, so every position counts.
 
   Unpacked rows, so only the schema's required keys (`batch.REQUIRED`)."""
   rng = np.random.default_rng(seed)
   d = config.data
   shapes = {"inputs": (d.batch_size, d.max_source_len),
             "targets": (d.batch_size, d.max_target_len)}
-  return [{k: rng.integers(4, vocab_size, shapes[k]).astype(np.int32) for k in batch_lib.REQUIRED}
+  return [{k: random_tokens(rng, vocab_size, shapes[k]) for k in batch_lib.REQUIRED}
           for _ in range(count)]
+
+
+def random_tokens(rng: np.random.Generator, vocab_size: int, shape) -> np.ndarray:
+  """int32 ids drawn uniformly from FIRST_TOKEN.. vocab_size - 1: real tokens, none special."""
+  return rng.integers(FIRST_TOKEN, vocab_size, shape).astype(np.int32)

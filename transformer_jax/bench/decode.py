@@ -92,39 +92,31 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
   else:
     model_cfg = transformer_config(config, d.vocab_size).replace(deterministic=True)
     init = jax.jit(Transformer(model_cfg).init)
-    members = [init(jax.random.key(config.seed + m), np.ones((1, 8), np.int32),
-                    np.ones((1, 8), np.int32))["params"] for m in range(options.ensemble_size)]
+    seeds = [config.seed + m for m in range(options.ensemble_size)]
+    members = [init(jax.random.key(seed), np.ones((1, 8), np.int32),
+                    np.ones((1, 8), np.int32))["params"] for seed in seeds]
     params = members[0] if len(members) == 1 else jax.device_put(Ensemble.of(members))
     # The search never emits the padding id: with EOS = padding every sentence runs to its
     # limit, so the figures are of exactly `decode_len` steps per sentence.
     search_cfg = model_cfg.replace(eos_id=model_cfg.pad_id)
     source = f"random parameters; EOS disabled, {decode_len} tokens per sentence"
     if options.ensemble_size > 1:
-      source += (f"; an ensemble of {options.ensemble_size} models (seeds {config.seed} to "
-                 f"{config.seed + options.ensemble_size - 1})")
+      source += f"; an ensemble of {len(seeds)} models (seeds {seeds[0]} to {seeds[-1]})"
   if search_cfg.max_len < decode_len:
     search_cfg = search_cfg.replace(max_len=decode_len)  # sinusoidal positions only
-  rng = np.random.default_rng(0)
-  inputs = rng.integers(4, model_cfg.vocab_size, (rows, d.max_source_len)).astype(np.int32)
+  inputs = common.random_tokens(np.random.default_rng(0), model_cfg.vocab_size,
+                                (rows, d.max_source_len))
   # Said in the output: trained parameters or not, what is searched is no real sentence.
-  sources = (f"random token ids (4..{model_cfg.vocab_size - 1}, no padding), not sentences of "
-             "the dataset")
+  sources = (f"random token ids ({common.FIRST_TOKEN}..{model_cfg.vocab_size - 1}, no padding), "
+             "not sentences of the dataset")
   results, table = {}, [("device", f"{jax.devices()[0].device_kind}"), ("parameters", source),
                         ("sources", sources)]
   for beam in options.beams:
     first_s, times, produced = _time_search(search_cfg, params, inputs, beam, decode_len,
                                             options.steps)
-    median = statistics.median(times)
-    tokens = float(np.mean(produced))
     name = "greedy" if beam == 1 else f"beam {beam}"
-    results[name] = {"beam_size": beam, "first_call_s": round(first_s, 3),
-                     "batch_time_s": round(median, 4), "sentences_per_s": round(rows / median, 2),
-                     "target_tokens_per_s": round(tokens / median, 1),
-                     "target_tokens_per_batch": tokens}
-    table += [(f"{name}: batch time (median)", f"{median * 1e3:.1f} ms "
-               f"(first call {first_s:.2f} s, {len(times)} calls)"),
-              (f"{name}: sentences/s", f"{rows / median:,.1f}"),
-              (f"{name}: target tokens/s", f"{tokens / median:,.0f} ({tokens:.0f} per batch)")]
+    results[name] = {"beam_size": beam, **search_figures(rows, first_s, times, produced)}
+    table += table_rows(name, results[name])
   table.append(("load average (start)", str(load_start)))
   common.print_table(f"decode: {rows} sources x {d.max_source_len} tokens, up to {decode_len} "
                      f"output tokens, {model_cfg.dtype}", table)
@@ -137,3 +129,22 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
           "load_average_end": common.load_average(),
           "figures": {**results, "peak_memory_bytes": memory,
                       "peak_memory_source": memory_source}}
+
+
+def search_figures(rows: int, first_s: float, times: list[float], produced: list[int]) -> dict:
+  """The figures of one beam size's calls: the median call's time for `rows` sentences, and the
+  output tokens per call averaged over the calls."""
+  median = statistics.median(times)
+  tokens = float(np.mean(produced))
+  return {"first_call_s": round(first_s, 3), "batch_time_s": round(median, 4),
+          "calls_timed": len(times), "sentences_per_s": round(rows / median, 2),
+          "target_tokens_per_s": round(tokens / median, 1), "target_tokens_per_batch": tokens}
+
+
+def table_rows(name: str, f: dict) -> list[tuple[str, str]]:
+  """The printed table's rows of one search's figures, read from them (the JSON line's)."""
+  return [(f"{name}: batch time (median)", f"{f['batch_time_s'] * 1e3:.1f} ms "
+           f"(first call {f['first_call_s']:.2f} s, {f['calls_timed']} calls)"),
+          (f"{name}: sentences/s", f"{f['sentences_per_s']:,.1f}"),
+          (f"{name}: target tokens/s", f"{f['target_tokens_per_s']:,.0f} "
+           f"({f['target_tokens_per_batch']:.0f} per batch)")]

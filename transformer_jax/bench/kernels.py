@@ -18,6 +18,7 @@ timed in turn, `repeats` times. Before and after are checked to give the same ou
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 
@@ -44,15 +45,21 @@ class KernelOptions:
         raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
 
 
-def _per_iteration(step, args, iterations: int, calls: int) -> float:
-  """Median seconds per iteration of `step(*args)` in a compiled loop."""
+def _loop(step, iterations: int):
+  """`step` run `iterations` times in one loop, its input shifted each time and its outputs summed
+  into the carry, so that XLA can neither hoist it out of the loop nor drop it."""
   def loop(first, *rest):
     def body(i, carry):
       outputs = step(first + i.astype(first.dtype) * 1e-3, *rest)
       total = sum(jnp.sum(o.astype(jnp.float32)) for o in jax.tree_util.tree_leaves(outputs))
       return carry + total
     return jax.lax.fori_loop(0, iterations, body, jnp.float32(0))
-  compiled = jax.jit(loop)
+  return loop
+
+
+def _per_iteration(step, args, iterations: int, calls: int) -> float:
+  """Median seconds per iteration of `step(*args)` in a compiled loop."""
+  compiled = jax.jit(_loop(step, iterations))
   jax.block_until_ready(compiled(*args))
   times = []
   for _ in range(calls):
@@ -62,16 +69,19 @@ def _per_iteration(step, args, iterations: int, calls: int) -> float:
   return statistics.median(times) / iterations
 
 
+def _log_scores(logits, live, rows: int, beam: int, vocab: int):
+  """Beam search's scores of every one-token extension: each live hypothesis's score plus the
+  log-probabilities of its next token, `[rows, beam * vocab]`."""
+  log_probs = jax.nn.log_softmax(logits, axis=-1).reshape(rows, beam, vocab)
+  return (live[:, :, None] + log_probs).reshape(rows, beam * vocab)
+
+
 def _pairs(rows: int, beam: int, vocab: int, d_model: int, heads: int, slots: list[int]):
   """{name: (args, {variant: step})} on random float32 inputs; before and after first."""
   rng = np.random.default_rng(0)
   normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
-  candidates = 2 * beam
-
-  def log_scores(logits, live):  # beam search's scores of every one-token extension
-    log_probs = jax.nn.log_softmax(logits, axis=-1).reshape(rows, beam, vocab)
-    return (live[:, :, None] + log_probs).reshape(rows, beam * vocab)
-
+  candidates = search.num_candidates(beam, vocab)
+  log_scores = functools.partial(_log_scores, rows=rows, beam=beam, vocab=vocab)
   pairs = {"greedy token": ((normal(rows, d_model), normal(d_model, vocab)), {
       "before: jnp.argmax": lambda x, w: jnp.argmax(x @ w, axis=-1),
       "after: search.first_argmax": lambda x, w: search.first_argmax(x @ w),
@@ -91,14 +101,19 @@ def _pairs(rows: int, beam: int, vocab: int, d_model: int, heads: int, slots: li
   return pairs
 
 
-def run(config, options: KernelOptions) -> dict:
-  rows = options.rows or config.data.batch_size
+def shapes(config, options: KernelOptions) -> dict:
+  """The sizes the pairs run at: the config's, `options`' rows and beam, and the cached slots of
+  each stage of the search's cache (`search.stage_ends` of the output length, times the beam)."""
   decode_len = options.decode_len or config.data.max_target_len
-  slots = [end * options.beam for end in search.stage_ends(decode_len)]
-  model = config.model
-  shapes = dict(rows=rows, beam=options.beam, vocab=config.data.vocab_size,
-                d_model=model.d_model, heads=model.num_heads, slots=slots)
-  pairs = _pairs(**shapes)
+  return dict(rows=options.rows or config.data.batch_size, beam=options.beam,
+              vocab=config.data.vocab_size, d_model=config.model.d_model,
+              heads=config.model.num_heads,
+              slots=[end * options.beam for end in search.stage_ends(decode_len)])
+
+
+def run(config, options: KernelOptions) -> dict:
+  sizes = shapes(config, options)
+  pairs = _pairs(**sizes)
   load_start = common.load_average()
   figures = {}
   for name, (args, variants) in pairs.items():
@@ -111,13 +126,13 @@ def run(config, options: KernelOptions) -> dict:
         times[variant].append(_per_iteration(step, args, options.iterations, options.calls))
     figures[name] = {"same_outputs": same, "us_per_iteration": {
         v: [round(t * 1e6, 1) for t in ts] for v, ts in times.items()}}
-  print(f"search kernels, {shapes}, float32, {options.iterations} iterations a call, median of "
+  print(f"search kernels, {sizes}, float32, {options.iterations} iterations a call, median of "
         f"{options.calls} calls, {options.repeats} rounds (us per iteration):")
   for name, figure in figures.items():
     print(f"{name} (before and after give the same outputs: {figure['same_outputs']})")
     for variant, us in figure["us_per_iteration"].items():
       print(f"  {variant:<40} {', '.join(f'{u:,.0f}' for u in us)}")
-  return dict(what="kernels", shapes=shapes, options=dataclasses.asdict(options),
+  return dict(what="kernels", shapes=sizes, options=dataclasses.asdict(options),
               config=common.config_json(config), **common.environment(),
               load_average_start=load_start, load_average_end=common.load_average(),
               figures=figures)

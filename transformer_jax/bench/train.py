@@ -116,8 +116,8 @@ def _timed(setup: TrainSetup, state, batches, options: TrainOptions) -> dict:
     if options.profile_dir:
       # After timing, so the trace's overhead stays out of the figures.
       with jax.profiler.trace(options.profile_dir, create_perfetto_trace=True):
-        for i in range(PROFILED_STEPS):
-          state, metrics = step(state, batches[i % len(batches)])
+        for batch in (batches * PROFILED_STEPS)[:PROFILED_STEPS]:
+          state, metrics = step(state, batch)
         jax.block_until_ready((state, metrics))
       out["profile"] = trace_summary(options.profile_dir, steps=PROFILED_STEPS)
   out["loss"] = float(metrics["loss"] / metrics["tokens"])
@@ -140,42 +140,17 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
   if not np.isfinite(t["loss"]):
     raise FloatingPointError(f"non-finite training loss {t['loss']} in the benchmark")
   compilations = setup.train_step._cache_size()
-  times, median, b2b = t["times"], statistics.median(t["times"]), t["back_to_back"]
-  dispatch = statistics.median(t["dispatch"])
   state_arrays = len(jax.tree.leaves(state))
   # Per-step work is averaged over the batches timed (they differ only with real batches).
   tgt = float(np.mean([int(lengths[b][1].sum()) for b in t["used"]]))
   src = float(np.mean([int(lengths[b][0].sum()) for b in t["used"]]))
   work = float(np.mean([step_flops[b] for b in t["used"]]))
   peak, peak_source = t["peak"]
-  # On CPU the measured peak is the whole host's; on accelerators the table is per chip.
-  peak_total = peak if jax.devices()[0].platform == "cpu" else peak * jax.device_count()
   memory, memory_source = common.peak_memory()
-  figures = {
-      "first_step_s": round(t["first_step_s"], 3),
-      "step_time_s": round(median, 4),
-      "step_time_min_s": round(min(times), 4),
-      "step_time_max_s": round(max(times), 4),
-      "steps_timed": len(times),
-      "target_tokens_per_step": tgt,
-      "source_tokens_per_step": src,
-      "target_tokens_per_s": round(tgt / median, 1),
-      "source_target_tokens_per_s": round((tgt + src) / median, 1),
-      "model_flops_per_step": work,
-      "tflops_per_s": round(work / median / 1e12, 4),
-      "peak_flops_per_s": peak_total,
-      "peak_source": peak_source,
-      "mfu": round(work / median / peak_total, 4),
-      "back_to_back_step_time_s": round(b2b, 4),
-      "back_to_back_target_tokens_per_s": round(tgt / b2b, 1),
-      "back_to_back_mfu": round(work / b2b / peak_total, 4),
-      "dispatch_time_s": round(dispatch, 5),
-      "state_arrays": state_arrays,
-      "peak_memory_bytes": memory,
-      "peak_memory_source": memory_source,
-      "compilations": compilations,
-      "final_loss": round(t["loss"], 4),
-  }
+  figures = step_figures(t, tgt, src, work, peak_total(peak, jax.devices()[0].platform,
+                                                       jax.device_count()))
+  figures.update(peak_source=peak_source, state_arrays=state_arrays, peak_memory_bytes=memory,
+                 peak_memory_source=memory_source, compilations=compilations)
   shapes = {k: list(v.shape) for k, v in host_batches[0].items()}
   common.print_table(
       f"train step: {model_cfg.d_model}d, {model_cfg.num_encoder_layers}+"
@@ -185,20 +160,7 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
           ("device", f"{jax.devices()[0].device_kind} x {jax.device_count()}"),
           ("warm-up (untimed)", f"{options.warmup} step{'s' * (options.warmup > 1)}, the "
                                 "first compiles"),
-          ("first step (compiles)", f"{t['first_step_s']:.2f} s"),
-          ("step time (median)", f"{median * 1e3:.1f} ms  (min {min(times) * 1e3:.1f}, "
-                                 f"max {max(times) * 1e3:.1f}, {len(times)} steps)"),
-          ("target tokens/s", f"{tgt / median:,.0f}  ({tgt:.0f} real per step)"),
-          ("source+target tokens/s", f"{(tgt + src) / median:,.0f}"),
-          ("model TFLOP/s", f"{work / median / 1e12:.4f}  ({work / 1e9:.1f} GFLOP per step)"),
-          ("peak FLOP/s", f"{peak_total / 1e12:.4f} TFLOP/s  ({peak_source})"),
-          ("MFU", f"{100 * work / median / peak_total:.1f} %"),
-          ("back to back (no wait)", f"{b2b * 1e3:.1f} ms/step, {tgt / b2b:,.0f} target "
-                                     f"tokens/s, MFU {100 * work / b2b / peak_total:.1f} %"),
-          ("host dispatch (median)", f"{dispatch * 1e3:.2f} ms of the one-by-one step  "
-                                     f"(the state: {state_arrays} arrays)"),
-          ("peak memory", f"{memory / 2**20:,.0f} MiB  ({memory_source})"),
-          ("compilations of the step", str(compilations)),
+          *table_rows(figures),
           ("load average (start)", str(load_start)),
       ])
   note = mfu_note(max(figures["mfu"], figures["back_to_back_mfu"]), peak_source)
@@ -213,6 +175,68 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
           "model": model_cfg.to_dict(), "config": common.config_json(config),
           **common.environment(model_cfg), "load_average_start": load_start,
           "load_average_end": common.load_average(), "figures": figures}
+
+
+def peak_total(peak: float, platform: str, device_count: int) -> float:
+  """The peak FLOP/s of all devices of the step: a CPU's measured peak is the whole host's (which
+  fake CPU devices share); an accelerator's table entry is per chip."""
+  return peak if platform == "cpu" else peak * device_count
+
+
+def step_figures(t: dict, tgt: float, src: float, work: float, peak: float) -> dict:
+  """The figures of `_timed`'s times (`t`) for steps of `tgt` target and `src` source tokens and
+  `work` model FLOPs, against `peak` FLOP/s: from the median step, the back-to-back mean and the
+  median host dispatch."""
+  times, b2b = t["times"], t["back_to_back"]
+  median = statistics.median(times)
+  return {
+      "first_step_s": round(t["first_step_s"], 3),
+      "step_time_s": round(median, 4),
+      "step_time_min_s": round(min(times), 4),
+      "step_time_max_s": round(max(times), 4),
+      "steps_timed": len(times),
+      "target_tokens_per_step": tgt,
+      "source_tokens_per_step": src,
+      "target_tokens_per_s": round(tgt / median, 1),
+      "source_target_tokens_per_s": round((tgt + src) / median, 1),
+      "model_flops_per_step": work,
+      "tflops_per_s": round(work / median / 1e12, 4),
+      "peak_flops_per_s": peak,
+      "mfu": round(work / median / peak, 4),
+      "back_to_back_step_time_s": round(b2b, 4),
+      "back_to_back_target_tokens_per_s": round(tgt / b2b, 1),
+      "back_to_back_mfu": round(work / b2b / peak, 4),
+      "dispatch_time_s": round(statistics.median(t["dispatch"]), 5),
+      "final_loss": round(t["loss"], 4),
+  }
+
+
+def _ms(seconds: float) -> str:
+  return f"{seconds * 1e3:.1f}"
+
+
+def table_rows(f: dict) -> list[tuple[str, str]]:
+  """The printed table's rows of the figures (`step_figures` and the run's own), read from the
+  figures themselves so that the table and the JSON line cannot disagree."""
+  return [
+      ("first step (compiles)", f"{f['first_step_s']:.2f} s"),
+      ("step time (median)", f"{_ms(f['step_time_s'])} ms  (min {_ms(f['step_time_min_s'])}, "
+                             f"max {_ms(f['step_time_max_s'])}, {f['steps_timed']} steps)"),
+      ("target tokens/s", f"{f['target_tokens_per_s']:,.0f}  "
+                          f"({f['target_tokens_per_step']:.0f} real per step)"),
+      ("source+target tokens/s", f"{f['source_target_tokens_per_s']:,.0f}"),
+      ("model TFLOP/s", f"{f['tflops_per_s']:.4f}  "
+                        f"({f['model_flops_per_step'] / 1e9:.1f} GFLOP per step)"),
+      ("peak FLOP/s", f"{f['peak_flops_per_s'] / 1e12:.4f} TFLOP/s  ({f['peak_source']})"),
+      ("MFU", f"{100 * f['mfu']:.1f} %"),
+      ("back to back (no wait)", f"{_ms(f['back_to_back_step_time_s'])} ms/step, "
+                                 f"{f['back_to_back_target_tokens_per_s']:,.0f} target "
+                                 f"tokens/s, MFU {100 * f['back_to_back_mfu']:.1f} %"),
+      ("host dispatch (median)", f"{f['dispatch_time_s'] * 1e3:.2f} ms of the one-by-one step  "
+                                 f"(the state: {f['state_arrays']} arrays)"),
+      ("peak memory", f"{f['peak_memory_bytes'] / 2**20:,.0f} MiB  ({f['peak_memory_source']})"),
+      ("compilations of the step", str(f["compilations"])),
+  ]
 
 
 def mfu_note(mfu: float, peak_source: str) -> str | None:
