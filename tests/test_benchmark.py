@@ -1,6 +1,8 @@
 """The train step compiles once (alone and in the training loop); the benchmarks
-(`transformer_jax.bench`) run and report what they say, and `scripts/benchmark.py` maps its
-flags onto them; `--what train` needs neither tensorflow-datasets nor grain."""
+(`transformer_jax.bench`) run and report what they say: their figures are the arithmetic of
+their times and counts (checked on hand-picked numbers and stand-in steps, datasets and traces)
+and their tables print those figures; `scripts/benchmark.py` maps its flags onto them;
+`--what train` needs neither tensorflow-datasets nor grain."""
 import contextlib
 import gzip
 import json
