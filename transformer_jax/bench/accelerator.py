@@ -33,6 +33,7 @@ from transformer_jax.attention import (
   scaled_dot_product_attention,
   segment_mask,
 )
+from transformer_jax.bench import common
 from transformer_jax.config import model_config
 from transformer_jax.model import Transformer
 
@@ -207,7 +208,7 @@ def packed_batch(rng, rows: int, length: int, vocab: int) -> dict:
   seg_tgt = np.where(seg_tgt > seg_in.max(axis=1, keepdims=True), 0, seg_tgt)
 
   def tokens(seg):
-    return np.where(seg > 0, rng.integers(4, vocab, seg.shape), 0).astype(np.int32)
+    return np.where(seg > 0, common.random_tokens(rng, vocab, seg.shape), 0).astype(np.int32)
 
   out = {"inputs": tokens(seg_in), "targets": tokens(seg_tgt),
          "inputs_positions": positions_of(seg_in), "targets_positions": positions_of(seg_tgt),
@@ -221,7 +222,7 @@ def padded_batch(rng, rows: int, length: int, vocab: int) -> dict:
   def tokens():
     lengths = rng.integers(length // 4, length + 1, rows)
     real = np.arange(length) < lengths[:, None]
-    return np.where(real, rng.integers(4, vocab, (rows, length)), 0).astype(np.int32)
+    return np.where(real, common.random_tokens(rng, vocab, (rows, length)), 0).astype(np.int32)
 
   return batch_lib.model_arrays({"inputs": tokens(), "targets": tokens()})
 
