@@ -235,6 +235,13 @@ def test_the_cpu_peak_is_measured_on_the_first_device_by_default(monkeypatch):
   assert calls == [(2048, jnp.float32, {}), (512, jnp.bfloat16, {"repeats": 4})]
 
 
+def test_the_peak_of_all_devices():
+  # A CPU's measured peak is the host's, which its fake devices share; a table's is per chip.
+  assert flops.peak_total(5.0, "cpu", 8) == 5.0
+  assert flops.peak_total(5.0, "gpu", 8) == 40.0
+  assert flops.peak_total(5.0, "tpu", 3) == 15.0
+
+
 def test_the_mfu_note_is_for_an_mfu_above_100_percent_on_a_measured_peak():
   measured, table = "measured float32 256x256 matmul", "table[H100][bfloat16]"
   note = flops.mfu_note(1.5, measured, "--flag, default 2048")

@@ -601,6 +601,22 @@ def test_sigterm_saves_a_loadable_checkpoint(tmp_path, data_dir):
   assert meta["on_cadence"] is False and meta["step"] == step
 
 
+def test_a_stop_signal_saves_its_step_and_the_run_returns_that_steps_record(
+    tmp_path, data_dir, monkeypatch, capsys):
+  # In one process the flag is read after every step: a signal that lands in step 2 stops the
+  # run there, saved (off the cadence), and what train_and_evaluate returns is step 2's record.
+  agreed = iter([None, "SIGTERM"])
+  monkeypatch.setattr(distributed.StopFlag, "agreed", lambda self: next(agreed))
+  workdir = str(tmp_path / "stopped")
+  result = loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=6), workdir)
+  (logged,) = [r for r in metrics.read_metrics(workdir) if r["step"] == 2]
+  assert result == {**{k: v for k, v in logged.items() if k != "time"}, "stopped_by": "SIGTERM"}
+  assert "train_loss" in result and result["step"] == 2
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["2"]
+  assert checkpointing.load_meta(os.path.join(workdir, "checkpoints"), 2)["on_cadence"] is False
+  assert "SIGTERM: saved step 2 in" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_a_second_ctrl_c_stops_at_once_a_second_sigterm_does_not(sig):
   # The first signal asks for a save at the end of the step. A run that cannot get there
@@ -859,6 +875,20 @@ def test_undoing_a_change_made_at_step_0_is_warned_of_like_any_other(tmp_path):
     assert undone(3.0, back_to) == [f"this command sets learning_rate back to {back_to} (from "
                                     "3.0): it undoes the change made at the resume at step 5"]
   assert undone(3.0, 4.0) == []
+  config("config.6.json", 4.0)  # a resume at the very next step: each resume's own config
+  assert undone(4.0, 3.0) == ["this command sets learning_rate back to 3.0 (from 4.0): it undoes "
+                              "the change made at the resume at step 6"]
+
+
+def test_saves_keep_the_newest_and_every_keep_period_th_step(tmp_path):
+  # Orbax deletes after each save what max_to_keep and keep_period do not keep (the prune below
+  # is for a resume that lowered them).
+  ckpt = checkpointing.Checkpointer(str(tmp_path), max_to_keep=2, keep_period=2,
+                                    async_save=False)
+  for step in range(1, 8):
+    ckpt.save(step, {"w": np.full(3, step, np.float32)}, force=True)
+  ckpt.close()
+  assert checkpointing.checkpoint_steps(ckpt.directory) == [2, 4, 6, 7]
 
 
 def test_a_lower_keep_checkpoints_deletes_the_oldest_before_the_first_save(tmp_path):

@@ -1040,6 +1040,46 @@ def test_a_lost_evaluation_is_run_only_where_the_cadence_asked_and_metrics_jsonl
   assert lost(3, {"loss": 2.0}, every=(2, 2)) == []
 
 
+def test_the_early_stop_message_says_where_the_best_parameters_are(tmp_path):
+  """`_Run._stopped_message` on a stand-in of the loop's state, one case a line: keep_best holds
+  the count's best step, a later step that beat it by less than min_delta, another step (it was
+  turned on later), or nothing yet; without keep_best nothing is said of a directory."""
+  def message(best_step, best=None, min_delta=0.0, higher=False):
+    written = []
+    patience = types.SimpleNamespace(best_step=best_step, best_value=2.0, min_delta=min_delta,
+                                     reason=lambda: "3 evaluations without a new best")
+    run = types.SimpleNamespace(
+        step=9, patience=patience, trainer=types.SimpleNamespace(
+            checkpointer=types.SimpleNamespace(directory="CKPT")),
+        best=best and types.SimpleNamespace(directory="BEST", higher=higher, **best),
+        progress=types.SimpleNamespace(write=written.append), _train_on=lambda: "TRAIN ON.")
+    last = {}
+    loop._Run._stopped_message(run, last)
+    assert last == {"stopped_early": "3 evaluations without a new best"}
+    (line,) = written
+    head = ("step 9: stopped early, after 3 evaluations without a new best: step 9 is saved in "
+            "CKPT; ")
+    assert line.startswith(head) and line.endswith(". TRAIN ON."), line
+    return line[len(head):-len(". TRAIN ON.")]
+
+  assert message(4, dict(step=4, value=2.0)) == "the best parameters are in BEST"
+  assert message(4, dict(step=6, value=1.95), min_delta=0.1) == (
+      "the best parameters, step 6's, are in BEST")
+  # keep_best's step is worse (loss: lower is better), or better with no min_delta to explain
+  # it, or it is higher that is better: another step's parameters.
+  assert message(4, dict(step=6, value=2.5), min_delta=0.1) == (
+      "step 4's parameters were not kept (BEST holds step 6's)")
+  assert message(4, dict(step=6, value=2.0), min_delta=0.1) == (  # as good: the count's best
+      "the best parameters, step 6's, are in BEST")                # did not beat it
+  assert message(4, dict(step=6, value=1.5)) == (
+      "step 4's parameters were not kept (BEST holds step 6's)")
+  assert message(4, dict(step=6, value=1.95), min_delta=0.1, higher=True) == (
+      "step 4's parameters were not kept (BEST holds step 6's)")
+  assert message(4, dict(step=None, value=None), min_delta=0.1) == (
+      "step 4's parameters were not kept")
+  assert message(4) == "step 4's parameters were not kept"
+
+
 def test_early_stopping_needs_keep_best():
   c = tiny_config.get_config()
   c.early_stopping_patience = 3
@@ -1609,6 +1649,14 @@ def test_the_clean_up_of_half_written_steps_never_raises(tmp_path, monkeypatch):
 
   monkeypatch.setattr(checkpointing.shutil, "rmtree", rmtree)
   assert checkpointing.remove_partial_steps(str(tmp_path)) is True
+  # Nothing to remove is said as such: a failed save's close cleans again only while some were
+  # (25 rounds of 0.2 s otherwise).
+  (tmp_path / "empty").mkdir()
+  (tmp_path / "empty" / "3").mkdir()
+  assert checkpointing.remove_partial_steps(str(tmp_path / "empty")) is False
+  assert checkpointing.remove_partial_steps(str(tmp_path / "absent")) is False
+  monkeypatch.setattr(checkpointing.jax, "process_index", lambda: 1)  # process 0's job
+  assert checkpointing.remove_partial_steps(str(tmp_path)) is False
 
 
 def test_a_failed_save_of_parameters_keeps_the_old_one_and_raises_its_own_error(tmp_path,

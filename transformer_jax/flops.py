@@ -177,6 +177,13 @@ def peak_flops(dtype: str = "float32", device=None, **measure_kwargs) -> tuple[f
                         "transformer_jax.flops.PEAK_FLOPS")
 
 
+def peak_total(peak: float, platform: str, device_count: int) -> float:
+  """The peak FLOP/s of all the devices a step runs on, from `peak_flops`' per device: a CPU's
+  measured peak is the whole host's (which fake CPU devices share); an accelerator's table
+  entry is per chip."""
+  return peak if platform == "cpu" else peak * device_count
+
+
 def mfu_note(mfu: float, peak_source: str, how: str) -> str | None:
   """A line for an MFU above 100% on a measured CPU peak, else None; `how` says how to measure
   on a larger matmul (the flag and its default).

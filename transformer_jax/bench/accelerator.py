@@ -38,6 +38,9 @@ from transformer_jax.config import model_config
 from transformer_jax.model import Transformer
 
 CUDNN_KERNEL = "__cudnn$fmha"
+# Logits pass through every layer and the gradient through all of them twice: bfloat16's 8-bit
+# mantissa compounds, so the whole model's logits get 5x and its gradient 10x the kernel tolerance.
+LOGITS_FACTOR, GRAD_FACTOR = 5, 10
 HEADER = (f"{'check':<42} {'cuDNN':>5} {'output err':>11} {'grad err':>10} "
           f"{'XLA bf16 out/grad':>20}  ok")
 
@@ -90,11 +93,40 @@ def line(r: dict) -> str:
           f"{xla:>20}  {'PASS' if r['passed'] else 'FAIL'}")
 
 
+def attention_passed(row: dict, tolerance: float, require_cudnn: bool) -> bool:
+  """A kernel check's rule: output and gradient errors finite and below `tolerance`, the queries
+  that may attend nowhere exact zeros, and cuDNN's kernel compiled in where it is required."""
+  errors = (row["output_err"], row["grad_err"])
+  return bool(all(np.isfinite(e) and e < tolerance for e in errors) and row["dead_rows_zero"]
+              and (row["cudnn_kernel"] or not require_cudnn))
+
+
+def model_passed(row: dict, tolerance: float, needs_kernel: bool) -> bool:
+  """A whole-model check's rule: a finite loss within `tolerance` (relative) of float32's, logits
+  within LOGITS_FACTOR and the gradient within GRAD_FACTOR times it, and cuDNN's kernel
+  compiled in where it is required."""
+  return bool(np.isfinite(row["loss"]) and row["loss_rel_diff"] < tolerance
+              and row["logits_err"] < LOGITS_FACTOR * tolerance
+              and row["grad_err"] < GRAD_FACTOR * tolerance
+              and (row["cudnn_kernel"] or not needs_kernel))
+
+
+def dead_rows_zero(out, mask) -> bool:
+  """Whether the queries that may attend nowhere under `mask` (`[batch or 1, 1, q, kv]`, None:
+  every query attends) come out of the attention `out` `[batch, q, heads, depth]` as exact
+  zeros, as padding's must."""
+  if mask is None:
+    return True
+  dead = np.broadcast_to(~np.asarray(jnp.any(mask, axis=-1))[:, 0], out.shape[:2])
+  return bool(np.all(np.asarray(out, np.float32)[dead] == 0))
+
+
 # ------------------------------------------------------------------------- attention kernel
 
 
 def attention_cases(rng, batch: int, q_len: int, kv_len: int):
-  """(name, q_len, kv_len, boolean mask [batch, 1, q, kv], LengthMask or None): no mask, padding,
+  """(name, q_len, kv_len, mask): the mask a boolean `[batch or 1, 1, q, kv]`, a LengthMask or
+  None. In order: no mask, padding,
   causal + padding, packed self-attention (causal + segments), packed cross-attention (segments,
   query and key lengths differ), cross-attention with no mask and with padding (lengths differ),
   packed cross-attention with equal lengths; then padding, causal + padding and cross-attention
@@ -181,17 +213,8 @@ def check_attention(cfg, rng, batch: int, q_len: int, kv_len: int, tolerance: fl
     row["grad_err"] = max(rel_err(g, r) for g, r in zip(grads, ref_grads))
     row["xla_bf16_output_err"] = rel_err(xla_out, ref_out)
     row["xla_bf16_grad_err"] = max(rel_err(g, r) for g, r in zip(xla_grads, ref_grads))
-    if mask is not None:
-      # Queries that may attend nowhere (padding) must come out as exact zeros.
-      dead = ~np.asarray(jnp.any(mask, axis=-1))[:, 0]
-      dead = np.broadcast_to(dead, (batch, tq))
-      row["dead_rows_zero"] = bool(np.all(np.asarray(out, np.float32)[dead] == 0))
-    else:
-      row["dead_rows_zero"] = True
-    errors = (row["output_err"], row["grad_err"])
-    row["passed"] = bool(all(np.isfinite(e) and e < tolerance for e in errors)
-                         and row["dead_rows_zero"]
-                         and (row["cudnn_kernel"] or not require_cudnn))
+    row["dead_rows_zero"] = dead_rows_zero(out, mask)
+    row["passed"] = attention_passed(row, tolerance, require_cudnn)
     results.append(row)
     print(line(row), flush=True)
   return results
@@ -269,13 +292,7 @@ def check_model(size: str, rng, rows: int, length: int, vocab: int, tolerance: f
              "logits_err": rel_err(logits[valid], ref_logits[valid]),
              "grad_err": tree_rel_err(grads, ref_grads)}
       row["cudnn_kernel"] = CUDNN_KERNEL in hlo
-      needs_kernel = impl == "cudnn" and require_cudnn
-      # Logits pass through every layer and the gradient through all of them twice: bfloat16's
-      # 8-bit mantissa compounds, so logits get 5x and the gradient 10x the kernel tolerance.
-      row["passed"] = bool(np.isfinite(loss) and row["loss_rel_diff"] < tolerance
-                           and row["logits_err"] < 5 * tolerance
-                           and row["grad_err"] < 10 * tolerance
-                           and (row["cudnn_kernel"] or not needs_kernel))
+      row["passed"] = model_passed(row, tolerance, impl == "cudnn" and require_cudnn)
       results.append(row)
       print(line(row), flush=True)
   return results
@@ -292,7 +309,8 @@ def run_checks(size: str = "base", *, batch: int = 8, length: int = 256, model_r
   cfg = model_config(size, dtype="bfloat16", attention_impl="cudnn", attention_dropout_rate=0.0)
   device = jax.devices()[0]
   print(f"{device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, tolerance "
-        f"{tolerance:g} (model logits: {5 * tolerance:g}, gradients: {10 * tolerance:g})\n"
+        f"{tolerance:g} (model logits: {LOGITS_FACTOR * tolerance:g}, gradients: "
+        f"{GRAD_FACTOR * tolerance:g})\n"
         f"{HEADER}", flush=True)
   results = check_attention(cfg, rng, batch, length, length * 5 // 4, tolerance,
                             require_cudnn=on_gpu)

@@ -121,6 +121,27 @@ def _curve(config, model_cfg, host_batches) -> tuple[list[float], object, float]
   return losses, jax.device_get(state.params), time.perf_counter() - start
 
 
+def curve_figures(reference, variant) -> dict:
+  """How far apart two loss curves (per step) are: the mean of each one's last tenth of the
+  steps (at least one step) and their difference, the largest and the median single step's,
+  all relative to the reference."""
+  ref, var = np.array(reference, np.float64), np.array(variant, np.float64)
+  tail = max(1, len(ref) // 10)
+  tail_ref, tail_var = float(ref[-tail:].mean()), float(var[-tail:].mean())
+  rel = np.abs(var - ref) / np.abs(ref)
+  return {"steps": len(ref), "tail_steps": tail, "reference_tail_loss": tail_ref,
+          "variant_tail_loss": tail_var, "tail_rel_diff": abs(tail_var - tail_ref) / abs(tail_ref),
+          "max_step_rel_diff": float(rel.max()), "median_step_rel_diff": float(np.median(rel))}
+
+
+def curves_pass(reference, variant, tolerance: float) -> bool:
+  """The rule: every loss of both curves finite, and the last tenth's mean losses within
+  `tolerance` of each other, relative to the reference's (single steps are too noisy to
+  judge)."""
+  finite = bool(np.isfinite(reference).all() and np.isfinite(variant).all())
+  return finite and curve_figures(reference, variant)["tail_rel_diff"] < tolerance
+
+
 def run(config, options: PrecisionOptions = PrecisionOptions(), log=print) -> dict:
   """Both curves and their comparison (see the module docstring)."""
   variant = dict(options.variant)
@@ -145,24 +166,13 @@ def run(config, options: PrecisionOptions = PrecisionOptions(), log=print) -> di
         f"{model_cfg.attention_impl} attention, {options.steps} steps")
     with jax.default_matmul_precision("highest") if highest else contextlib.nullcontext():
       curves[name], params[name], seconds[name] = _curve(c, model_cfg, host_batches)
-  ref, var = np.array(curves["reference"]), np.array(curves["variant"])
-  tail = max(1, len(ref) // 10)
-  tail_ref, tail_var = float(ref[-tail:].mean()), float(var[-tail:].mean())
-  rel = np.abs(var - ref) / np.abs(ref)
-  finite = bool(np.isfinite(ref).all() and np.isfinite(var).all())
   figures = {
-      "steps": len(ref),
-      "tail_steps": tail,
-      "reference_tail_loss": tail_ref,
-      "variant_tail_loss": tail_var,
-      "tail_rel_diff": abs(tail_var - tail_ref) / abs(tail_ref),
-      "max_step_rel_diff": float(rel.max()),
-      "median_step_rel_diff": float(np.median(rel)),
+      **curve_figures(curves["reference"], curves["variant"]),
       "params_rel_diff": tree_rel_err(params["variant"], params["reference"]),
       "reference_seconds": round(seconds["reference"], 2),
       "variant_seconds": round(seconds["variant"], 2),
   }
-  passed = finite and figures["tail_rel_diff"] < options.tolerance
+  passed = curves_pass(curves["reference"], curves["variant"], options.tolerance)
   _print(curves, figures, options, passed, log)
   return {"what": "compare_precision", "variant": variant, "tolerance": options.tolerance,
           "batches": options.batches_file or "dataset", "device_kind": jax.devices()[0].device_kind,

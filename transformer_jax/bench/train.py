@@ -147,8 +147,8 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
   work = float(np.mean([step_flops[b] for b in t["used"]]))
   peak, peak_source = t["peak"]
   memory, memory_source = common.peak_memory()
-  figures = step_figures(t, tgt, src, work, peak_total(peak, jax.devices()[0].platform,
-                                                       jax.device_count()))
+  figures = step_figures(t, tgt, src, work,
+                         flops.peak_total(peak, jax.default_backend(), jax.device_count()))
   figures.update(peak_source=peak_source, state_arrays=state_arrays, peak_memory_bytes=memory,
                  peak_memory_source=memory_source, compilations=compilations)
   shapes = {k: list(v.shape) for k, v in host_batches[0].items()}
@@ -175,12 +175,6 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
           "model": model_cfg.to_dict(), "config": common.config_json(config),
           **common.environment(model_cfg), "load_average_start": load_start,
           "load_average_end": common.load_average(), "figures": figures}
-
-
-def peak_total(peak: float, platform: str, device_count: int) -> float:
-  """The peak FLOP/s of all devices of the step: a CPU's measured peak is the whole host's (which
-  fake CPU devices share); an accelerator's table entry is per chip."""
-  return peak if platform == "cpu" else peak * device_count
 
 
 def step_figures(t: dict, tgt: float, src: float, work: float, peak: float) -> dict:

@@ -190,8 +190,7 @@ class _Run:
           "next save, which a full disk cannot hold)")
     peak, peak_source = flops.peak_flops(trainer.model_cfg.dtype,
                                           n=self.config.cpu_peak_matmul_size)
-    # On CPU the measured peak is the whole host's (fake devices share its cores).
-    total_peak = peak if jax.devices()[0].platform == "cpu" else peak * jax.device_count()
+    total_peak = flops.peak_total(peak, jax.default_backend(), jax.device_count())
     self.meter = ThroughputMeter(trainer.model_cfg, total_peak, trainer.checkpointer.directory)
     # Said once, the first time a logged MFU is above 100% (then None).
     self.mfu_note = functools.partial(
@@ -356,11 +355,13 @@ class _Run:
     none (the run stopped during it, after the step's save): the learning curve would have a
     gap there, and early stopping's count and keep_best's best would go on without it."""
     step, cadence, main = self.step, self.cadence, distributed.is_main()
+    if step == 0:  # a new run (every process has the same step): nothing was lost
+      return
     logged = [r for r in metrics_lib.read_metrics(self.workdir)
-              if r.get("step") == step] if main and step > 0 else []
-    evaluate = distributed.from_main(main and step > 0 and cadence.evaluate(step)
+              if r.get("step") == step] if main else []
+    evaluate = distributed.from_main(main and cadence.evaluate(step)
                                      and not any("eval_loss" in r for r in logged))
-    bleu = distributed.from_main(main and step > 0 and cadence.bleu(step)
+    bleu = distributed.from_main(main and cadence.bleu(step)
                                  and not any("bleu" in r for r in logged))
     if not (evaluate or bleu):
       return
