@@ -996,11 +996,18 @@ def test_compare_precision_same_setting_is_identical_and_bf16_close(tmp_path, ca
   assert len(batches) == 5 and ids == {"vocab_size": 200, "pad_id": 0, "bos_id": 2, "eos_id": 3}
   assert batches[0]["inputs"].shape == (8, 32) and batches[0]["inputs"].dtype == np.int32
   # A variant that changes nothing: the same curve to the bit, parameters equal.
+  start = time.perf_counter()
   same = precision.run(tiny_config.get_config(), precision.PrecisionOptions(
       steps=5, variant=(("model.dtype", "float32"),), batches_file=path), log=lambda m: None)
+  wall = time.perf_counter() - start
+  seconds = same["figures"]["reference_seconds"], same["figures"]["variant_seconds"]
+  assert 0 < seconds[0] and 0 < seconds[1] and sum(seconds) <= wall + 0.01, (seconds, wall)
   assert same["passed"] and same["curves"]["reference"] == same["curves"]["variant"]
   assert same["figures"]["params_rel_diff"] == 0.0 and same["figures"]["tail_steps"] == 1
   assert len(same["curves"]["reference"]) == 5
+  # The loss per target token: about ln(200) for the untrained model's 200 tokens, falling.
+  first, last = same["curves"]["reference"][0], same["curves"]["reference"][-1]
+  assert 4.5 < first < 6.5 and last < first
   # bfloat16: close, not equal; a tolerance below its difference fails.
   script = load_script("compare_precision")
   code = script.main(["--config", TINY, "--steps", "5", "--batches_file", path,
@@ -1040,7 +1047,8 @@ def test_compare_precision_says_what_is_wrong(tmp_path, capsys):
     cases.append((["--batches_file", str(tmp_path / bad)],
                   "not a batches file of compare_precision.py"))
   cases.append((["--batches_file", path, "--config.data.batch_size=4"],
-                "holds batches of {'inputs': (8, 32), 'targets': (8, 32)}, the config's are "
+                "holds batches of {'inputs': (8, 32), 'targets': (8, 32)} (batch 0), the "
+                "config's are "
                 "{'inputs': (4, 32), 'targets': (4, 32)}"))
   for args, message in cases:
     assert script.main(["--config", TINY, "--steps", "2", *args]) == 2, args

@@ -63,7 +63,8 @@ def tree_rel_err(out, ref) -> float:
 
 
 def packed_segments(rng, rows: int, length: int, max_segments: int = 6):
-  """Segment ids `[rows, length]`: 1..k for k random-length sentences, then 0 (padding)."""
+  """Segment ids `[rows, length]` (`length` > `max_segments`): 1..max_segments for as many
+  random-length sentences in every row, every other row then padded (0)."""
   out = np.zeros((rows, length), np.int32)
   for r in range(rows):
     cuts = np.sort(rng.choice(np.arange(1, length), size=max_segments, replace=False))
@@ -135,10 +136,10 @@ def attention_cases(rng, batch: int, q_len: int, kv_len: int):
   kv_lengths = rng.integers(kv_len // 4, kv_len + 1, batch)
   kv_lengths[0] = 0
   valid = np.arange(q_len)[None] < lengths[:, None]
+  # Cross-attention between packed rows: query sentence s attends to source sentence s (every
+  # row holds packed_segments' 6 sentences on either side).
   seg_q = packed_segments(rng, batch, q_len)
   seg_kv = packed_segments(rng, batch, kv_len)
-  # Cross-attention between packed rows: query sentence s attends to source sentence s.
-  seg_kv = np.where(seg_kv > seg_q.max(axis=1, keepdims=True), 0, seg_kv)
   valid, seg_q, seg_kv = jnp.asarray(valid), jnp.asarray(seg_q), jnp.asarray(seg_kv)
   causal = causal_mask(q_len)
   return [
@@ -225,10 +226,8 @@ def check_attention(cfg, rng, batch: int, q_len: int, kv_len: int, tolerance: fl
 
 def packed_batch(rng, rows: int, length: int, vocab: int) -> dict:
   """A packed batch of the batch schema: random tokens in random segments, source sentence s
-  paired with target sentence s."""
+  paired with target sentence s (packed_segments puts 6 sentences in every row)."""
   seg_in, seg_tgt = packed_segments(rng, rows, length), packed_segments(rng, rows, length)
-  seg_in = np.where(seg_in > seg_tgt.max(axis=1, keepdims=True), 0, seg_in)
-  seg_tgt = np.where(seg_tgt > seg_in.max(axis=1, keepdims=True), 0, seg_tgt)
 
   def tokens(seg):
     return np.where(seg > 0, common.random_tokens(rng, vocab, seg.shape), 0).astype(np.int32)

@@ -99,12 +99,13 @@ def load(path: str, count: int, config=None) -> tuple[list[dict], dict]:
   if config is not None:
     d = config.data
     want = {"inputs": (d.batch_size, d.max_source_len), "targets": (d.batch_size, d.max_target_len)}
-    have = {k: tuple(batches[0][k].shape) for k in want if k in batches[0]}
-    if have != want:
-      raise BatchesFileError(
-          f"{path} holds batches of {have}, the config's are {want} (data.batch_size, "
-          "max_source_len, max_target_len): save them again with this config, or pass the "
-          "config they were saved with")
+    for i, batch in enumerate(batches):
+      have = {k: tuple(batch[k].shape) for k in want if k in batch}
+      if have != want:
+        raise BatchesFileError(
+            f"{path} holds batches of {have} (batch {i}), the config's are {want} "
+            "(data.batch_size, max_source_len, max_target_len): save them again with this "
+            "config, or pass the config they were saved with")
   return batches, ids
 
 
@@ -182,6 +183,13 @@ def run(config, options: PrecisionOptions = PrecisionOptions(), log=print) -> di
 
 def plot(result: dict, path: str) -> str:
   """Both loss curves and their relative difference per step (PNG), from `run`'s result."""
+  figure(result).savefig(path, dpi=100)
+  return path
+
+
+def figure(result: dict):
+  """`plot`'s figure: the curves (left), their relative difference per step and the tolerance
+  (right, log scale)."""
   from matplotlib.figure import Figure  # only when a plot is asked for
   ref, var = (np.array(result["curves"][k]) for k in ("reference", "variant"))
   steps = np.arange(1, len(ref) + 1)
@@ -201,8 +209,7 @@ def plot(result: dict, path: str) -> str:
   for ax in (loss_ax, diff_ax):
     ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  return path
+  return fig
 
 
 def _print(curves, figures, options, passed, log) -> None:
