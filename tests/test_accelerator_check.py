@@ -26,8 +26,10 @@ def test_packed_segments_are_whole_sentences_and_positions_restart_in_each():
   assert acc.positions_of(np.array([[1, 1, 2, 2, 2, 0, 0], [1, 2, 2, 3, 3, 3, 3],
                                     [1, 1, 1, 1, 1, 1, 1]])).tolist() == [
       [0, 1, 0, 1, 2, 0, 0], [0, 0, 1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6]]
-  default = acc.packed_segments(np.random.default_rng(1), 2, 8)  # 6 sentences by default
-  assert [set(row[row > 0]) for row in default] == [set(range(1, 7))] * 2
+  # 6 sentences by default, in every row; a sentence may be one token long, but never empty.
+  many = acc.packed_segments(np.random.default_rng(1), 200, 8)
+  assert all(set(row[row > 0]) == set(range(1, 7)) for row in many)
+  assert {int(np.sum(row == 1)) for row in many} == {1, 2}
   pos = acc.positions_of(seg)
   for r, c in np.ndindex(*seg.shape):
     s = seg[r, c]
@@ -83,6 +85,11 @@ def test_the_attention_cases_are_the_masks_they_name():
                                     err_msg=name)
   # Row 0 of the cross-attention given as lengths has no keys: its queries attend nowhere.
   assert not kv_valid[0].any() and kv_valid[1:].any()
+  for name, _, _, mask in cases:  # the lengths themselves, as cuDNN takes them
+    if isinstance(mask, LengthMask):
+      keys = kv_lengths if name.startswith("cross") else lengths
+      assert np.array_equal(mask.query_lengths, lengths) and mask.query_lengths.dtype == jnp.int32
+      assert np.array_equal(mask.key_lengths, keys) and mask.key_lengths.dtype == jnp.int32
   # The packed cross-attention pairs query sentence s with source sentence s: each row has the
   # same sentences on both sides.
   for r in range(batch):
@@ -108,19 +115,22 @@ def test_the_model_checks_batches_pair_sentences_and_pad_at_the_end():
   for tokens in padded.values():
     n = np.sum(tokens > 0, axis=1)
     assert np.array_equal(tokens > 0, np.arange(24) < n[:, None])  # right-padded
-    assert n.min() >= 24 // 4 and n.max() <= 24 and len(set(n)) > 1
+    assert n.min() == 24 // 4 and n.max() == 24  # a quarter of the row to all of it
     assert tokens[tokens > 0].min() >= 4 and tokens.max() < 50
 
 
 def test_relative_errors_and_the_row_printed():
   assert acc.rel_err([3.0, 4.0], [0.0, 0.0]) == pytest.approx(5 / 1e-30)
   assert acc.rel_err([1.0, 2.0], [1.0, 1.0]) == pytest.approx(1 / np.sqrt(2))
+  assert acc.rel_err([0.2], [0.1]) == pytest.approx(1.0)  # small values: relative all the same
+  assert acc.tree_rel_err({"a": np.array([0.02])}, {"a": np.array([0.01])}) == pytest.approx(1.0)
   assert np.isnan(acc.rel_err([1.0, np.inf], [1.0, 1.0]))
   assert np.isnan(acc.rel_err([np.nan, 1.0], [1.0, 1.0]))
   out = {"a": np.array([1.0, 2.0]), "b": np.array([[2.0]])}
   ref = {"a": np.array([1.0, 1.0]), "b": np.array([[1.0]])}
   assert acc.tree_rel_err(out, ref) == pytest.approx(np.sqrt(2 / 3))  # all leaves as one vector
   assert acc.tree_rel_err(ref, ref) == 0.0
+  assert acc.tree_rel_err({"a": np.array([1.0])}, {"a": np.array([0.0])}) == pytest.approx(1e15)
   assert np.isnan(acc.tree_rel_err({"a": np.array([1.0, np.nan]), "b": ref["b"]}, ref))
   kernel = {"check": "attention: padding", "cudnn_kernel": True, "output_err": 0.00123,
             "grad_err": 0.0456, "xla_bf16_output_err": 0.002, "xla_bf16_grad_err": 0.003,
@@ -274,3 +284,16 @@ def test_run_checks_passes_only_when_every_check_does(monkeypatch, capsys):
   assert draws[-1] == np.random.default_rng(0).integers(1 << 30)  # seed 0
   acc.run_checks(seed=5)
   assert draws[-1] == np.random.default_rng(5).integers(1 << 30)
+
+
+def test_a_gpus_model_check_needs_cudnns_kernel_where_cudnn_was_asked_for():
+  # On CPU there is no kernel: with require_cudnn the two cuDNN rows fail and the XLA row, which
+  # never needs it, passes (a tolerance so wide that only the kernel decides).
+  rows = acc.check_model("tiny", np.random.default_rng(0), 2, 8, 32, tolerance=1.0,
+                         require_cudnn=True)
+  assert [(r["check"], r["cudnn_kernel"], r["passed"]) for r in rows] == [
+      ("model tiny: bfloat16, XLA attention", False, True),
+      ("model tiny: bfloat16, cuDNN attention", False, False),
+      ("model tiny (padded): bf16, cuDNN, lengths", False, False)]
+  for r in rows:  # the loss per real target token: about ln(32) for an untrained model
+    assert 2.5 < r["reference_loss"] < 5.0 and r["shape"] == [2, 8], r

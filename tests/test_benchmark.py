@@ -439,9 +439,17 @@ def test_help_into_a_closed_pipe_ends_without_a_traceback():
   assert proc.wait(timeout=300) == 1 and "Traceback" not in err, err
 
 
-def test_check_accelerator_runs_and_passes_on_cpu(tmp_path):
+def test_check_accelerator_runs_and_passes_on_cpu(tmp_path, monkeypatch):
   check_accelerator = load_script("check_accelerator")
   out = tmp_path / "check.json"
+  from transformer_jax import losses
+  weighed, loss_sums = [], losses.loss_sums
+
+  def recorded(logits, targets, weights, *args):
+    weighed.append((np.asarray(targets), np.asarray(weights)))  # the batch's, not traced
+    return loss_sums(logits, targets, weights, *args)
+
+  monkeypatch.setattr(losses, "loss_sums", recorded)
   code = check_accelerator.main(["--size", "tiny", "--length", "16", "--batch", "2",
                                  "--model_rows", "2", "--vocab", "64", "--json", str(out)])
   result = json.loads(out.read_text())
@@ -456,6 +464,9 @@ def test_check_accelerator_runs_and_passes_on_cpu(tmp_path):
   assert [r["check"] for r in model] == ["model tiny: bfloat16, XLA attention",
                                          "model tiny: bfloat16, cuDNN attention",
                                          "model tiny (padded): bf16, cuDNN, lengths"]
+  # The model's loss counts the real target tokens, every one of them (padding is id 0).
+  assert len(weighed) == 5 and all(np.array_equal(w, t != 0) for t, w in weighed)
+  assert all(0 < w.sum() < w.size for _, w in weighed)
   for r in model:  # bfloat16 against float32: close, never equal
     assert r["loss_rel_diff"] == abs(r["loss"] - r["reference_loss"]) / abs(r["reference_loss"])
     assert 0 < r["loss_rel_diff"] < 0.01 and 0 < r["logits_err"] and 0 < r["grad_err"], r

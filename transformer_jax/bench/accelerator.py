@@ -118,7 +118,7 @@ def dead_rows_zero(out, mask) -> bool:
   zeros, as padding's must."""
   if mask is None:
     return True
-  dead = np.broadcast_to(~np.asarray(jnp.any(mask, axis=-1))[:, 0], out.shape[:2])
+  dead = np.broadcast_to(~np.asarray(jnp.any(mask, axis=(1, -1))), out.shape[:2])  # no key
   return bool(np.all(np.asarray(out, np.float32)[dead] == 0))
 
 
