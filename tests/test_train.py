@@ -891,6 +891,28 @@ def test_saves_keep_the_newest_and_every_keep_period_th_step(tmp_path):
   assert checkpointing.checkpoint_steps(ckpt.directory) == [2, 4, 6, 7]
 
 
+def test_the_size_of_a_checkpoint_is_the_newest_ones(tmp_path):
+  # What the free-space warning multiplies by keep_checkpoints + 1.
+  ckpt = checkpointing.Checkpointer(str(tmp_path), max_to_keep=5, async_save=False)
+  rng = np.random.default_rng(0)
+  for step, size in ((1, 10), (2, 50_000), (3, 200)):
+    ckpt.save(step, {"w": rng.standard_normal(size).astype(np.float32)}, force=True)
+  sizes = {s: checkpointing.directory_bytes(os.path.join(ckpt.directory, str(s)))
+           for s in (1, 2, 3)}
+  assert ckpt.checkpoint_bytes() == sizes[3] and sizes[2] > sizes[3] > sizes[1]
+  ckpt.close()
+
+
+def test_a_checkpoint_without_params_is_named_as_not_this_codebases(tmp_path):
+  ckpt = checkpointing.Checkpointer(str(tmp_path), max_to_keep=2, async_save=False)
+  ckpt.save(3, {"w": np.ones(2, np.float32)}, force=True)  # a state with no `params`
+  ckpt.close()
+  with pytest.raises(checkpointing.CheckpointError,
+                     match=r"3/state holds no `params` \(keys: \['w'\]\); it is not a "
+                           "checkpoint of this codebase"):
+    checkpointing.load_params(str(tmp_path))
+
+
 def test_a_lower_keep_checkpoints_deletes_the_oldest_before_the_first_save(tmp_path):
   # Orbax deletes the steps beyond max_to_keep only after a save completes: on a full disk the
   # save never completes, so lowering keep_checkpoints changed nothing.
