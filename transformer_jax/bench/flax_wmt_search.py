@@ -54,6 +54,12 @@ def _flat(x):
   return x.reshape((-1,) + x.shape[2:]) if x.ndim else x
 
 
+def _encode(params, inputs):
+  """The example's `encode`: the encoder once per batch (decode mode plays no part in it)."""
+  return flax_wmt.Model(train=False).apply({"params": params}, inputs,
+                                           method=flax_wmt.Model.encode)
+
+
 def _step_fn(params, encoded, inputs):
   """The example's `tokens_ids_to_logits`: ids [rows, 1], cache -> logits [rows, vocab], cache."""
   model = flax_wmt.Model(train=False, decode=True)
@@ -79,8 +85,7 @@ def beam_search(params, inputs, cache, *, beam: int, decode_len: int, alpha: flo
   with the leading start token 0, scores [batch, beam]), best last."""
   batch = inputs.shape[0]
   length = decode_len + 1  # the example's sequences hold the start token too
-  model = flax_wmt.Model(train=False, decode=True)
-  encoded = _expand(model.apply({"params": params}, inputs, method=flax_wmt.Model.encode), beam)
+  encoded = _expand(_encode(params, inputs), beam)
   step_fn = _step_fn(params, encoded, _expand(inputs, beam))
   state = dict(
       i=jnp.array(0), cache=jax.tree.map(lambda x: _beams(_expand(x, beam), batch), cache),
@@ -135,9 +140,7 @@ def beam_search(params, inputs, cache, *, beam: int, decode_len: int, alpha: flo
 def greedy(params, inputs, cache, *, decode_len: int, eos_id: int = NO_EOS):
   """Argmax decoding on the example's model and cache: tokens [batch, decode_len] (0 after EOS)."""
   batch = inputs.shape[0]
-  model = flax_wmt.Model(train=False, decode=True)
-  step_fn = _step_fn(params, model.apply({"params": params}, inputs,
-                                         method=flax_wmt.Model.encode), inputs)
+  step_fn = _step_fn(params, _encode(params, inputs), inputs)
 
   def cond(s):
     return (s[0] < decode_len) & ~jnp.all(s[4])
@@ -160,10 +163,17 @@ def init_params(rows: int, source_len: int, decode_len: int, seed: int = 0):
       jnp.ones((rows, decode_len), jnp.int32))["params"]
 
 
-def run(beams=(1, 4), rows: int = 16, source_len: int = 64, decode_len: int = 64,
-        calls: int = 5) -> dict:
+def search_fn(beam: int, decode_len: int):
+  """The timed search, jitted: `(params, inputs, cache) ->` greedy's tokens (beam 1) or beam
+  search's sequences, what `predict_step` returns: all of the search's work is needed for it."""
+  if beam == 1:
+    return jax.jit(lambda p, x, c: greedy(p, x, c, decode_len=decode_len))
+  return jax.jit(lambda p, x, c: beam_search(p, x, c, beam=beam, decode_len=decode_len)[0])
+
+
+def run(beams, *, rows: int, source_len: int, decode_len: int, calls: int) -> dict:
   """Median batch time and sentences/s of each search (beam 1: `greedy`), like
-  `scripts/benchmark.py --what decode` with random parameters."""
+  `scripts/benchmark.py --what decode` with random parameters (the sizes: the script's flags)."""
   if calls < 1:
     raise ValueError(f"calls={calls}: must be >= 1")
   params = init_params(rows, source_len, decode_len)
@@ -173,11 +183,7 @@ def run(beams=(1, 4), rows: int = 16, source_len: int = 64, decode_len: int = 64
   out = {"model": "flax examples/wmt search (condensed)", "rows": rows, "source_len": source_len,
          "decode_len": decode_len, "jax_version": jax.__version__}
   for beam in beams:
-    if beam == 1:
-      search = jax.jit(lambda p, x, c: greedy(p, x, c, decode_len=decode_len))
-    else:
-      search = jax.jit(lambda p, x, c, b=beam: beam_search(p, x, c, beam=b,
-                                                           decode_len=decode_len)[0])
+    search = search_fn(beam, decode_len)
     start = time.perf_counter()
     jax.block_until_ready(search(params, inputs, cache))
     first = time.perf_counter() - start
