@@ -163,6 +163,23 @@ def test_dropout_only_in_training(tiny):
   assert not np.allclose(logits(True, 0), logits(False, 0))
 
 
+def test_attention_dropout_is_drawn_per_row(tiny, monkeypatch):
+  """The example's attention dropout (`broadcast_dropout=False`): two identical rows get
+  different masks (the other dropout off here, so that only attention's shows)."""
+  params, inputs, _ = tiny
+  monkeypatch.setattr(flax_wmt, "DROP", 0.0)
+  targets = jnp.asarray(np.random.default_rng(2).integers(1, 37, (1, DECODE_LEN)), jnp.int32)
+  pair = flax_wmt.Model(train=True).apply(
+      {"params": params}, jnp.repeat(inputs[:1], 2, axis=0), jnp.repeat(targets, 2, axis=0),
+      rngs={"dropout": jax.random.key(0)})
+  assert not np.allclose(pair[0], pair[1])
+  monkeypatch.setattr(flax_wmt, "ADROP", 0.0)
+  pair = flax_wmt.Model(train=True).apply(
+      {"params": params}, jnp.repeat(inputs[:1], 2, axis=0), jnp.repeat(targets, 2, axis=0),
+      rngs={"dropout": jax.random.key(0)})
+  np.testing.assert_array_equal(pair[0], pair[1])  # no dropout left: the rows agree
+
+
 def test_loss_is_the_examples_label_smoothed_cross_entropy(tiny):
   """examples/wmt/train.py's `compute_weighted_cross_entropy` (smoothing 0.1) over the weighted
   tokens: the KL divergence from the smoothed one-hot, so 0 at the smoothed target itself."""
@@ -231,8 +248,14 @@ def test_train_batch_has_no_padding_and_the_step_updates_in_place(tiny):
   opt_state = tx.init(params)
   leaves = jax.tree.leaves((params, opt_state))
   key = jax.random.key(2)
-  new_params, _, loss = flax_wmt.train_step(model, tx)(params, opt_state, key, inputs, targets)
-  assert np.isfinite(float(loss)) and not key.is_deleted()
+  # The loss is over the tokens that are not padding (a padded batch here, unlike `batch`'s):
+  # the loss of the parameters before the update, with the step's dropout.
+  padded = targets.at[1, 5:].set(0).at[0, 0].set(1)  # and id 1, the lowest that counts
+  logits = model.apply({"params": params}, inputs, padded, rngs={"dropout": key})
+  want = float(flax_wmt.loss_fn(logits, padded, (padded > 0).astype(jnp.float32)))
+  assert want != pytest.approx(float(flax_wmt.loss_fn(logits, padded, jnp.ones((2, 8)))), rel=1e-3)
+  new_params, _, loss = flax_wmt.train_step(model, tx)(params, opt_state, key, inputs, padded)
+  assert float(loss) == pytest.approx(want, rel=1e-5) and not key.is_deleted()
   assert all(x.is_deleted() for x in leaves)  # donated, as the example's state
   assert jax.tree.structure(new_params) == jax.tree.structure(params)
 
@@ -263,6 +286,15 @@ def test_cached_greedy_equals_the_uncached_model(tiny):
   # Greedy means: every token is the argmax given the ones before it (cache, positions and the
   # cross-attention padding mask all agree with the plain model).
   np.testing.assert_array_equal(teacher_forced_argmax(params, inputs, tokens), tokens)
+  # And each cached step's logits are the plain model's at that position (positions counted
+  # from 0 in the cache as in the table).
+  step = flax_wmt_search._step_fn(params, flax_wmt_search._encode(params, inputs), inputs)
+  plain = flax_wmt.Model(train=False).apply({"params": params}, inputs, jnp.asarray(tokens))
+  last = jnp.zeros((ROWS, 1), jnp.int32)
+  for i in range(DECODE_LEN):
+    logits, cache = step(last, cache)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(plain[:, i]), rtol=1e-4, atol=1e-4)
+    last = jnp.asarray(tokens[:, i:i + 1])
 
 
 def test_beam_search_best_is_the_best_scoring_of_its_set(tiny):
@@ -317,6 +349,19 @@ def test_greedy_stops_each_row_at_eos(tiny):
   np.testing.assert_array_equal(ended, want)
 
 
+def test_greedy_makes_decode_len_tokens(tiny):
+  """A shorter `decode_len` gives the first tokens of a longer one, and no more steps: a fourth
+  step would overwrite the third token. Random parameters whose tokens change at step 4; the
+  benchmark's EOS is an id no model produces."""
+  params, inputs, cache = tiny
+  params = randomized(params, seed=5)
+  six = np.asarray(flax_wmt_search.greedy(params, inputs, cache, decode_len=6))
+  assert (six[:, 3] != six[:, 2]).any()
+  three = flax_wmt_search.greedy(params, inputs, cache, decode_len=3)
+  np.testing.assert_array_equal(three, six[:, :3])
+  assert flax_wmt_search.NO_EOS < 0
+
+
 def test_beam_search_with_eos_keeps_the_best_finished(tiny):
   """With an EOS the example's search returns, per sentence that finished any hypothesis, its
   finished set (score: log-probability over GNMT's length penalty ((5 + length) / 6) ** alpha,
@@ -345,21 +390,103 @@ def test_beam_search_with_eos_keeps_the_best_finished(tiny):
         assert scores[b, k] == pytest.approx(log_p / ((5 + length) / 6) ** 0.6, abs=1e-4)
 
 
+def reference_beam_search(params, inputs, *, beam, decode_len, eos, alpha=0.6):
+  """google/flax examples/wmt/decode.py's `beam_search`, one sentence at a time in plain Python,
+  each step's log-probabilities from the model without a cache: the 2 * beam best extensions of
+  the live set (ties to the lower index, as `lax.top_k`), the best `beam` of them that did not
+  end live, the best `beam` of the old finished set and those that ended (scored over GNMT's
+  length penalty) finished; until no live hypothesis can beat the worst finished one or the
+  length is reached. Returns sequences (start token 0 first) and scores, best last."""
+  neg, length = flax_wmt_search.NEG_INF, decode_len + 1
+  penalty = lambda n: ((5.0 + n) / 6.0) ** alpha  # noqa: E731
+  top = lambda x, k: np.argsort(-np.asarray(x), kind="stable")[:k]  # noqa: E731
+  model = flax_wmt.Model(train=False)
+  out_seqs, out_scores = [], []
+  for b in range(inputs.shape[0]):
+    live = [([0], 0.0 if k == 0 else neg) for k in range(beam)]
+    finished = [([0] * length, neg, False)] * beam
+    for i in range(length - 1):
+      worst = min(score for _, score, _ in finished)
+      if all(flag for *_, flag in finished) and worst > live[-1][1] / penalty(length):
+        break
+      targets = np.zeros((beam, decode_len), np.int32)
+      for k, (seq, _) in enumerate(live):
+        targets[k, :i] = seq[1:]
+      targets[:, i] = 1  # the step's own position must not look like padding
+      logits = model.apply({"params": params}, jnp.repeat(inputs[b:b + 1], beam, axis=0),
+                           jnp.asarray(targets))
+      log_p = np.asarray(jax.nn.log_softmax(logits[:, i]), np.float64)
+      vocab = log_p.shape[-1]
+      scores = (log_p + np.array([score for _, score in live])[:, None]).reshape(-1)
+      cands = [(live[j // vocab][0] + [j % vocab], scores[j]) for j in top(scores, 2 * beam)]
+      ended = [seq[-1] == eos for seq, _ in cands]
+      alive = [score + neg * e for (_, score), e in zip(cands, ended)]
+      live = [(cands[j][0], alive[j]) for j in top(alive, beam)][::-1]
+      pool = finished + [(seq + [0] * (length - len(seq)),
+                          score / penalty(i + 1) + neg * (not e), e)
+                         for (seq, score), e in zip(cands, ended)]
+      finished = [pool[j] for j in top([score for _, score, _ in pool], beam)][::-1]
+    if any(flag for *_, flag in finished):
+      out_seqs.append([seq for seq, _, _ in finished])
+      out_scores.append([score for _, score, _ in finished])
+    else:
+      out_seqs.append([seq + [0] * (length - len(seq)) for seq, _ in live])
+      out_scores.append([score for _, score in live])
+  return np.array(out_seqs), np.array(out_scores)
+
+
+@pytest.mark.parametrize("eos", [flax_wmt_search.NO_EOS, 3, 5, 18, 20])
+def test_beam_search_is_the_examples(tiny, eos):
+  params, inputs, cache = tiny
+  seqs, scores = flax_wmt_search.beam_search(params, inputs, cache, beam=3,
+                                             decode_len=DECODE_LEN, eos_id=eos)
+  want_seqs, want_scores = reference_beam_search(params, inputs, beam=3, decode_len=DECODE_LEN,
+                                                 eos=eos)
+  np.testing.assert_array_equal(np.asarray(seqs), want_seqs)
+  np.testing.assert_allclose(np.asarray(scores), want_scores, rtol=1e-5, atol=1e-4)
+
+
+def test_beam_search_stops_when_no_live_hypothesis_can_win():
+  """`settled`, by hand: 2 sentences, beam 3, length 5: penalty ((5 + 5) / 6) ** 0.6 = 1.3591,
+  so the best live hypotheses, -1 and -2, can reach -0.7358 and -1.4716 at best."""
+  def settled(live, finished, flags, alpha=0.6):
+    return bool(flax_wmt_search.settled(jnp.asarray(live), jnp.asarray(finished),
+                                        jnp.asarray(flags), alpha=alpha, length=5))
+  flags = np.ones((2, 3), bool)
+  live = np.array([[-9.0, -8.0, -1.0], [-9.0, -5.0, -2.0]])  # best last
+  finished = np.array([[-0.9, -0.7, -0.5], [-1.4, -1.0, -0.1]])
+  assert not settled(live, finished, flags)  # sentence 0's worst, -0.9, is below -0.7358
+  finished[0, 0] = -0.73
+  assert settled(live, finished, flags)  # -0.73 > -0.7358 and -1.4 > -1.4716
+  flags[1, 2] = False  # a slot not filled yet: the finished set is not full
+  assert not settled(live, finished, flags)
+  flags[1, 2] = True
+  finished[0, 0] = -1.0  # without a penalty (alpha 0), a tie is not a win
+  assert not settled(live, finished, flags, alpha=0.0)
+  finished[0, 0] = -0.99
+  assert settled(live, finished, flags, alpha=0.0)
+
+
 def test_search_run_reports_each_search(tiny, monkeypatch):
   """`flax_wmt_search.run`: per beam size the median of the timed calls (a stand-in clock), the
   compiling call apart; greedy for beam 1; 0 calls refused."""
-  ticks = np.arange(16.0) ** 2 * 1.3e-5  # read k and k + 1 are (2k + 1) x 1.3e-5 s apart
+  # Each search: the compiling call, then 3 timed ones (seconds), each call a second apart.
+  spans = {"greedy": [0.01234, 0.00093, 0.00071, 0.00052],
+           "beam 2": [0.2345, 0.00321, 0.00123, 0.00456]}
+  ticks = [t for n, span in enumerate(spans["greedy"] + spans["beam 2"])
+           for t in (float(n), n + span)]
   clock = iter(ticks)
   monkeypatch.setattr(flax_wmt_search, "time",
                       types.SimpleNamespace(perf_counter=lambda: next(clock)))
   out = flax_wmt_search.run((1, 2), rows=2, source_len=5, decode_len=4, calls=3)
   assert (out["rows"], out["source_len"], out["decode_len"]) == (2, 5, 4)
-  # Beam 1 reads the clock at 0..7 (compile 0-1, calls 2-3, 4-5, 6-7), beam 2 at 8..15.
-  spans = ticks[1::2] - ticks[::2]
-  for name, first, median in (("greedy", spans[0], spans[2]), ("beam 2", spans[4], spans[6])):
+  read = np.diff(ticks)[::2]  # the spans as the clock's differences give them
+  for name, first, median in (("greedy", read[0], np.median(read[1:4])),
+                              ("beam 2", read[4], np.median(read[5:8]))):
     assert out[name] == {"batch_time_s": round(median, 4), "first_call_s": round(first, 3),
                          "sentences_per_s": round(2 / median, 2)}
-  assert out["greedy"]["batch_time_s"] == 0.0001 and out["beam 2"]["first_call_s"] == 0.0
+  assert out["greedy"] == {"batch_time_s": 0.0007, "first_call_s": 0.012,
+                           "sentences_per_s": 2816.9}
   with pytest.raises(ValueError, match="calls=0"):
     flax_wmt_search.run((1,), rows=2, source_len=5, decode_len=4, calls=0)
 

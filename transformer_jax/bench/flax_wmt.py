@@ -86,7 +86,7 @@ class EncoderBlock(nn.Module):
 
 class DecoderBlock(nn.Module):
   train: bool
-  decode: bool = False
+  decode: bool
 
   @nn.compact
   def __call__(self, t, encoded, self_mask, cross_mask):

@@ -73,10 +73,20 @@ def _step_fn(params, encoded, inputs):
 
 def init_cache(rows: int, source_len: int, decode_len: int):
   """The example's `initialize_cache`: zeros shaped by a decode-mode init, outside the search."""
-  model = flax_wmt.Model(train=False, decode=True)
-  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.ones((rows, source_len), jnp.int32),
+  init = flax_wmt.Model(train=False, decode=True).init
+  shapes = jax.eval_shape(init, jax.random.key(0), jnp.ones((rows, source_len), jnp.int32),
                           jnp.ones((rows, decode_len), jnp.int32))["cache"]
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def settled(live_log_probs, finished_scores, finished_flags, *, alpha: float, length: int):
+  """The example's early stop: every sentence's finished set is full and its worst score beats
+  the best live hypothesis at the longest length's penalty (which a live one can only lose to:
+  its log-probability only falls). `[batch, beam]` each (best last) -> a boolean."""
+  best_live = live_log_probs[:, -1:] / _penalty(alpha, length)
+  worst_finished = jnp.where(finished_flags,
+                             jnp.min(finished_scores, axis=1, keepdims=True), NEG_INF)
+  return jnp.all(worst_finished > best_live)
 
 
 def beam_search(params, inputs, cache, *, beam: int, decode_len: int, alpha: float = 0.6,
@@ -96,10 +106,8 @@ def beam_search(params, inputs, cache, *, beam: int, decode_len: int, alpha: flo
       finished_flags=jnp.zeros((batch, beam), jnp.bool_))
 
   def cond(s):
-    best_live = s["live_log_probs"][:, -1:] / _penalty(alpha, length)
-    worst_finished = jnp.where(s["finished_flags"],
-                               jnp.min(s["finished_scores"], axis=1, keepdims=True), NEG_INF)
-    return (s["i"] < length - 1) & ~jnp.all(worst_finished > best_live)
+    return (s["i"] < length - 1) & ~settled(s["live_log_probs"], s["finished_scores"],
+                                            s["finished_flags"], alpha=alpha, length=length)
 
   def body(s):
     i = s["i"]
