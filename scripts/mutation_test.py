@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
+import copy
 import functools
 import json
 import os
@@ -42,7 +43,6 @@ import tomllib
 
 from cosmic_ray.ast import get_ast
 from cosmic_ray.commands import init as cr_init
-from cosmic_ray.mutating import MutationVisitor
 from cosmic_ray.plugins import get_operator
 from cosmic_ray.work_db import WorkDB, use_db
 from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
@@ -109,15 +109,45 @@ def mutant_lines(code: str, mutation) -> tuple[str, str]:
 @functools.lru_cache(maxsize=4096)  # classify and the equivalent-mutant check name one twice
 def _mutant_lines(code: str, operator_name: str, occurrence: int, line: int,
                   operator_args: str) -> tuple[str, str]:
-  operator = get_operator(operator_name)(**json.loads(operator_args))
-  # cosmic-ray's mutate_code, but the module parsed once: a pickled tree loads about 7x faster
-  # than parso parses it, and the equivalent-mutant check names hundreds of mutants a module.
-  visitor = MutationVisitor(occurrence, operator)
-  tree = visitor.walk(pickle.loads(_pickled_tree(code)))
-  mutated = tree.get_code() if visitor.mutation_applied else None
+  # cosmic-ray's mutate_code without a walk of the module per mutant: the operator's mutation
+  # points are listed once per module (in cosmic-ray's order, which numbers the occurrences),
+  # and the one node is mutated in a copy and spliced into the source. The same lines as
+  # mutate_code for all 7,300 mutants of the modules with equivalents (2026-11-28), 100x faster.
   before = code.splitlines()[line - 1].strip()
-  after = mutated.splitlines()[line - 1].strip() if mutated is not None else before
-  return before, after
+  operator, points = _mutation_points(code, operator_name, operator_args)
+  if occurrence >= len(points):
+    return before, before
+  node, index = points[occurrence]
+  parent, node.parent = node.parent, None  # a deep copy of the node alone, not of the tree
+  try:
+    twin = copy.deepcopy(node)
+  finally:
+    node.parent = parent
+  twin.parent = parent
+  mutated = operator.mutate(twin, index)
+  starts = [0]
+  for text in code.splitlines(keepends=True):
+    starts.append(starts[-1] + len(text))
+  (row_a, col_a), (row_b, col_b) = node.get_start_pos_of_prefix(), node.end_pos
+  code = (code[:starts[row_a - 1] + col_a]
+          + (mutated.get_code(include_prefix=True) if mutated is not None else "")
+          + code[starts[row_b - 1] + col_b:])
+  return before, code.splitlines()[line - 1].strip()
+
+
+@functools.lru_cache(maxsize=64)
+def _mutation_points(code: str, operator_name: str, operator_args: str):
+  """The operator and every (node, index) it can mutate in `code`, in the order of cosmic-ray's
+  walk (a node before its children), which is the order its occurrences are numbered in."""
+  operator = get_operator(operator_name)(**json.loads(operator_args))
+  points = []
+
+  def walk(node):
+    points.extend((node, index) for index, _ in enumerate(operator.mutation_positions(node)))
+    for child in getattr(node, "children", []):
+      walk(child)
+  walk(pickle.loads(_pickled_tree(code)))
+  return operator, points
 
 
 @functools.lru_cache(maxsize=4)

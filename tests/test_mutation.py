@@ -48,6 +48,30 @@ def test_annotations_and_other_operators_are_not_mutated():
   assert mutation.classify(code, spans, Mutation, config, "m").startswith("operator")
 
 
+def test_mutant_lines_are_cosmic_rays():
+  """`mutant_lines` splices one mutated node into the source instead of mutating the whole
+  module per mutant: every mutant of a module, named as cosmic-ray's own `mutate_code` names it
+  (including the ones that mutate nothing: an occurrence past the last)."""
+  from cosmic_ray.mutating import MutationVisitor
+  import cosmic_ray.plugins
+  config = mutation.load_config()
+  code = open(os.path.join(REPO, config["modules"]["flax_wmt_search"]["path"])).read()
+  lines = code.splitlines()
+  checked = 0
+  for name in cosmic_ray.plugins.operator_names():
+    if not any(re.match(p, name) for p in config["operators"]["include"]):
+      continue
+    operator = cosmic_ray.plugins.get_operator(name)()
+    for occurrence in range(len(mutation._mutation_points(code, name, "{}")[1]) + 1):
+      mutated = MutationVisitor.mutate_code(code, operator, occurrence)
+      mutated_lines = (mutated or code).splitlines()
+      changed = next((i for i, (a, b) in enumerate(zip(lines, mutated_lines)) if a != b), 0)
+      got = mutation._mutant_lines(code, name, occurrence, changed + 1, "{}")
+      assert got == (lines[changed].strip(), mutated_lines[changed].strip()), (name, occurrence)
+      checked += mutated is not None
+  assert checked > 150  # 205 on 2026-11-28
+
+
 def test_every_equivalent_entry_still_names_a_mutant(tmp_path, monkeypatch):
   config = mutation.load_config()
   entries = config.get("equivalent", [])
