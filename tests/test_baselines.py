@@ -2,7 +2,6 @@
 (`transformer_jax/bench/flax_wmt*.py`, `scripts/baseline_flax_wmt.py`) compute what the example
 computes: a comparison with a broken baseline would say nothing. Tiny sizes (the module's
 constants, patched)."""
-import importlib.util
 import json
 from pathlib import Path
 import types
@@ -14,6 +13,7 @@ import pytest
 
 from transformer_jax.bench import flax_wmt, flax_wmt_search
 from transformer_jax.bench import train as bench_train
+from transformer_jax.sweeps import spec
 
 from scripts_under_test import load_script
 
@@ -22,11 +22,9 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ROWS, SOURCE_LEN, DECODE_LEN = 3, 7, 6
 
 
-def load_config(name):
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def reference_config():
+  """configs/cpu_reference.py's config: our side of the speed comparison."""
+  return spec.load_config_module(str(CONFIGS / "cpu_reference.py")).get_config()
 
 
 @pytest.fixture
@@ -134,7 +132,7 @@ def test_position_table_is_the_examples():
 
 def test_optimizer_is_adam_with_the_papers_betas():
   """Two Adam steps by hand (lr 1e-3, b1 0.9, b2 0.98, eps 1e-9, as configs' adam_* fields)."""
-  c = load_config("cpu_reference").get_config()
+  c = reference_config()
   assert (c.adam_b1, c.adam_b2, c.adam_eps) == (0.9, 0.98, 1e-9)
   tx = flax_wmt.optimizer()
   params = jnp.zeros(3)
@@ -228,7 +226,7 @@ def test_run_trains_and_reports_the_median_step(tiny, monkeypatch):
 def test_sizes_are_the_cpu_reference_setting():
   """The baseline measures the shapes our side of the comparison does (configs/cpu_reference.py):
   vocabulary, d_model, heads, d_ff, layers, rows, tokens per row."""
-  c = load_config("cpu_reference").get_config()
+  c = reference_config()
   m = c.model
   assert m.num_encoder_layers == m.num_decoder_layers
   assert (flax_wmt.V, flax_wmt.D, flax_wmt.H, flax_wmt.F, flax_wmt.N, flax_wmt.B, flax_wmt.L) == (
