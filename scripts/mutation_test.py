@@ -31,7 +31,6 @@ import functools
 import json
 import os
 from pathlib import Path
-import pickle
 import random
 import re
 import shlex
@@ -146,13 +145,15 @@ def _mutation_points(code: str, operator_name: str, operator_args: str):
     points.extend((node, index) for index, _ in enumerate(operator.mutation_positions(node)))
     for child in getattr(node, "children", []):
       walk(child)
-  walk(pickle.loads(_pickled_tree(code)))
+  walk(_tree(code))
   return operator, points
 
 
 @functools.lru_cache(maxsize=4)
-def _pickled_tree(code: str) -> bytes:
-  return pickle.dumps(get_ast(code))
+def _tree(code: str):
+  """The module's parse tree, shared by every operator's walk: `_mutant_lines` mutates a copy
+  of one node, never the tree."""
+  return get_ast(code)
 
 
 def classify(code: str, spans, mutation, config: dict, module: str) -> str | None:
