@@ -1,5 +1,6 @@
 """Test setup: 8 fake CPU devices and quick compiles (tests/xla_env.py), set before jax is imported
-anywhere, and one XLA cache."""
+anywhere, one XLA cache, and the files handed to xdist's workers longest first
+(tests/file_order.py)."""
 import atexit
 import os
 import shutil
@@ -17,3 +18,18 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="tj-xla-cache-")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+
+
+def pytest_configure(config):
+  # xdist would order the files by their number of tests; pytest_collection_modifyitems below
+  # orders them by time instead (tests/file_order.py says why).
+  if hasattr(config.option, "loadscopereorder"):
+    config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+  import file_order  # tests/ is on sys.path
+  position = {nodeid: i for i, nodeid in
+              enumerate(file_order.longest_first([item.nodeid for item in items],
+                                                 file_order.load()))}
+  items.sort(key=lambda item: position[item.nodeid])
