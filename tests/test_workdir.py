@@ -968,6 +968,29 @@ def test_early_stopping_ends_the_run_resumes_to_the_same_step_and_trains_on_with
   assert "| not by step 6 | 12 (6) |" in capsys.readouterr().out
 
 
+def test_a_run_that_ends_with_its_patience_used_up_is_finished_not_stopped_early(
+    tmp_path, data_dir, capsys):
+  """The final evaluation stops nothing (nothing is left to train), even when it uses up the
+  patience: the run ends as finished, and the same command again says so and writes nothing,
+  rather than taking the finished run for one stopped early at its last step."""
+  run = str(tmp_path / "run")
+  # As in the test above: every evaluation ties step 1's, so the final one (step 2) is the
+  # first without a new best, which a patience of 1 cannot bear.
+  still = dict(schedule="constant", learning_rate=1e-30, warmup_steps=0, eval_every_steps=1,
+               num_train_steps=2, keep_best="eval_loss", early_stopping_patience=1)
+  last = loop.train_and_evaluate(config(data_dir, **still), run)
+  assert last["step"] == 2 and "stopped_early" not in last
+  path = os.path.join(run, "metrics.jsonl")
+  before = open(path).read()
+  assert len([r for r in metrics.read_metrics(run) if "eval_loss" in r]) == 2
+  capsys.readouterr()
+  last = loop.train_and_evaluate(config(data_dir, **still), run)
+  out = "".join(capsys.readouterr())
+  assert "step 2: the run is finished (num_train_steps=2); nothing to do" in out, out
+  assert "stopped early" not in out and "stopped_early" not in last and last["step"] == 2
+  assert early_stopping.stopped_at(run) is None and open(path).read() == before
+
+
 def test_an_error_closing_the_checkpointer_is_raised_unless_another_is_on_its_way_out(
     tmp_path, data_dir, monkeypatch):
   """Closing waits for the last asynchronous save: its error must reach the command (a run
