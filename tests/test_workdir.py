@@ -1603,6 +1603,53 @@ def test_the_quieted_noise_is_only_the_closed_event_loop(monkeypatch):
     sys.excepthook(type(exc), exc, None)
     sys.unraisablehook(types.SimpleNamespace(exc_type=type(exc), exc_value=exc))
   assert seen == [("except", "a real one"), ("unraisable", "a real one")]
+  # Once per process: every failed save calls it, and must not wrap the hooks again.
+  hooks = sys.excepthook, sys.unraisablehook
+  checkpointing._quiet_closed_loop()
+  assert (sys.excepthook, sys.unraisablehook) == hooks
+
+
+def test_a_step_saved_again_by_several_processes_waits_for_the_old_one_set_aside(
+    tmp_path, monkeypatch):
+  """save_params over a saved step: process 0 sets the old one aside, and with several
+  processes all wait for that before any writes (a barrier one process does without); a save
+  that fails there puts the old step back."""
+  d = str(tmp_path / "best")
+  checkpointing.save_params(d, 3, {"w": np.zeros(2, np.float32)}, {"n": 0})
+  calls = []
+
+  class Stop(Exception):
+    pass
+
+  def barrier(name):
+    calls.append(name)
+    raise Stop
+  monkeypatch.setattr(checkpointing.multihost_utils, "sync_global_devices", barrier)
+  checkpointing.save_params(d, 3, {"w": np.ones(2, np.float32)}, {"n": 1})  # one process
+  assert not calls and checkpointing.load_params(d)[1]["w"].tolist() == [1.0, 1.0]
+  monkeypatch.setattr(checkpointing.jax, "process_count", lambda: 2)
+  with pytest.raises(Stop):
+    checkpointing.save_params(d, 3, {"w": np.full(2, 2.0, np.float32)}, {"n": 2})
+  assert calls == ["transformer_jax: an old save of the step set aside"]
+  monkeypatch.undo()
+  assert sorted(os.listdir(d)) == ["3"] and checkpointing.load_meta(d, 3) == {"n": 1}
+
+
+def test_a_step_directory_is_a_numbered_one_with_a_state(tmp_path):
+  """What the tools may be given: a workdir, its checkpoints, or one step's directory (a
+  number holding `state`); a numbered directory without a state, or a state in a directory
+  that is not numbered, is a manager directory like any other."""
+  run = tmp_path / "run"
+  (run / "checkpoints" / "12" / "state").mkdir(parents=True)
+  (tmp_path / "7").mkdir()                      # a workdir named by a number
+  (tmp_path / "other" / "state").mkdir(parents=True)
+  checkpoints = str(run / "checkpoints")
+  assert checkpointing.manager_directory(str(run)) == (checkpoints, None)
+  assert checkpointing.manager_directory(checkpoints) == (checkpoints, None)
+  assert checkpointing.manager_directory(str(run / "checkpoints" / "12")) == (checkpoints, 12)
+  assert checkpointing.manager_directory(str(tmp_path / "7")) == (str(tmp_path / "7"), None)
+  assert checkpointing.manager_directory(str(tmp_path / "other")) == (
+      str(tmp_path / "other"), None)
 
 
 def test_the_sizes_in_disk_messages(tmp_path):

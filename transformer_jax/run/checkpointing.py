@@ -499,13 +499,14 @@ def save_params(directory: str, step: int, params, meta: dict, keep_only: bool =
   here = os.path.join(directory, str(step))
   aside = f"{here}.replaced"
   main = jax.process_index() == 0
-  if step in checkpoint_steps(directory):
-    if main:
-      os.replace(here, aside)
-    if jax.process_count() > 1:
-      multihost_utils.sync_global_devices("transformer_jax: an old save of the step set aside")
+  resaved = step in checkpoint_steps(directory)
+  if resaved and main:
+    os.replace(here, aside)
   options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
   try:
+    # Inside the try: a barrier that fails (another process gone) puts the old step back too.
+    if resaved and jax.process_count() > 1:
+      multihost_utils.sync_global_devices("transformer_jax: an old save of the step set aside")
     with ocp.CheckpointManager(directory, options=options) as manager:
       manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params}),
                                                  meta=ocp.args.JsonSave(meta)), force=True)
