@@ -29,7 +29,5 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
   import file_order  # tests/ is on sys.path
-  position = {nodeid: i for i, nodeid in
-              enumerate(file_order.longest_first([item.nodeid for item in items],
-                                                 file_order.load()))}
-  items.sort(key=lambda item: position[item.nodeid])
+  seconds = file_order.load()
+  items.sort(key=lambda item: file_order.key(item.nodeid, seconds))  # stable, as longest_first

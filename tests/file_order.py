@@ -32,13 +32,17 @@ def file_seconds(durations_log: str) -> dict[str, float]:
   return seconds
 
 
+def key(nodeid: str, seconds: dict[str, float]) -> tuple[float, str]:
+  """A test's place: its file's seconds, longest first (a file not in `seconds` last), then the
+  file's name, which keeps files of equal seconds apart."""
+  name = nodeid.split("::")[0].rsplit("/", 1)[-1]
+  return -seconds.get(name, 0.0), name
+
+
 def longest_first(nodeids: list[str], seconds: dict[str, float]) -> list[str]:
-  """`nodeids` with their files longest first (a file not in `seconds` last); each file's tests
-  stay together and in their own order."""
-  def key(nodeid: str):
-    name = nodeid.split("::")[0].rsplit("/", 1)[-1]
-    return -seconds.get(name, 0.0), name  # the name keeps files of equal seconds apart
-  return sorted(nodeids, key=key)  # stable: a file's tests keep their order
+  """`nodeids` with their files longest first; each file's tests stay together and in their
+  own order (the sort is stable)."""
+  return sorted(nodeids, key=lambda nodeid: key(nodeid, seconds))
 
 
 def load() -> dict[str, float]:
