@@ -1630,7 +1630,7 @@ def test_a_step_saved_again_by_several_processes_waits_for_the_old_one_set_aside
   monkeypatch.setattr(checkpointing.jax, "process_count", lambda: 2)
   with pytest.raises(Stop):
     checkpointing.save_params(d, 3, {"w": np.full(2, 2.0, np.float32)}, {"n": 2})
-  assert calls == ["transformer_jax: an old save of the step set aside"]
+  assert calls == ["transformer_jax: the step's directory made ready"]
   monkeypatch.undo()
   assert sorted(os.listdir(d)) == ["3"] and checkpointing.load_meta(d, 3) == {"n": 1}
 
@@ -1764,6 +1764,58 @@ def test_saving_parameters_again_survives_a_set_aside_copy_that_will_not_go(tmp_
   checkpointing.save_params(directory, 5, {"w": np.full(2, 2.0, np.float32)}, {"n": 2})
   step, params = checkpointing.load_params(directory)
   assert step == 5 and np.array_equal(params["w"], [2.0, 2.0])
+  assert sorted(os.listdir(directory)) == ["5", "5.replaced"]
+  # The next save, with a removal that works, deletes what the last one left.
+  monkeypatch.undo()
+  checkpointing.save_params(directory, 6, {"w": np.full(2, 3.0, np.float32)}, {"n": 3})
+  assert sorted(os.listdir(directory)) == ["5", "6"]
+  assert checkpointing.load_params(directory, 5)[1]["w"].tolist() == [2.0, 2.0]
+
+
+def test_a_save_of_parameters_killed_part_way_is_put_right_by_the_next_one(tmp_path, caplog):
+  """`kill -9` during save_params over a saved step leaves the old save as `<step>.replaced`
+  and perhaps Orbax's temporary directory: readers say so (and how to put it back) instead of
+  reading an older step or none, and the next save puts it back before its own."""
+  d = str(tmp_path / "averaged")
+  w = lambda v: {"w": np.full(2, v, np.float32)}  # noqa: E731
+  checkpointing.save_params(d, 3, w(3.0), {"n": 3})
+  checkpointing.save_params(d, 5, w(5.0), {"n": 5})
+  os.replace(os.path.join(d, "5"), os.path.join(d, "5.replaced"))  # what the kill left
+  os.makedirs(os.path.join(d, "5.orbax-checkpoint-tmp-1717"))
+  for step in (None, 5):  # the newest, or step 5 itself
+    with pytest.raises(checkpointing.CheckpointError) as error:
+      checkpointing.load_params(d, step)
+    assert "5.replaced is step 5's earlier save" in str(error.value)
+    assert f"mv {d}/5.replaced {d}/5" in str(error.value)
+    with pytest.raises(checkpointing.RunError, match="5.replaced is step 5's earlier save"):
+      checkpointing.resolve_checkpoint(str(tmp_path), checkpoint=d, step=step)
+  # An older step is read as it is; reading changes nothing in the directory.
+  assert checkpointing.load_params(d, 3)[1]["w"].tolist() == [3.0, 3.0]
+  assert checkpointing.resolve_checkpoint(str(tmp_path), checkpoint=d, step=3) == (d, 3)
+  assert sorted(os.listdir(d)) == ["3", "5.orbax-checkpoint-tmp-1717", "5.replaced"]
+  # Another process leaves it to process 0.
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(checkpointing.jax, "process_index", lambda: 1)
+    assert checkpointing.put_back_set_aside(d) == []
+  # The next save (of another step) puts step 5 back first, and says so.
+  with caplog.at_level(logging.WARNING, logger=checkpointing.__name__):
+    checkpointing.save_params(d, 4, w(4.0), {"n": 4})
+  assert sorted(os.listdir(d)) == ["3", "4", "5"]
+  step, params = checkpointing.load_params(d)
+  assert step == 5 and params["w"].tolist() == [5.0, 5.0]
+  assert f"put {d}/5.replaced back as {d}/5" in caplog.text
+  # Killed after the new save finished, before the old one was deleted: the old one goes.
+  os.makedirs(os.path.join(d, "4.replaced", "state"))
+  assert checkpointing.put_back_set_aside(d) == [
+      f"deleted {d}/4.replaced: the save that replaced it had finished"]
+  assert sorted(os.listdir(d)) == ["3", "4", "5"]
+  # A `<step>` directory that is not a checkpoint is nobody's to delete: both stay.
+  os.replace(os.path.join(d, "5"), os.path.join(d, "5.replaced"))
+  os.makedirs(os.path.join(d, "5", "notes"))
+  assert checkpointing.put_back_set_aside(d) == []
+  assert sorted(os.listdir(d)) == ["3", "4", "5", "5.replaced"]
+  with pytest.raises(checkpointing.CheckpointError, match="5.replaced is step 5's"):
+    checkpointing.load_params(d)
 
 
 def test_a_failed_save_of_parameters_keeps_the_old_one_and_raises_its_own_error(tmp_path,

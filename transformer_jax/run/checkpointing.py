@@ -400,6 +400,8 @@ def load_params(path: str, step: int | None = None):
   if not os.path.isdir(path):
     raise CheckpointError(f"no checkpoint directory at {path}: pass a workdir of a training run "
                           "or its checkpoints/<step> directory")
+  if why := unfinished_set_aside(path, step):
+    raise CheckpointError(why)
   with read_only_manager(path, item_handlers={"state": ocp.PyTreeCheckpointHandler()}) as mgr:
     steps = sorted(mgr.all_steps())
     if not steps:
@@ -462,6 +464,8 @@ def resolve_checkpoint(workdir: str, checkpoint: str | None = None, step: int | 
     if step is not None and step != step_dir:
       raise RunError(f"--step {step} contradicts the step directory {path}/{step_dir}")
     return path, step_dir
+  if why := unfinished_set_aside(path, step):
+    raise RunError(why)
   steps = checkpoint_steps(path)
   if not steps:
     where = path if checkpoint else checkpoint_dir(workdir)
@@ -487,26 +491,87 @@ def remove_partial_steps(directory: str) -> bool:
   return bool(partial)
 
 
+_ASIDE = ".replaced"  # save_params' suffix for a step's earlier save until the new one is complete
+
+
+def set_aside_steps(directory: str) -> dict[int, str]:
+  """The earlier saves that `save_params` set aside (`<step>.replaced`), by step."""
+  if not os.path.isdir(directory):
+    return {}
+  return {int(n[:-len(_ASIDE)]): os.path.join(directory, n) for n in os.listdir(directory)
+          if n.endswith(_ASIDE) and n[:-len(_ASIDE)].isdigit()}
+
+
+def put_back_set_aside(directory: str) -> list[str]:
+  """On process 0, what a `save_params` killed part-way (`kill -9`, a lost node) left: a step's
+  earlier save that was set aside goes back where the new save never finished, and is deleted
+  where it did (killed between finishing and deleting). Returns what was done, a line each.
+
+  A `<step>` directory that is neither finished nor Orbax's temporary one is nobody's to
+  delete: the copy set aside stays beside it, with a warning.
+  """
+  done = []
+  if jax.process_index() != 0:
+    return done
+  finished = set(checkpoint_steps(directory))
+  for step, aside in sorted(set_aside_steps(directory).items()):
+    here = os.path.join(directory, str(step))
+    if step in finished:
+      shutil.rmtree(aside, ignore_errors=True)
+      done.append(f"deleted {aside}: the save that replaced it had finished")
+      continue
+    for name in os.listdir(directory):
+      if name.startswith(f"{step}{_TMP_DIR}"):
+        shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+    if os.path.exists(here):
+      log.warning("%s is not a finished checkpoint; %s, the step's earlier save, is left beside "
+                  "it: move one of them away by hand", here, aside)
+      continue
+    os.replace(aside, here)
+    done.append(f"put {aside} back as {here}: the save that was to replace it never finished")
+  for line in done:
+    log.warning("%s", line)
+  return done
+
+
+def unfinished_set_aside(directory: str, step: int | None) -> str | None:
+  """Why reading `step` (None: the newest) of `directory` would miss a save set aside by an
+  interrupted `save_params`, as an error's text; None when it would not. Readers leave the
+  directory as it is (a save may be under way): the next save puts the copy back."""
+  finished = checkpoint_steps(directory)
+  for s, aside in sorted(set_aside_steps(directory).items(), reverse=True):
+    if s not in finished and (s == step or (step is None and s > max(finished, default=-1))):
+      return (f"{aside} is step {s}'s earlier save, set aside by a save of step {s} that never "
+              f"finished (the process was killed): save into {directory} again (for example "
+              "scripts/average_checkpoints.py), which puts it back first, or put it back by "
+              f"hand: rm -rf {shlex.quote(os.path.join(directory, str(s)))}{_TMP_DIR}*; "
+              f"mv {shlex.quote(aside)} {shlex.quote(os.path.join(directory, str(s)))}")
+  return None
+
+
 def save_params(directory: str, step: int, params, meta: dict, keep_only: bool = False) -> None:
   """Parameters alone (`state` = {"params": ...}, the layout `load_params` reads) and a JSON
   `meta` item as `<directory>/<step>` (synchronous; every process writes its shards).
 
   An earlier save of that step is set aside (`<step>.replaced`) until the new one is complete,
-  and put back if the save fails: a failed save never loses the old one. `keep_only`: the
+  and put back if the save fails: a failed save never loses the old one, and what a save killed
+  part-way left is put right by the next one (`put_back_set_aside`). `keep_only`: the
   directory's other steps are deleted once the new one is complete (by hand: Orbax's
   max_to_keep would keep the highest step, and the new one may be lower).
   """
   here = os.path.join(directory, str(step))
-  aside = f"{here}.replaced"
+  aside = f"{here}{_ASIDE}"
   main = jax.process_index() == 0
-  resaved = step in checkpoint_steps(directory)
-  if resaved and main:
-    os.replace(here, aside)
+  if main:
+    put_back_set_aside(directory)
+    if step in checkpoint_steps(directory):
+      os.replace(here, aside)
   options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
   try:
-    # Inside the try: a barrier that fails (another process gone) puts the old step back too.
-    if resaved and jax.process_count() > 1:
-      multihost_utils.sync_global_devices("transformer_jax: an old save of the step set aside")
+    # Every process waits for process 0's renames before any writes. Inside the try: a barrier
+    # that fails (another process gone) puts the old step back too.
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("transformer_jax: the step's directory made ready")
     with ocp.CheckpointManager(directory, options=options) as manager:
       manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params}),
                                                  meta=ocp.args.JsonSave(meta)), force=True)
