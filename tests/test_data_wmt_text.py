@@ -244,6 +244,27 @@ def test_pairs_left_out_are_counted_when_the_corpus_is_built(tmp_path, capsys):
   assert "kept as pairs" not in capsys.readouterr().err
 
 
+def test_a_corpus_built_by_another_process_while_this_one_waited_is_read(tmp_path, monkeypatch):
+  """Two processes on one data_dir (a sweep's points on a scheduler, a run's hosts): the second
+  makes its builder before the first has built the corpus, waits for the lock, and reads the
+  first one's files (its builder's info had no splits then: a KeyError from TFDS once)."""
+  from transformer_jax.data import builders, datasets
+  (tmp_path / "c.tsv").write_text("".join(f"s{i}\tt{i}\n" for i in range(60)))
+  c = default_data_config()
+  c.dataset, c.data_dir, c.tsv_path = "text", str(tmp_path / "tfds"), str(tmp_path / "c.tsv")
+  real, made = builders.prepare, []
+
+  def other_process_first(builder):
+    made.append(builder)
+    real(datasets.make_builder(c))  # the other process, holding the lock first
+    real(builder)
+
+  monkeypatch.setattr(builders, "prepare", other_process_first)
+  sources = datasets.load_sources(c)
+  assert not made[0].info.splits  # the builder made before the other process's files
+  assert sum(len(s) for s in sources.values()) == 60
+
+
 def test_builder_details_found_by_mutation_testing(tmp_path, capsys, monkeypatch):
   import logging
 

@@ -41,6 +41,11 @@ def load_sources(data_config) -> dict:
   """
   builder = make_builder(data_config)
   builders.prepare(builder)
+  if not builder.info.splits:
+    # Made before another process (a sweep's other point, a run's other host) finished building
+    # the dataset while this one waited for the lock: TFDS read its info then, with no splits,
+    # and `download_and_prepare` only says it reuses the files. A builder made now reads them.
+    builder = make_builder(data_config)
   return {split: builder.as_data_source(split=split) for split in SPLITS}
 
 
