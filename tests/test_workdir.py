@@ -1818,6 +1818,41 @@ def test_a_save_of_parameters_killed_part_way_is_put_right_by_the_next_one(tmp_p
     checkpointing.load_params(d)
 
 
+def test_every_save_set_aside_is_put_right_and_nothing_else_touched(tmp_path, monkeypatch):
+  """put_back_set_aside over several leftovers at once (a finished step's and unfinished ones,
+  one beside a `<step>` that is not a checkpoint), with removals that fail (a file held open on
+  a network disk): each is dealt with, nothing but `<digits>.replaced` is taken for one (a
+  damaged step's directory is not), and a removal that fails is said, never raised."""
+  d = tmp_path / "best"
+  for name in ("2/state", "2.replaced/state", "4/notes", "4.replaced/state", "6.replaced/state",
+               "6.orbax-checkpoint-tmp-3/state", "9.replaced/state", "7.damaged/state",
+               "x.replaced/state"):
+    (d / name).mkdir(parents=True)
+  d = str(d)
+  assert sorted(checkpointing.set_aside_steps(d)) == [2, 4, 6, 9]
+  # Readers: the newest unfinished one newer than every finished step, or the one asked for.
+  assert "9.replaced is step 9's" in checkpointing.unfinished_set_aside(d, None)
+  assert "6.replaced is step 6's" in checkpointing.unfinished_set_aside(d, 6)
+  assert checkpointing.unfinished_set_aside(d, 2) is None
+  assert checkpointing.unfinished_set_aside(d, 5) is None
+  (tmp_path / "first" / "0.replaced" / "state").mkdir(parents=True)  # step 0, nothing finished
+  assert "0.replaced is step 0's" in checkpointing.unfinished_set_aside(
+      str(tmp_path / "first"), None)
+
+  def stubborn(path, ignore_errors=False, **kwargs):
+    if not ignore_errors:
+      raise OSError(16, "Device or resource busy", path)
+
+  monkeypatch.setattr(checkpointing.shutil, "rmtree", stubborn)
+  assert checkpointing.put_back_set_aside(d) == [
+      f"could not delete {d}/2.replaced (the save that replaced it had finished): delete it by "
+      "hand",
+      f"put {d}/6.replaced back as {d}/6: the save that was to replace it never finished",
+      f"put {d}/9.replaced back as {d}/9: the save that was to replace it never finished"]
+  assert sorted(os.listdir(d)) == ["2", "2.replaced", "4", "4.replaced", "6",
+                                   "6.orbax-checkpoint-tmp-3", "7.damaged", "9", "x.replaced"]
+
+
 def test_a_failed_save_of_parameters_keeps_the_old_one_and_raises_its_own_error(tmp_path,
                                                                                  monkeypatch):
   directory = str(tmp_path / "averaged")

@@ -518,7 +518,9 @@ def put_back_set_aside(directory: str) -> list[str]:
     here = os.path.join(directory, str(step))
     if step in finished:
       shutil.rmtree(aside, ignore_errors=True)
-      done.append(f"deleted {aside}: the save that replaced it had finished")
+      done.append(f"could not delete {aside} (the save that replaced it had finished): delete "
+                  "it by hand" if os.path.exists(aside) else
+                  f"deleted {aside}: the save that replaced it had finished")
       continue
     for name in os.listdir(directory):
       if name.startswith(f"{step}{_TMP_DIR}"):
