@@ -1034,11 +1034,28 @@ def test_checkpointer_details_found_by_mutation_testing(tmp_path, monkeypatch):
   with pytest.raises(checkpointing.StorageError) as e:
     ckpt._storage_failure(OSError(28, "No space left on device"), 3)
   assert "failed: No space left on device ([Errno 28] No space left on device...)" in str(e.value)
+  # The error's first line is quoted (the rest is TensorStore's context), and the last good
+  # checkpoint is the newest of those on disk.
+  for step in (2, 3):
+    os.makedirs(os.path.join(ckpt.directory, str(step), "state"))
+  with pytest.raises(checkpointing.StorageError) as e:
+    ckpt._storage_failure(OSError(28, "No space left on device\nwhile writing params.w"), 4)
+  assert "([Errno 28] No space left on device...)" in str(e.value)
+  assert "while writing" not in str(e.value) and "last good checkpoint is step 3" in str(e.value)
+  for step in (2, 3):
+    shutil.rmtree(os.path.join(ckpt.directory, str(step)))
   # One process never waits for the others when it sets damaged steps aside.
   def no_sync(*args):
     raise AssertionError("sync_global_devices in a single process")
   monkeypatch.setattr(checkpointing.multihost_utils, "sync_global_devices", no_sync)
   ckpt._set_aside([])
+  # Two processes wait for each other there (process 0 renames, the others then reload).
+  synced = []
+  with monkeypatch.context() as m:
+    m.setattr(checkpointing.multihost_utils, "sync_global_devices", synced.append)
+    m.setattr(checkpointing.jax, "process_count", lambda: 2)
+    ckpt._set_aside([])
+  assert synced == ["transformer_jax: damaged checkpoints set aside"]
   # After a failed save the clean-up of partial steps stops once none reappears.
   calls = []
   monkeypatch.setattr(checkpointing, "remove_partial_steps", lambda d: calls.append(d) or [])
@@ -1050,6 +1067,11 @@ def test_checkpointer_details_found_by_mutation_testing(tmp_path, monkeypatch):
   with checkpointing.read_only_manager(str(tmp_path / "absent")) as manager:
     assert manager.all_steps() == []
   assert not os.path.exists(tmp_path / "absent")
+  # A machine with one device (the tools' usual case) reads parameters onto it.
+  checkpointing.save_params(str(tmp_path / "best"), 2, {"w": np.arange(3, dtype=np.float32)}, {})
+  one = jax.local_devices()[:1]
+  monkeypatch.setattr(checkpointing.jax, "local_devices", lambda *args, **kwargs: one)
+  assert checkpointing.load_params(str(tmp_path / "best"))[1]["w"].tolist() == [0.0, 1.0, 2.0]
 
 
 def test_storage_error_figures_of_a_first_save_and_of_an_earlier_async_save(tmp_path):
@@ -1086,6 +1108,11 @@ def test_storage_error_figures_of_a_first_save_and_of_an_earlier_async_save(tmp_
 
   other.manager.wait_until_finished = failed_write
   with pytest.raises(checkpointing.StorageError, match="saving checkpoint 9 into"):
+    other.wait()
+  # Also when that save was step 0's (init_from's first checkpoint, say): a step like any other.
+  other.manager.save = lambda step, args=None, force=False: True
+  assert other.save(0, state)
+  with pytest.raises(checkpointing.StorageError, match="saving checkpoint 0 into"):
     other.wait()
   ckpt.manager.save = real_save
   ckpt.close()

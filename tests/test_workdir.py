@@ -5,6 +5,7 @@ tokenizer config, launching the same command twice, a full disk. None of them ma
 workdir unusable, and each must say what happened and what to do.
 """
 import errno
+import importlib.util
 import json
 import logging
 import os
@@ -1593,11 +1594,14 @@ def test_the_quieted_noise_is_only_the_closed_event_loop(monkeypatch):
   """After a failed async save, "Event loop is closed" from TensorStore's threads is dropped;
   every other uncaught or unraisable exception still reaches the hooks it would have."""
   seen = []
-  monkeypatch.setattr(checkpointing, "_closed_loop_quieted", False)
+  # The module as a new process imports it (this one's may have quieted the hooks already).
+  spec = importlib.util.spec_from_file_location("fresh_checkpointing", checkpointing.__file__)
+  fresh = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(fresh)
   monkeypatch.setattr(sys, "excepthook", lambda t, e, tb: seen.append(("except", str(e))))
   monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(("unraisable",
                                                                   str(u.exc_value))))
-  checkpointing._quiet_closed_loop()
+  fresh._quiet_closed_loop()
   noise, real = RuntimeError("Event loop is closed"), RuntimeError("a real one")
   for exc in (noise, real):
     sys.excepthook(type(exc), exc, None)
@@ -1605,7 +1609,7 @@ def test_the_quieted_noise_is_only_the_closed_event_loop(monkeypatch):
   assert seen == [("except", "a real one"), ("unraisable", "a real one")]
   # Once per process: every failed save calls it, and must not wrap the hooks again.
   hooks = sys.excepthook, sys.unraisablehook
-  checkpointing._quiet_closed_loop()
+  fresh._quiet_closed_loop()
   assert (sys.excepthook, sys.unraisablehook) == hooks
 
 
