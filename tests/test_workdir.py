@@ -753,6 +753,18 @@ def test_keep_best_keeps_only_the_best_and_survives_a_resume_from_before_it(tmp_
   assert checkpointing.load_params(directory)[1]["dense"]["kernel"][0, 0] == 6.5
   assert again.offer(6, params(6.9), {"eval_loss": 1.0}) and sorted(os.listdir(directory)) == ["6"]
   assert checkpointing.load_params(directory)[1]["dense"]["kernel"][0, 0] == np.float32(6.9)
+  # A kill during such a save leaves the best only as 6.replaced. Readers (the sweep report)
+  # see no best and move nothing; the tools say how it comes back; training, starting again,
+  # puts it back first, so a worse evaluation does not replace it.
+  os.replace(os.path.join(directory, "6"), os.path.join(directory, "6.replaced"))
+  assert best_lib.BestKeeper(run, "eval_loss").value is None
+  assert sorted(os.listdir(directory)) == ["6.replaced"]
+  with pytest.raises(checkpointing.CheckpointError,
+                     match="training with --config.keep_best puts it back when it starts"):
+    checkpointing.load_params(directory)
+  resumed = best_lib.BestKeeper(run, "eval_loss", put_back=True)
+  assert (resumed.step, resumed.value) == (6, 1.0) and sorted(os.listdir(directory)) == ["6"]
+  assert not resumed.offer(10, params(10.0), {"eval_loss": 1.2})
   # Larger is better for BLEU and accuracy.
   bleu = best_lib.BestKeeper(run, "bleu")
   assert bleu.offer(2, params(1.0), {"bleu": 10.0}) and not bleu.offer(4, params(1.0), {"bleu": 9})
@@ -1635,6 +1647,15 @@ def test_a_step_saved_again_by_several_processes_waits_for_the_old_one_set_aside
   with pytest.raises(Stop):
     checkpointing.save_params(d, 3, {"w": np.full(2, 2.0, np.float32)}, {"n": 2})
   assert calls == ["transformer_jax: the step's directory made ready"]
+  # Every save waits there with several processes, a new step's too, and another process
+  # touches nothing before it.
+  monkeypatch.setattr(checkpointing.jax, "process_index", lambda: 1)
+  (tmp_path / "best" / "3.replaced").mkdir()
+  with pytest.raises(Stop):
+    checkpointing.save_params(d, 4, {"w": np.ones(2, np.float32)}, {"n": 4})
+  assert calls[1:] == ["transformer_jax: the step's directory made ready"]
+  assert sorted(os.listdir(d)) == ["3", "3.replaced"]
+  os.rmdir(os.path.join(d, "3.replaced"))
   monkeypatch.undo()
   assert sorted(os.listdir(d)) == ["3"] and checkpointing.load_meta(d, 3) == {"n": 1}
 

@@ -40,7 +40,10 @@ def best_dir(workdir: str, metric: str) -> str:
 class BestKeeper:
   """Keeps the parameters of the best evaluation of `metric` so far (see the module doc)."""
 
-  def __init__(self, workdir: str, metric: str):
+  def __init__(self, workdir: str, metric: str, put_back: bool = False):
+    """`put_back` (training, which alone writes here and holds the workdir's lock): first puts
+    back a best that a save killed part-way left set aside (`checkpointing.put_back_set_aside`),
+    so that it counts; a reader (the sweep report) leaves the directory as it is."""
     if metric not in BEST_METRICS:
       raise ValueError(f"config.keep_best={metric!r}: expected '' (off) or one of "
                        f"{sorted(BEST_METRICS)}")
@@ -48,6 +51,9 @@ class BestKeeper:
     self.directory = best_dir(workdir, metric)
     self.step: int | None = None
     self.value: float | None = None
+    if put_back:
+      checkpointing.put_back_set_aside(self.directory)  # process 0's; the others wait for it
+      distributed.sync("transformer_jax: the best checkpoint's directory made ready")
     for step in checkpointing.checkpoint_steps(self.directory):
       meta = checkpointing.load_meta(self.directory, step) or {}
       if "value" in meta and self.better(float(meta["value"])):

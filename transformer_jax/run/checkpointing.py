@@ -397,11 +397,11 @@ def load_params(path: str, step: int | None = None):
   """
   path, step_dir = manager_directory(path)
   step = step_dir if step_dir is not None else step
+  if why := unfinished_set_aside(path, step):
+    raise CheckpointError(why)
   if not os.path.isdir(path):
     raise CheckpointError(f"no checkpoint directory at {path}: pass a workdir of a training run "
                           "or its checkpoints/<step> directory")
-  if why := unfinished_set_aside(path, step):
-    raise CheckpointError(why)
   with read_only_manager(path, item_handlers={"state": ocp.PyTreeCheckpointHandler()}) as mgr:
     steps = sorted(mgr.all_steps())
     if not steps:
@@ -537,17 +537,27 @@ def put_back_set_aside(directory: str) -> list[str]:
 
 
 def unfinished_set_aside(directory: str, step: int | None) -> str | None:
-  """Why reading `step` (None: the newest) of `directory` would miss a save set aside by an
-  interrupted `save_params`, as an error's text; None when it would not. Readers leave the
-  directory as it is (a save may be under way): the next save puts the copy back."""
+  """Why reading `step` (None: the newest) of `directory` would miss a save set aside by a
+  `save_params` that has not finished, as an error's text; None when it would not. Readers leave
+  the directory as it is (that save may still be running): the next save puts the copy back.
+
+  `directory` may also be the missing `<step>` directory itself (`.../averaged/5`)."""
+  name = os.path.basename(os.path.normpath(directory))
+  if name.isdigit() and not os.path.exists(directory) and step in (None, int(name)):
+    directory, step = os.path.dirname(os.path.normpath(directory)), int(name)
   finished = checkpoint_steps(directory)
   for s, aside in sorted(set_aside_steps(directory).items(), reverse=True):
     if s not in finished and (s == step or (step is None and s > max(finished, default=-1))):
-      return (f"{aside} is step {s}'s earlier save, set aside by a save of step {s} that never "
-              f"finished (the process was killed): save into {directory} again (for example "
-              "scripts/average_checkpoints.py), which puts it back first, or put it back by "
-              f"hand: rm -rf {shlex.quote(os.path.join(directory, str(s)))}{_TMP_DIR}*; "
-              f"mv {shlex.quote(aside)} {shlex.quote(os.path.join(directory, str(s)))}")
+      here = os.path.join(directory, str(s))
+      saver = ("training with --config.keep_best puts it back when it starts"
+               if os.path.basename(directory).startswith("best_") else
+               "the next save into it (scripts/average_checkpoints.py writing there) puts it "
+               "back first")
+      return (f"{aside} is step {s}'s earlier save, set aside by a save of step {s} into "
+              f"{directory} that has not finished (one still running, or one killed part-way). "
+              f"Once no save into it is running: {saver}; or put it back by hand: "
+              f"rm -rf {shlex.quote(here)}{_TMP_DIR}*; mv {shlex.quote(aside)} "
+              f"{shlex.quote(here)}")
   return None
 
 

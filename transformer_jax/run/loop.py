@@ -147,8 +147,8 @@ class _Run:
   def __init__(self, trainer: Trainer, workdir: str):
     self.trainer, self.workdir, self.config = trainer, workdir, trainer.config
     self.cadence = Cadence.from_config(trainer.config)
-    self.best = best_lib.BestKeeper(workdir, self.config.keep_best) if self.config.keep_best \
-        else None
+    self.best = (best_lib.BestKeeper(workdir, self.config.keep_best, put_back=True)
+                 if self.config.keep_best else None)
     self.state, saved_data, self.origin = trainer.initial_state()
     self.step = int(jax.device_get(self.state.step))
     self.batches = trainer.train_batches(saved_data)
