@@ -522,9 +522,7 @@ def put_back_set_aside(directory: str) -> list[str]:
                   "it by hand" if os.path.exists(aside) else
                   f"deleted {aside}: the save that replaced it had finished")
       continue
-    for name in os.listdir(directory):
-      if name.startswith(f"{step}{_TMP_DIR}"):
-        shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+    remove_partial_steps(directory)  # the killed save's temporary directory (no save is running)
     if os.path.exists(here):
       log.warning("%s is not a finished checkpoint; %s, the step's earlier save, is left beside "
                   "it: move one of them away by hand", here, aside)
