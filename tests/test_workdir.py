@@ -793,6 +793,15 @@ def test_a_run_with_keep_best_saves_the_best_evaluation_for_the_tools(tmp_path, 
   assert translator.step == best_step
   assert evaluation.default_output_dir(run, translator.checkpoint_dir, best_step) == \
       os.path.join(run, "eval", f"best_eval_loss_{best_step}")
+  # A save of a best killed part-way leaves it set aside (<step>.replaced). Training put it
+  # back when it starts, even a command that finds the run finished and trains nothing.
+  os.replace(os.path.join(directory, str(best_step)),
+             os.path.join(directory, f"{best_step}.replaced"))
+  loop.train_and_evaluate(config(data_dir, num_train_steps=4, eval_every_steps=1,
+                                 checkpoint_every_steps=1, keep_checkpoints=4,
+                                 keep_best="eval_loss"), run)
+  assert sorted(os.listdir(directory)) == [str(best_step)]
+  assert checkpointing.load_params(directory)[0] == best_step
 
 
 def test_early_stopping_counts_evaluations_without_a_new_best():
