@@ -376,8 +376,13 @@ def test_every_save_and_evaluation_logs_the_training_before_it_and_is_left_out_o
     return save(self, *args, **kwargs)
 
   monkeypatch.setattr(checkpointing.Checkpointer, "save", slow_save)
+  read = []  # batches taken from the pipeline: one a step, none beyond the last
+  next_batch = trainer_lib.TrainBatches.next
+  monkeypatch.setattr(trainer_lib.TrainBatches, "next",
+                      lambda self: read.append(1) or next_batch(self))
   c = tiny_config(data_dir, log_every_steps=4, eval_every_steps=3, checkpoint_every_steps=5)
   loop.train_and_evaluate(c, str(tmp_path))
+  assert len(read) == 6
   records = {r["step"]: r for r in metrics.read_metrics(str(tmp_path)) if "train_loss" in r}
   assert sorted(records) == [1, 3, 4, 5, 6]
   # Step 6's window starts after step 5's save: about one step, not the second of the save.
