@@ -367,7 +367,7 @@ def test_the_cadence_reads_the_stop_flag_every_step_alone_and_at_log_steps_toget
 def test_every_save_and_evaluation_logs_the_training_before_it_and_is_left_out_of_its_timing(
     tmp_path, data_dir, monkeypatch, capsys):
   """Log every 4 steps, evaluate every 3, save every 5 (of 6): steps 3 and 5 are logged too,
-  the time a save takes counts in no throughput, and a finished run run again deletes no
+  the time a save or an evaluation takes counts in no throughput, and a finished run run again deletes no
   checkpoint (its keep_checkpoints lowered: nothing trains, so no save follows a pruning)."""
   save = checkpointing.Checkpointer.save
 
@@ -376,6 +376,13 @@ def test_every_save_and_evaluation_logs_the_training_before_it_and_is_left_out_o
     return save(self, *args, **kwargs)
 
   monkeypatch.setattr(checkpointing.Checkpointer, "save", slow_save)
+  evaluate = Trainer.evaluate
+
+  def slow_evaluate(self, *args, **kwargs):
+    time.sleep(1.0)
+    return evaluate(self, *args, **kwargs)
+
+  monkeypatch.setattr(Trainer, "evaluate", slow_evaluate)
   read = []  # batches taken from the pipeline: one a step, none beyond the last
   next_batch = trainer_lib.TrainBatches.next
   monkeypatch.setattr(trainer_lib.TrainBatches, "next",
@@ -385,8 +392,10 @@ def test_every_save_and_evaluation_logs_the_training_before_it_and_is_left_out_o
   assert len(read) == 6
   records = {r["step"]: r for r in metrics.read_metrics(str(tmp_path)) if "train_loss" in r}
   assert sorted(records) == [1, 3, 4, 5, 6]
-  # Step 6's window starts after step 5's save: about one step, not the second of the save.
+  # Step 6's window starts after step 5's save: about one step, not the second of the save;
+  # step 4's after step 3's evaluation.
   assert records[6]["steps_per_sec"] > 1.0, records[6]   # 0.31 when the save counted
+  assert records[4]["steps_per_sec"] > 1.0, records[4]
   assert "warning: None" not in "".join(capsys.readouterr())
   assert checkpointing.checkpoint_steps(str(tmp_path / "checkpoints")) == [5, 6]
   loop.train_and_evaluate(tiny_config(data_dir, log_every_steps=4, eval_every_steps=3,
