@@ -383,6 +383,9 @@ def test_every_save_and_evaluation_logs_the_training_before_it_and_is_left_out_o
     return evaluate(self, *args, **kwargs)
 
   monkeypatch.setattr(Trainer, "evaluate", slow_evaluate)
+  # The start-up line gives the peak in TFLOP/s (a stand-in for the measured one).
+  monkeypatch.setattr(loop.flops, "peak_flops",
+                      lambda dtype, n: (1.234e12, "measured: a stand-in"))
   read = []  # batches taken from the pipeline: one a step, none beyond the last
   next_batch = trainer_lib.TrainBatches.next
   monkeypatch.setattr(trainer_lib.TrainBatches, "next",
@@ -396,7 +399,9 @@ def test_every_save_and_evaluation_logs_the_training_before_it_and_is_left_out_o
   # step 4's after step 3's evaluation.
   assert records[6]["steps_per_sec"] > 1.0, records[6]   # 0.31 when the save counted
   assert records[4]["steps_per_sec"] > 1.0, records[4]
-  assert "warning: None" not in "".join(capsys.readouterr())
+  out = "".join(capsys.readouterr())
+  assert "warning: None" not in out
+  assert "peak 1.234 TFLOP/s per device (measured: a stand-in)" in out
   assert checkpointing.checkpoint_steps(str(tmp_path / "checkpoints")) == [5, 6]
   loop.train_and_evaluate(tiny_config(data_dir, log_every_steps=4, eval_every_steps=3,
                                       checkpoint_every_steps=5, keep_checkpoints=1),
