@@ -367,8 +367,9 @@ def test_the_cadence_reads_the_stop_flag_every_step_alone_and_at_log_steps_toget
 def test_every_save_and_evaluation_logs_the_training_before_it_and_is_left_out_of_its_timing(
     tmp_path, data_dir, monkeypatch, capsys):
   """Log every 4 steps, evaluate every 3, save every 5 (of 6): steps 3 and 5 are logged too,
-  the time a save or an evaluation takes counts in no throughput, and a finished run run again deletes no
-  checkpoint (its keep_checkpoints lowered: nothing trains, so no save follows a pruning)."""
+  the time a save or an evaluation takes counts in no throughput, the bar shows each timed
+  record, one batch is read a step, and a finished run run again deletes no checkpoint (its
+  keep_checkpoints lowered: nothing trains, so no save follows a pruning)."""
   save = checkpointing.Checkpointer.save
 
   def slow_save(self, *args, **kwargs):
@@ -386,6 +387,10 @@ def test_every_save_and_evaluation_logs_the_training_before_it_and_is_left_out_o
   # The start-up line gives the peak in TFLOP/s (a stand-in for the measured one).
   monkeypatch.setattr(loop.flops, "peak_flops",
                       lambda dtype, n: (1.234e12, "measured: a stand-in"))
+  shown = {}  # the bar's figures: each timed record's (the compiling first step has none)
+  update = metrics.Progress.update
+  monkeypatch.setattr(metrics.Progress, "update", lambda self, step, info=None: (
+      shown.update({step: info}) if info else None, update(self, step, info))[1])
   read = []  # batches taken from the pipeline: one a step, none beyond the last
   next_batch = trainer_lib.TrainBatches.next
   monkeypatch.setattr(trainer_lib.TrainBatches, "next",
@@ -395,6 +400,9 @@ def test_every_save_and_evaluation_logs_the_training_before_it_and_is_left_out_o
   assert len(read) == 6
   records = {r["step"]: r for r in metrics.read_metrics(str(tmp_path)) if "train_loss" in r}
   assert sorted(records) == [1, 3, 4, 5, 6]
+  assert sorted(shown) == [3, 4, 5, 6] and all(
+      shown[s]["train_loss"] == records[s]["train_loss"] and
+      shown[s]["tokens_per_sec"] == records[s]["tokens_per_sec"] for s in shown)
   # Step 6's window starts after step 5's save: about one step, not the second of the save;
   # step 4's after step 3's evaluation.
   assert records[6]["steps_per_sec"] > 1.0, records[6]   # 0.31 when the save counted
