@@ -793,7 +793,7 @@ def test_a_run_with_keep_best_saves_the_best_evaluation_for_the_tools(tmp_path, 
   assert translator.step == best_step
   assert evaluation.default_output_dir(run, translator.checkpoint_dir, best_step) == \
       os.path.join(run, "eval", f"best_eval_loss_{best_step}")
-  # A save of a best killed part-way leaves it set aside (<step>.replaced). Training put it
+  # A save of a best killed part-way leaves it set aside (<step>.replaced). Training puts it
   # back when it starts, even a command that finds the run finished and trains nothing.
   os.replace(os.path.join(directory, str(best_step)),
              os.path.join(directory, f"{best_step}.replaced"))
