@@ -60,8 +60,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 # A requeued job waits out its old credential's lifetime before it may start again: 120 s by
-# default, 10 here, so the preemption test does not sleep for two minutes.
-AuthInfo=cred_expire=10
+# default, 5 here, so the preemption test does not sleep for two minutes (10 cost it 5 s more).
+AuthInfo=cred_expire=5
 CredType=cred/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
@@ -79,7 +79,11 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 KillWait=30
-MinJobAge=600
+# `sbatch --wait` polls the job at 2 s, then 8 s, then 32 s, unless MinJobAge is under 5 (it
+# must not sleep past a finished job's purge): at 600 a 12 s job's `sbatch --wait` returned
+# after 42 s, at 4 after 14 s. A finished job's record stays 4 s or more: sbatch (every 2 s)
+# and the preemption test's requeue (within a second of seeing COMPLETED) find it.
+MinJobAge=4
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool
 SlurmctldPidFile={d}/slurmctld.pid
