@@ -584,6 +584,56 @@ def retest(out: Path, config: dict, names: list[str]) -> dict:
   return rows
 
 
+def resume(out: Path, config: dict, names: list[str]) -> None:
+  """Run the mutants that the sessions in `out` left pending (a run stopped early: its results
+  so far are kept) on fresh copies of the tree as it is now, so tests added since count; the
+  mutated modules must read as they did, or the sessions' mutants would be other lines."""
+  sessions = {n: sorted((out / "sessions").glob(f"{n}.*.sqlite")) for n in names}
+  names = [n for n in names if sessions[n]]
+  if not names:
+    raise SystemExit(f"{out}: no sessions to resume; run the modules there first")
+  for name in names:
+    path = config["modules"][name]["path"]
+    if (REPO / path).read_text() != (out / "sessions" / f"{name}.py").read_text():
+      raise SystemExit(f"{path} changed since the run in {out}: its pending mutants would be "
+                       "other lines; start a new --out (and --retest the old one's survivors)")
+  workers = {len(sessions[n]) for n in names}
+  if len(workers) != 1:
+    raise SystemExit(f"{out}: the modules were run with different --workers; resume them one "
+                     "by one (--modules)")
+  workers = workers.pop()
+  pending = {}
+  for name in names:
+    pending[name] = 0
+    for db_path in sessions[name]:
+      with use_db(str(db_path), WorkDB.Mode.open) as db:
+        pending[name] += db.num_work_items - db.num_results
+  print("pending: " + ", ".join(f"{n} {k}" for n, k in pending.items()), flush=True)
+  names = [n for n in names if pending[n]]
+  if not names:
+    return
+  # The run's own choices: with a selection or without, confirming survivors or not.
+  chosen = {n: out / "sessions" / f"{n}.select.json" for n in names}
+  select = {n: json.loads(f.read_text())["confirm"] if f.exists() else None
+            for n, f in chosen.items()}
+  if len(set(select.values())) != 1:
+    raise SystemExit(f"{out}: the modules were run with different --no_select or "
+                     "--trust_coverage; resume them one by one (--modules)")
+  confirm = select[names[0]]
+  for w in range(workers):
+    copy_tree(out / f"work{w}")   # also drops a mutant left applied by a killed run
+  timeouts = baseline(out, config, names, workers, confirm is not None, bool(confirm))
+  queues = [[] for _ in range(workers)]
+  for name in names:
+    for w in range(workers):
+      toml_path = out / "sessions" / f"{name}.{w}.toml"
+      toml_path.write_text(session_config(config["modules"][name], timeouts[name],
+                                          chosen[name] if confirm is not None else None))
+      queues[w].append(toml_path)
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    list(pool.map(lambda wq: execute(out, *wq), enumerate(queues)))
+
+
 def equivalent_markdown(config: dict) -> str:
   """docs/equivalent_mutants.md: the equivalent mutants of the config, by module, with reasons."""
   def code(text):  # inline code in a table cell
@@ -633,6 +683,9 @@ def main(argv=None) -> None:
   parser.add_argument("--retest", action="store_true",
                       help="run the survivors of the sessions in --out again on the tree as it "
                            "is now (after new tests): retest.md")
+  parser.add_argument("--resume", action="store_true",
+                      help="run the mutants that the sessions in --out left pending (a run "
+                           "stopped early), on the tree as it is now; then the report")
   parser.add_argument("--no_select", action="store_true",
                       help="run each mutant against its module's whole test list (no coverage "
                            "pass, no selection)")
@@ -649,12 +702,15 @@ def main(argv=None) -> None:
     return
   if args.out is None:
     parser.error("--out is required")
-  names = module_names(config, args.modules, "all" if args.report or args.retest else "core")
+  names = module_names(config, args.modules,
+                       "all" if args.report or args.retest or args.resume else "core")
   out = args.out.resolve()
   if args.retest:
     retest(out, config, names)
     return
-  if not args.report:
+  if args.resume:
+    resume(out, config, names)
+  elif not args.report:
     for w in range(args.workers):
       copy_tree(out / f"work{w}")
     select = not args.no_select

@@ -124,6 +124,27 @@ def test_a_sample_of_seeded_bugs_is_killed(tmp_path):
   assert f"| optim | 3 of {total} (a sample) | " in (tmp_path / "report.md").read_text()
   assert report["seconds"] > 0 and report["seconds_per_mutant"] > 0  # mutation_select's times
 
+  # A run stopped early (here: one result taken back) goes on with --resume: only the pending
+  # mutant runs, the others' results stay as they were.
+  with sqlite3.connect(tmp_path / "sessions" / "optim.0.sqlite") as db:
+    done = db.execute("select job_id, output from work_results where worker_outcome = "
+                      "'NORMAL' order by job_id").fetchall()
+    db.execute("delete from work_results where job_id = ?", (done[0][0],))
+  mutation.main(["--out", str(tmp_path), "--report"])
+  assert json.loads((tmp_path / "report.json").read_text())["optim"]["pending"] == 1
+  mutation.main(["--out", str(tmp_path), "--resume"])
+  report = json.loads((tmp_path / "report.json").read_text())["optim"]
+  assert report["killed"] + report["timeout"] == 3 and report["pending"] == 0, report
+  with sqlite3.connect(tmp_path / "sessions" / "optim.0.sqlite") as db:
+    again = db.execute("select job_id, output from work_results where worker_outcome = "
+                       "'NORMAL' order by job_id").fetchall()
+  assert [j for j, _ in again] == [j for j, _ in done] and again[1:] == done[1:]
+  assert again[0][1] != done[0][1]   # run again: its own time and output
+  # The module must read as it did when mutated, or the pending mutants are other lines.
+  (tmp_path / "sessions" / "optim.py").write_text("# changed\n")
+  with pytest.raises(SystemExit, match="changed since the run"):
+    mutation.main(["--out", str(tmp_path), "--resume"])
+
 
 def test_a_larger_sample_after_a_smaller_one_runs_only_the_mutants_it_did_not_draw():
   runnable = list(range(3, 92))
