@@ -685,7 +685,8 @@ def main(argv=None) -> None:
                            "is now (after new tests): retest.md")
   parser.add_argument("--resume", action="store_true",
                       help="run the mutants that the sessions in --out left pending (a run "
-                           "stopped early), on the tree as it is now; then the report")
+                           "stopped early) with that run's workers and selection, on the tree "
+                           "as it is now; then the report")
   parser.add_argument("--no_select", action="store_true",
                       help="run each mutant against its module's whole test list (no coverage "
                            "pass, no selection)")
@@ -696,6 +697,13 @@ def main(argv=None) -> None:
   if args.after_sample and (args.sample is None or args.after_sample >= args.sample):
     parser.error(f"--after_sample {args.after_sample} needs a larger --sample (the mutants "
                  "of the larger sample that the smaller one did not draw are run)")
+  given = [f for f, v in (("--sample", args.sample is not None), ("--after_sample",
+                                                                   args.after_sample),
+                            ("--since", args.since), ("--no_select", args.no_select),
+                            ("--trust_coverage", args.trust_coverage)) if v]
+  if args.resume and given:
+    parser.error(f"--resume runs the rest of the run in --out with that run's own choices "
+                 f"(workers, sample, selection): leave out {', '.join(given)}")
   config = load_config()
   if args.equivalent:
     print(equivalent_markdown(config), end="")

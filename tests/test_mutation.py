@@ -146,7 +146,7 @@ def test_a_sample_of_seeded_bugs_is_killed(tmp_path):
     mutation.main(["--out", str(tmp_path), "--resume"])
 
 
-def test_a_larger_sample_after_a_smaller_one_runs_only_the_mutants_it_did_not_draw():
+def test_a_larger_sample_after_a_smaller_one_runs_only_the_mutants_it_did_not_draw(capsys):
   runnable = list(range(3, 92))
   first = mutation.draw(runnable, 40, seed=0)
   rest = mutation.draw(runnable, 89, seed=0, after_sample=40)
@@ -154,6 +154,9 @@ def test_a_larger_sample_after_a_smaller_one_runs_only_the_mutants_it_did_not_dr
   assert first | rest == set(runnable) == mutation.draw(runnable, 89, seed=0)
   with pytest.raises(SystemExit):
     mutation.main(["--out", "unused", "--sample", "3", "--after_sample", "3"])
+  with pytest.raises(SystemExit):  # the rest of a run takes that run's own choices
+    mutation.main(["--out", "unused", "--resume", "--trust_coverage"])
+  assert "leave out --trust_coverage" in capsys.readouterr().err
 
 
 def test_the_report_says_how_many_mutants_a_partial_run_took():
