@@ -54,10 +54,16 @@ def test_this_session_runs_its_files_longest_first(request, pytestconfig):
 def test_the_script_writes_the_seconds_longest_first(tmp_path, monkeypatch, capsys):
   log = tmp_path / "suite.log"
   log.write_text(LOG)
+  for name in ("test_slurm.py", "test_model.py", "test_quick.py", "test_new.py"):
+    (tmp_path / name).write_text("")
+  # test_quick.py's tests all took under 5 ms (no --durations line): it keeps its figure; a
+  # new file of such tests is listed with 0.
+  (tmp_path / "file_seconds.json").write_text('{"test_quick.py": 0.3, "test_gone.py": 9}')
   monkeypatch.setattr(file_order, "SECONDS", tmp_path / "file_seconds.json")
   assert file_order.main([str(log)]) == 0
   written = json.loads((tmp_path / "file_seconds.json").read_text())
-  assert list(written.items()) == [("test_slurm.py", 102.9), ("test_model.py", 14.2)]
+  assert list(written.items()) == [("test_slurm.py", 102.9), ("test_model.py", 14.2),
+                                   ("test_quick.py", 0.3), ("test_new.py", 0.0)]
   (tmp_path / "empty.log").write_text("no durations here\n")
   assert file_order.main([str(tmp_path / "empty.log")]) == 1
   assert "no --durations lines" in capsys.readouterr().err
