@@ -394,6 +394,12 @@ def baseline(out: Path, config: dict, names: list[str], workers: int, select: bo
       config["modules"][n])] + 60)) for n in names}
 
 
+def execute_all(out: Path, queues: list[list[Path]]) -> None:
+  """Each worker's queue of sessions, the workers side by side."""
+  with concurrent.futures.ThreadPoolExecutor(len(queues)) as pool:
+    list(pool.map(lambda wq: execute(out, *wq), enumerate(queues)))
+
+
 def execute(out: Path, w: int, queue: list[Path]) -> None:
   work = out / f"work{w}"
   for toml_path in queue:
@@ -602,24 +608,19 @@ def resume(out: Path, config: dict, names: list[str]) -> None:
     raise SystemExit(f"{out}: the modules were run with different --workers; resume them one "
                      "by one (--modules)")
   workers = workers.pop()
-  pending = {}
-  for name in names:
-    pending[name] = 0
-    for db_path in sessions[name]:
-      with use_db(str(db_path), WorkDB.Mode.open) as db:
-        pending[name] += db.num_work_items - db.num_results
+  pending = {n: module_results(out, n)[0]["pending"] for n in names}
   print("pending: " + ", ".join(f"{n} {k}" for n, k in pending.items()), flush=True)
   names = [n for n in names if pending[n]]
   if not names:
     return
   # The run's own choices: with a selection or without, confirming survivors or not.
   chosen = {n: out / "sessions" / f"{n}.select.json" for n in names}
-  select = {n: json.loads(f.read_text())["confirm"] if f.exists() else None
-            for n, f in chosen.items()}
-  if len(set(select.values())) != 1:
+  confirms = {json.loads(f.read_text())["confirm"] if f.exists() else None
+              for f in chosen.values()}   # None: run with --no_select
+  if len(confirms) != 1:
     raise SystemExit(f"{out}: the modules were run with different --no_select or "
                      "--trust_coverage; resume them one by one (--modules)")
-  confirm = select[names[0]]
+  confirm = confirms.pop()
   for w in range(workers):
     copy_tree(out / f"work{w}")   # also drops a mutant left applied by a killed run
   timeouts = baseline(out, config, names, workers, confirm is not None, bool(confirm))
@@ -630,8 +631,7 @@ def resume(out: Path, config: dict, names: list[str]) -> None:
       toml_path.write_text(session_config(config["modules"][name], timeouts[name],
                                           chosen[name] if confirm is not None else None))
       queues[w].append(toml_path)
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    list(pool.map(lambda wq: execute(out, *wq), enumerate(queues)))
+  execute_all(out, queues)
 
 
 def equivalent_markdown(config: dict) -> str:
@@ -725,8 +725,7 @@ def main(argv=None) -> None:
     timeouts = baseline(out, config, names, args.workers, select, not args.trust_coverage)
     queues = prepare(out, config, names, args.workers, timeouts, args.sample, select,
                      args.since, args.seed, args.after_sample)
-    with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
-      list(pool.map(lambda wq: execute(out, *wq), enumerate(queues)))
+    execute_all(out, queues)
   report(out, config, names)
 
 
