@@ -215,6 +215,6 @@ def _run(spec: dict, sessions: Path, cwd: Path) -> int:
 
 
 if __name__ == "__main__":
-  if len(sys.argv) != 2:
+  if len(sys.argv) != 2 or not Path(sys.argv[1]).is_file():  # --help, or a wrong path
     sys.exit(__doc__)
   sys.exit(run(Path(sys.argv[1])))

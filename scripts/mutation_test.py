@@ -28,6 +28,7 @@ import ast
 import concurrent.futures
 import copy
 import functools
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -186,16 +187,42 @@ def lines_changed_since(revision: str, path: str, repo: Path = REPO) -> set[int]
   return lines
 
 
+def tree_files(root: Path = REPO) -> list[str]:
+  """The files git knows (tracked, or new and not ignored) that are in the working tree."""
+  files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root,
+                         check=True, capture_output=True, text=True).stdout.split("\0")
+  return sorted(name for name in files if name and (root / name).is_file())
+
+
 def copy_tree(dst: Path) -> None:
-  """The files git knows (tracked, or new and not ignored), as they are in the working tree."""
+  """`tree_files`, as they are in the working tree."""
   if dst.exists():
     shutil.rmtree(dst)
-  files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                         check=True, capture_output=True, text=True).stdout.split("\0")
-  for name in filter(None, files):
-    if (REPO / name).is_file():
-      (dst / name).parent.mkdir(parents=True, exist_ok=True)
-      shutil.copy2(REPO / name, dst / name)
+  for name in tree_files():
+    (dst / name).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(REPO / name, dst / name)
+
+
+def tree_fingerprint(root: Path = REPO) -> str:
+  """A digest of `tree_files`' names and contents and of the interpreter: the same digest, the
+  same tests of the same code, so a coverage pass made on one holds for the other."""
+  digest = hashlib.sha256(sys.executable.encode() + b"\0")
+  for name in tree_files(root):
+    digest.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
+  return digest.hexdigest()
+
+
+def record_fingerprint(out: Path, names: list[str], fingerprint: str) -> None:
+  """sessions/tree.json: per module, the tree its coverage pass and time limits were made on."""
+  path = out / "sessions" / "tree.json"
+  recorded = json.loads(path.read_text()) if path.exists() else {}
+  recorded.update(dict.fromkeys(names, fingerprint))
+  path.write_text(json.dumps(recorded, indent=1) + "\n")
+
+
+def recorded_fingerprints(out: Path) -> dict[str, str]:
+  path = out / "sessions" / "tree.json"
+  return json.loads(path.read_text()) if path.exists() else {}
 
 
 def test_command(module: dict) -> str:
@@ -593,7 +620,8 @@ def retest(out: Path, config: dict, names: list[str]) -> dict:
 def resume(out: Path, config: dict, names: list[str]) -> None:
   """Run the mutants that the sessions in `out` left pending (a run stopped early: its results
   so far are kept) on fresh copies of the tree as it is now, so tests added since count; the
-  mutated modules must read as they did, or the sessions' mutants would be other lines."""
+  mutated modules must read as they did, or the sessions' mutants would be other lines. The
+  coverage pass runs again only if a file changed since the run's (`tree_fingerprint`)."""
   sessions = {n: sorted((out / "sessions").glob(f"{n}.*.sqlite")) for n in names}
   names = [n for n in names if sessions[n]]
   if not names:
@@ -621,16 +649,23 @@ def resume(out: Path, config: dict, names: list[str]) -> None:
     raise SystemExit(f"{out}: the modules were run with different --no_select or "
                      "--trust_coverage; resume them one by one (--modules)")
   confirm = confirms.pop()
+  fingerprint = tree_fingerprint()
+  recorded = recorded_fingerprints(out)
   for w in range(workers):
     copy_tree(out / f"work{w}")   # also drops a mutant left applied by a killed run
-  timeouts = baseline(out, config, names, workers, confirm is not None, bool(confirm))
-  queues = [[] for _ in range(workers)]
-  for name in names:
-    for w in range(workers):
-      toml_path = out / "sessions" / f"{name}.{w}.toml"
-      toml_path.write_text(session_config(config["modules"][name], timeouts[name],
-                                          chosen[name] if confirm is not None else None))
-      queues[w].append(toml_path)
+  queues = [[out / "sessions" / f"{n}.{w}.toml" for n in names] for w in range(workers)]
+  if all(recorded.get(n) == fingerprint for n in names):
+    # Not a file changed since the run's coverage pass: its selection and limits still hold.
+    print("the tree is as the run left it: its coverage pass and time limits are reused",
+          flush=True)
+  else:
+    timeouts = baseline(out, config, names, workers, confirm is not None, bool(confirm))
+    for name in names:
+      for w in range(workers):
+        (out / "sessions" / f"{name}.{w}.toml").write_text(session_config(
+            config["modules"][name], timeouts[name],
+            chosen[name] if confirm is not None else None))
+    record_fingerprint(out, names, fingerprint)
   execute_all(out, queues)
 
 
@@ -686,7 +721,8 @@ def main(argv=None) -> None:
   parser.add_argument("--resume", action="store_true",
                       help="run the mutants that the sessions in --out left pending (a run "
                            "stopped early) with that run's workers and selection, on the tree "
-                           "as it is now; then the report")
+                           "as it is now (its coverage pass again only if a file changed); then "
+                           "the report")
   parser.add_argument("--no_select", action="store_true",
                       help="run each mutant against its module's whole test list (no coverage "
                            "pass, no selection)")
@@ -719,10 +755,12 @@ def main(argv=None) -> None:
   if args.resume:
     resume(out, config, names)
   elif not args.report:
+    fingerprint = tree_fingerprint()
     for w in range(args.workers):
       copy_tree(out / f"work{w}")
     select = not args.no_select
     timeouts = baseline(out, config, names, args.workers, select, not args.trust_coverage)
+    record_fingerprint(out, names, fingerprint)
     queues = prepare(out, config, names, args.workers, timeouts, args.sample, select,
                      args.since, args.seed, args.after_sample)
     execute_all(out, queues)

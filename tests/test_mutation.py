@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 
@@ -107,7 +108,7 @@ def test_the_docs_list_every_equivalent_mutant():
       "> docs/equivalent_mutants.md")
 
 
-def test_a_sample_of_seeded_bugs_is_killed(tmp_path):
+def test_a_sample_of_seeded_bugs_is_killed(tmp_path, capsys, monkeypatch):
   # Three mutants of optim.py drawn at random, each run by cosmic-ray against the module's tests
   # in a copy of the tree (after a baseline run of the unmutated copy).
   mutation.main(["--out", str(tmp_path), "--modules", "optim", "--sample", "3", "--workers", "1"])
@@ -132,18 +133,53 @@ def test_a_sample_of_seeded_bugs_is_killed(tmp_path):
     db.execute("delete from work_results where job_id = ?", (done[0][0],))
   mutation.main(["--out", str(tmp_path), "--report"])
   assert json.loads((tmp_path / "report.json").read_text())["optim"]["pending"] == 1
+  capsys.readouterr()
   mutation.main(["--out", str(tmp_path), "--resume"])
+  # No file changed since the run: its coverage pass holds and is not run again.
+  printed = capsys.readouterr().out
+  assert "coverage pass and time limits are reused" in printed and "baseline:" not in printed
   report = json.loads((tmp_path / "report.json").read_text())["optim"]
   assert report["killed"] + report["timeout"] == 3 and report["pending"] == 0, report
   with sqlite3.connect(tmp_path / "sessions" / "optim.0.sqlite") as db:
     again = db.execute("select job_id, output from work_results where worker_outcome = "
                        "'NORMAL' order by job_id").fetchall()
+    db.execute("delete from work_results where job_id = ?", (done[1][0],))
   assert [j for j, _ in again] == [j for j, _ in done] and again[1:] == done[1:]
   assert again[0][1] != done[0][1]   # run again: its own time and output
+  # A file changed since (here: the fingerprint differs): the coverage pass runs again.
+  monkeypatch.setattr(mutation, "tree_fingerprint", lambda root=mutation.REPO: "another tree")
+  monkeypatch.setattr(mutation, "baseline", mock.Mock(side_effect=RuntimeError("baseline")))
+  with pytest.raises(RuntimeError, match="baseline"):
+    mutation.main(["--out", str(tmp_path), "--resume"])
   # The module must read as it did when mutated, or the pending mutants are other lines.
   (tmp_path / "sessions" / "optim.py").write_text("# changed\n")
   with pytest.raises(SystemExit, match="changed since the run"):
     mutation.main(["--out", str(tmp_path), "--resume"])
+
+
+def test_the_tree_fingerprint_follows_every_file_git_would_copy(tmp_path):
+  git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+  subprocess.run(git + ["init", "-q", str(tmp_path)], check=True)
+  (tmp_path / ".gitignore").write_text("runs/\n")
+  (tmp_path / "a.py").write_text("x = 1\n")
+  subprocess.run(git + ["add", "."], cwd=tmp_path, check=True)
+  subprocess.run(git + ["commit", "-qm", "a"], cwd=tmp_path, check=True)
+  first = mutation.tree_fingerprint(tmp_path)
+  assert mutation.tree_files(tmp_path) == [".gitignore", "a.py"]
+  (tmp_path / "runs").mkdir()
+  (tmp_path / "runs" / "log.txt").write_text("ignored\n")
+  assert mutation.tree_fingerprint(tmp_path) == first        # what git ignores is not copied
+  (tmp_path / "a.py").write_text("x = 2\n")
+  edited = mutation.tree_fingerprint(tmp_path)               # an edit, not yet committed
+  (tmp_path / "a.py").write_text("x = 1\n")
+  assert edited != first == mutation.tree_fingerprint(tmp_path)
+  (tmp_path / "test_new.py").write_text("")                   # a new test file, untracked
+  assert mutation.tree_fingerprint(tmp_path) != first
+  # Per module: a later run of another module into the same --out keeps the first's record.
+  (tmp_path / "sessions").mkdir()
+  mutation.record_fingerprint(tmp_path, ["optim"], "one")
+  mutation.record_fingerprint(tmp_path, ["losses"], "two")
+  assert mutation.recorded_fingerprints(tmp_path) == {"optim": "one", "losses": "two"}
 
 
 def test_a_larger_sample_after_a_smaller_one_runs_only_the_mutants_it_did_not_draw(capsys):

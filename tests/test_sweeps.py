@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 from absl import flags
@@ -291,7 +292,10 @@ def test_points_run_one_by_one_update_their_entries_of_status_json(tmp_path):
   runner = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3})
   os.makedirs(sweep_dir)
   with open(path, "w") as f:   # an older sweep()'s point 1, and a line that is no entry
-    json.dump([{"index": 1, "name": "learning_rate=9,warmup_steps=9", "status": "done"}, 7], f)
+    json.dump([{"index": 1, "name": "learning_rate=9,warmup_steps=9", "status": "done"}, 7,
+               # indices the sweep does not have (named as its last point, or past it)
+               {"index": -1, "name": sweeps.point_name(runner.points[-1]), "status": "done"},
+               {"index": 4, "name": "learning_rate=9", "status": "done"}], f)
 
   def recorded():
     with open(path) as f:
@@ -729,7 +733,8 @@ def test_config_overrides_reach_every_point(tmp_path, monkeypatch, capsys):
   assert ("error: --config.num_train_steps sets a field the sweep varies: it would replace "
           "every point's num_train_steps") in capsys.readouterr().err
   assert not (tmp_path / "s1").exists()
-  with pytest.raises(sweeps.SweepError, match=r"^--config.learning_rate sets a field"):
+  with pytest.raises(sweeps.SweepError, match=r"^--config.learning_rate sets a field the sweep "
+                     r"varies: it would replace every point's learning_rate; drop the flag"):
     sweeps.Runner(TINY, str(tmp_path / "s2"), str(fake),  # two swept: the first named
                   {"warmup_steps": 3, "learning_rate": 0.5})
   # A point no run could train with fails before the first point runs, naming the point; so
@@ -807,6 +812,75 @@ def test_more_slots_than_inherited_gpus_fail_before_any_point_starts(tmp_path, m
     assert f.read() == "2,3"
 
 
+def test_the_gpu_check_is_for_slots_with_a_point_to_run(tmp_path, monkeypatch):
+  # One GPU per point, two slots, one GPU: refused before any point starts, as for two per point.
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+  runner = sweeps.Runner(TINY, str(tmp_path / "sweep"), str(tmp_path / "train.py"))
+  with pytest.raises(sweeps.SweepError, match=r"2 point\(s\) at a time x --devices_per_point 1"):
+    runner.run(parallel=2, devices_per_point=1, log=lambda s: None)
+  assert not any(os.path.exists(sweeps.point_dir(runner.sweep_dir, p)) for p in runner.points)
+  # A point already done needs no GPU: the sweep run again on a smaller machine reports it.
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(FAKE_TRAIN)
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+  runner = sweeps.Runner(TINY, str(tmp_path / "done"), str(fake), {"num_train_steps": 3})
+  assert runner.run([0], log=lambda s: None)[0]["status"] == "done"
+  [again] = runner.run([0], parallel=2, devices_per_point=3, log=lambda s: None)
+  assert again["status"] == "skipped (done)"
+
+
+SLOT_TRAIN = textwrap.dedent("""
+    import os, sys, time
+    workdir = sys.argv[sys.argv.index("--workdir") + 1]
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "devices"), "w") as f:
+      f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+    name, go = os.path.basename(workdir), os.environ["FAKE_GO"]
+    if name == os.environ["FAKE_LAST"]:
+      open(go, "w").close()
+    if name == os.environ["FAKE_SLOW"]:   # until the last point has run (at most 30 s)
+      end = time.time() + 30
+      while not os.path.exists(go) and time.time() < end:
+        time.sleep(0.05)
+""")
+
+
+def test_a_slot_takes_the_next_point_as_soon_as_its_own_ends(tmp_path, monkeypatch):
+  """Two slots: points 1, 2, 3 run one after another in one slot while point 0 holds the other
+  (until point 3 has run), not after it; without --devices_per_point the points' environment
+  keeps its devices as it is; --parallel 0 runs them one at a time, as 1 does."""
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(SLOT_TRAIN)
+  runner = sweeps.Runner(TINY, str(tmp_path / "sweep"), str(fake))
+  names = [sweeps.point_name(p) for p in runner.points]
+  monkeypatch.setenv("FAKE_SLOW", names[0])
+  monkeypatch.setenv("FAKE_LAST", names[3])
+  monkeypatch.setenv("FAKE_GO", str(tmp_path / "go"))
+  lines = []
+  results = runner.run(parallel=2, log=lines.append)
+  assert [r["returncode"] for r in results] == [0] * 4
+
+  def at(i, what):
+    return next(k for k, line in enumerate(lines) if line.startswith(f"[{i}] ") and what in line)
+
+  ended = [at(i, "(exit status 0, ") for i in range(4)]
+  assert ended[1] < at(2, "started") < ended[2] < at(3, "started") < ended[0], lines
+  assert results[0]["seconds"] < 20, lines   # released by point 3, not by its time limit
+  for name in names:
+    assert (tmp_path / "sweep" / name / "devices").read_text() == "unset"
+  # --parallel 0: one at a time (run in a thread, so that a loop with no slot fails the test
+  # instead of hanging it).
+  (tmp_path / "go").unlink()
+  one = sweeps.Runner(TINY, str(tmp_path / "one"), str(fake))
+  done = []
+  thread = threading.Thread(target=lambda: done.append(
+      one.run([1, 3], parallel=0, log=lambda s: None)), daemon=True)
+  thread.start()
+  thread.join(timeout=60)
+  assert done and [r["returncode"] for r in done[0]] == [0, 0]
+
+
 def test_sweep_errors_found_while_running_are_one_error_line(tmp_path, monkeypatch, capsys):
   # Found by Runner.run, after the points loaded: still `error: ...`, not a traceback.
   monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
@@ -870,7 +944,7 @@ def test_slurm_script(tmp_path):
   assert (sweep_dir / "sweep.json").read_text() == recorded
 
 
-def test_list_writes_nothing(tmp_path):
+def test_list_writes_nothing(tmp_path, monkeypatch):
   """`--list` before a sweep exists: statuses, and no directory left behind."""
   sweep_dir = tmp_path / "not_yet"
   runner = sweeps.Runner(TINY, str(sweep_dir), str(tmp_path / "train.py"), record=False)
@@ -878,7 +952,15 @@ def test_list_writes_nothing(tmp_path):
   assert not sweep_dir.exists()
   with pytest.raises(ValueError, match="only looks"):
     runner.run()
+  runner.write_spec()   # what a submission calls: a look writes nothing
   assert not sweep_dir.exists()
+  # Nor does a task of a multi-task point but its first (srun: SLURM_PROCID 1, 2, ...).
+  monkeypatch.setenv("SLURM_PROCID", "1")
+  sweeps.Runner(TINY, str(sweep_dir), str(tmp_path / "train.py")).write_spec()
+  assert not sweep_dir.exists()
+  monkeypatch.setenv("SLURM_PROCID", "0")
+  sweeps.Runner(TINY, str(sweep_dir), str(tmp_path / "train.py")).write_spec()
+  assert json.loads((sweep_dir / "sweep.json").read_text())["config"] == TINY
 
 
 def test_list_takes_the_overrides_the_sweep_recorded(tmp_path, capsys):
@@ -921,6 +1003,15 @@ def test_a_look_compares_overrides_as_sweep_json_holds_them(tmp_path):
   # Nothing recorded: nothing to differ from.
   fresh = sweeps.Runner(TINY, str(tmp_path / "new"), str(fake), {"seed": 3}, record=False)
   assert not fresh.differs_from_recorded()
+  # A sweep.json from before "overrides" (2026-11-25) holds the flags only: compared as flags.
+  old = tmp_path / "old"
+  old.mkdir()
+  (old / "sweep.json").write_text(json.dumps({"config": TINY,
+                                              "extra_flags": ["--config.num_train_steps=3"]}))
+  same = sweeps.Runner(TINY, str(old), str(fake), {"num_train_steps": 3}, record=False)
+  assert same.recorded_flags == same.extra_flags and not same.differs_from_recorded()
+  assert sweeps.Runner(TINY, str(old), str(fake), {"num_train_steps": 5},
+                       record=False).differs_from_recorded()
 
 
 def test_a_failed_points_marker_holds_its_time_and_the_last_60_lines_of_its_log(tmp_path):
@@ -1239,6 +1330,7 @@ def test_exit_text_names_the_signal():
   assert sweeps.runner.exit_text(1) == "exit status 1"
   assert sweeps.runner.exit_text(0) == "exit status 0"
   assert sweeps.runner.exit_text(-9) == "killed by SIGKILL"
+  assert sweeps.runner.exit_text(-1) == "killed by SIGHUP"   # every negative code is a signal
   assert sweeps.runner.exit_text(-200) == "killed by signal 200"
 
 

@@ -247,13 +247,12 @@ class Runner:
     self.num_steps = [int(c.num_train_steps) for c in
                       validated_configs(self.sweep.base, self.points, self.overrides)]
     self.record = record
-    if not record:
-      # A look (`--list`): another command line's config and flags must not replace the
-      # sweep.json that the sweep's own runs wrote.
-      self._main = False
-      return
-    self._check_same_flags()
-    self._main = os.environ.get("SLURM_PROCID", "0") == "0"  # multi-task points: one writes
+    # One writer of sweep.json, the markers and status.json: the first task of a multi-task
+    # point (srun), and never a look (`--list`): another command line's config and flags must
+    # not replace the sweep.json that the sweep's own runs wrote.
+    self._main = record and os.environ.get("SLURM_PROCID", "0") == "0"
+    if record:
+      self._check_same_flags()
 
   def _check_same_flags(self) -> None:
     """Refuse flags other than those a started sweep recorded (but num_train_steps, which
@@ -284,15 +283,17 @@ class Runner:
 
   def write_spec(self) -> None:
     """sweep.json: the config, the flags and the points. Written when the sweep runs or is
-    submitted, after every check: a refused command changes nothing."""
+    submitted, after every check: a refused command changes nothing. A look, or a task of a
+    multi-task point but its first, writes nothing (not even the directory)."""
+    if not self._main:
+      return
     os.makedirs(self.sweep_dir, exist_ok=True)
-    if self._main:
-      # Every SLURM array task writes it (at once, when their array starts): `_write` renames.
-      _write(os.path.join(self.sweep_dir, "sweep.json"), json.dumps(
-          {"config": self.config_spec, "extra_flags": self.extra_flags,
-           "overrides": _as_json(self.overrides),
-           "points": [{"index": i, "name": point_name(p), "overrides": p}
-                      for i, p in enumerate(self.points)]}, indent=1, default=str) + "\n")
+    # Every SLURM array task writes it (at once, when their array starts): `_write` renames.
+    _write(os.path.join(self.sweep_dir, "sweep.json"), json.dumps(
+        {"config": self.config_spec, "extra_flags": self.extra_flags,
+         "overrides": _as_json(self.overrides),
+         "points": [{"index": i, "name": point_name(p), "overrides": p}
+                    for i, p in enumerate(self.points)]}, indent=1, default=str) + "\n")
 
   def differs_from_recorded(self) -> bool:
     """Whether a look's overrides are not those sweep.json recorded (False where it recorded
