@@ -793,12 +793,16 @@ def test_slots_take_their_gpus_from_an_inherited_cuda_visible_devices():
 
 
 def test_more_slots_than_inherited_gpus_fail_before_any_point_starts(tmp_path, monkeypatch):
+  # Two per point, or one: two slots want more GPUs than the inherited list has.
+  for gpus, per_point in (("2,3", 2), ("2", 1)):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus)
+    runner = sweeps.Runner(TINY, str(tmp_path / "sweep"), str(tmp_path / "train.py"))
+    with pytest.raises(sweeps.SweepError,
+                       match=rf"2 point\(s\) at a time x --devices_per_point {per_point}"):
+      runner.run(parallel=2, devices_per_point=per_point, log=lambda s: None)
+    assert not any(os.path.exists(sweeps.point_dir(runner.sweep_dir, p)) for p in runner.points)
+    assert not os.path.exists(os.path.join(runner.sweep_dir, "sweep.json"))  # refused: untouched
   monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-  runner = sweeps.Runner(TINY, str(tmp_path / "sweep"), str(tmp_path / "train.py"))
-  with pytest.raises(sweeps.SweepError, match=r"2 point\(s\) at a time x --devices_per_point 2"):
-    runner.run(parallel=2, devices_per_point=2, log=lambda s: None)
-  assert not any(os.path.exists(sweeps.point_dir(runner.sweep_dir, p)) for p in runner.points)
-  assert not os.path.exists(os.path.join(runner.sweep_dir, "sweep.json"))   # refused: untouched
   # Only slots with a point to run need GPUs: one point left runs on the first slot's.
   fake = tmp_path / "fake_train.py"
   fake.write_text("import os, sys\nw = sys.argv[sys.argv.index('--workdir') + 1]\n"
@@ -812,14 +816,8 @@ def test_more_slots_than_inherited_gpus_fail_before_any_point_starts(tmp_path, m
     assert f.read() == "2,3"
 
 
-def test_the_gpu_check_is_for_slots_with_a_point_to_run(tmp_path, monkeypatch):
-  # One GPU per point, two slots, one GPU: refused before any point starts, as for two per point.
-  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
-  runner = sweeps.Runner(TINY, str(tmp_path / "sweep"), str(tmp_path / "train.py"))
-  with pytest.raises(sweeps.SweepError, match=r"2 point\(s\) at a time x --devices_per_point 1"):
-    runner.run(parallel=2, devices_per_point=1, log=lambda s: None)
-  assert not any(os.path.exists(sweeps.point_dir(runner.sweep_dir, p)) for p in runner.points)
-  # A point already done needs no GPU: the sweep run again on a smaller machine reports it.
+def test_a_sweep_with_every_point_done_needs_no_gpus(tmp_path, monkeypatch):
+  # Run again on a smaller machine, a finished sweep reports its points.
   fake = tmp_path / "fake_train.py"
   fake.write_text(FAKE_TRAIN)
   monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
