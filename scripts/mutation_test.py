@@ -29,9 +29,11 @@ import concurrent.futures
 import copy
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 from pathlib import Path
+import platform
 import random
 import re
 import shlex
@@ -194,33 +196,42 @@ def tree_files(root: Path = REPO) -> list[str]:
   return sorted(name for name in files if name and (root / name).is_file())
 
 
-def copy_tree(dst: Path) -> None:
-  """`tree_files`, as they are in the working tree."""
+def copy_tree(dst: Path) -> str:
+  """`tree_files`, as they are in the working tree; returns `fingerprint` of the copy."""
   if dst.exists():
     shutil.rmtree(dst)
-  for name in tree_files():
+  names = tree_files()
+  for name in names:
     (dst / name).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / name, dst / name)
+  return fingerprint(dst, names)
 
 
-def tree_fingerprint(root: Path = REPO) -> str:
-  """A digest of `tree_files`' names and contents and of the interpreter: the same digest, the
-  same tests of the same code, so a coverage pass made on one holds for the other."""
-  digest = hashlib.sha256(sys.executable.encode() + b"\0")
-  for name in tree_files(root):
+def fingerprint(root: Path, names: list[str]) -> str:
+  """A digest of the files `names` under `root` (names and contents) and of what else decides
+  what the tests do and how long they take: the interpreter, the installed packages, the
+  host, its cores and the JAX/CUDA platform variables. The same digest: a coverage pass and
+  time limits measured on the one hold for the other."""
+  packages = sorted(f"{d.metadata['Name']}=={d.version}"
+                    for d in importlib.metadata.distributions())
+  machine = [sys.executable, platform.node(), str(os.cpu_count()), *packages,
+             *(f"{k}={os.environ.get(k)}" for k in ("JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES"))]
+  digest = hashlib.sha256("\0".join(machine).encode() + b"\0\0")
+  for name in names:
     digest.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
   return digest.hexdigest()
 
 
-def record_fingerprint(out: Path, names: list[str], fingerprint: str) -> None:
-  """sessions/tree.json: per module, the tree its coverage pass and time limits were made on."""
+def record_baseline(out: Path, timeouts: dict[str, float], tree: str) -> None:
+  """sessions/tree.json: per module, the tree (`fingerprint`) its coverage pass and time limit
+  were made on, and that limit; a later run of other modules into `out` keeps the others'."""
   path = out / "sessions" / "tree.json"
-  recorded = json.loads(path.read_text()) if path.exists() else {}
-  recorded.update(dict.fromkeys(names, fingerprint))
+  recorded = recorded_baselines(out)
+  recorded.update({n: {"tree": tree, "timeout": t} for n, t in timeouts.items()})
   path.write_text(json.dumps(recorded, indent=1) + "\n")
 
 
-def recorded_fingerprints(out: Path) -> dict[str, str]:
+def recorded_baselines(out: Path) -> dict[str, dict]:
   path = out / "sessions" / "tree.json"
   return json.loads(path.read_text()) if path.exists() else {}
 
@@ -356,12 +367,8 @@ def coverage_groups(config: dict, names: list[str], workers: int) -> list[list[s
   return [g + [f"--deselect={d}" for d in deselect if listed(d, g)] for g in groups]
 
 
-def baseline(out: Path, config: dict, names: list[str], workers: int, select: bool = False,
-             confirm: bool = True) -> dict[str, float]:
-  """The listed tests pass on the unmutated copies, or every mutant would look killed. With
-  `select`, they run under coverage (one context per test, tests/mutation/pytest_plugin.py),
-  each test once however many modules list it, and each module gets
-  sessions/<name>.select.json, the line -> tests map mutation_select reads."""
+def check_copies(out: Path, workers: int) -> None:
+  """Each copy's tests import the copy's package, or its mutants would not be tested."""
   for w in range(workers):
     work = out / f"work{w}"
     where = subprocess.run([sys.executable, "-c", "import transformer_jax as t; print(t.__file__)"],
@@ -369,6 +376,15 @@ def baseline(out: Path, config: dict, names: list[str], workers: int, select: bo
     if not where.stdout.startswith(str(work)):
       raise SystemExit(f"the copy in {work} imports transformer_jax from {where.stdout.strip()}"
                        f"{where.stderr[-2000:]}: mutants would not be tested")
+
+
+def baseline(out: Path, config: dict, names: list[str], workers: int, select: bool = False,
+             confirm: bool = True) -> dict[str, float]:
+  """The listed tests pass on the unmutated copies, or every mutant would look killed. With
+  `select`, they run under coverage (one context per test, tests/mutation/pytest_plugin.py),
+  each test once however many modules list it, and each module gets
+  sessions/<name>.select.json, the line -> tests map mutation_select reads."""
+  check_copies(out, workers)
 
   def run(args):
     w, k, command = args
@@ -621,7 +637,7 @@ def resume(out: Path, config: dict, names: list[str]) -> None:
   """Run the mutants that the sessions in `out` left pending (a run stopped early: its results
   so far are kept) on fresh copies of the tree as it is now, so tests added since count; the
   mutated modules must read as they did, or the sessions' mutants would be other lines. The
-  coverage pass runs again only if a file changed since the run's (`tree_fingerprint`)."""
+  coverage pass runs again only if the tree or the machine changed since (`fingerprint`)."""
   sessions = {n: sorted((out / "sessions").glob(f"{n}.*.sqlite")) for n in names}
   names = [n for n in names if sessions[n]]
   if not names:
@@ -649,23 +665,28 @@ def resume(out: Path, config: dict, names: list[str]) -> None:
     raise SystemExit(f"{out}: the modules were run with different --no_select or "
                      "--trust_coverage; resume them one by one (--modules)")
   confirm = confirms.pop()
-  fingerprint = tree_fingerprint()
-  recorded = recorded_fingerprints(out)
-  for w in range(workers):
-    copy_tree(out / f"work{w}")   # also drops a mutant left applied by a killed run
-  queues = [[out / "sessions" / f"{n}.{w}.toml" for n in names] for w in range(workers)]
-  if all(recorded.get(n) == fingerprint for n in names):
-    # Not a file changed since the run's coverage pass: its selection and limits still hold.
+  trees = [copy_tree(out / f"work{w}")   # also drops a mutant left applied by a killed run
+           for w in range(workers)]
+  recorded = recorded_baselines(out)
+  if all(recorded.get(n, {}).get("tree") == trees[0] for n in names):
+    # Not a file, package or machine changed since the run's coverage pass: its selection
+    # and time limits still hold.
     print("the tree is as the run left it: its coverage pass and time limits are reused",
           flush=True)
+    check_copies(out, workers)
+    timeouts = {n: recorded[n]["timeout"] for n in names}
   else:
     timeouts = baseline(out, config, names, workers, confirm is not None, bool(confirm))
-    for name in names:
-      for w in range(workers):
-        (out / "sessions" / f"{name}.{w}.toml").write_text(session_config(
-            config["modules"][name], timeouts[name],
-            chosen[name] if confirm is not None else None))
-    record_fingerprint(out, names, fingerprint)
+    record_baseline(out, timeouts, trees[0])
+  # Written again either way: they name the selection files by their path under `out`,
+  # which may have moved since.
+  queues = [[] for _ in range(workers)]
+  for name in names:
+    for w in range(workers):
+      toml_path = out / "sessions" / f"{name}.{w}.toml"
+      toml_path.write_text(session_config(config["modules"][name], timeouts[name],
+                                          chosen[name] if confirm is not None else None))
+      queues[w].append(toml_path)
   execute_all(out, queues)
 
 
@@ -721,8 +742,8 @@ def main(argv=None) -> None:
   parser.add_argument("--resume", action="store_true",
                       help="run the mutants that the sessions in --out left pending (a run "
                            "stopped early) with that run's workers and selection, on the tree "
-                           "as it is now (its coverage pass again only if a file changed); then "
-                           "the report")
+                           "as it is now (its coverage pass again only if a file, a package "
+                           "or the machine changed); then the report")
   parser.add_argument("--no_select", action="store_true",
                       help="run each mutant against its module's whole test list (no coverage "
                            "pass, no selection)")
@@ -755,14 +776,12 @@ def main(argv=None) -> None:
   if args.resume:
     resume(out, config, names)
   elif not args.report:
-    fingerprint = tree_fingerprint()
-    for w in range(args.workers):
-      copy_tree(out / f"work{w}")
+    trees = [copy_tree(out / f"work{w}") for w in range(args.workers)]
     select = not args.no_select
     timeouts = baseline(out, config, names, args.workers, select, not args.trust_coverage)
-    record_fingerprint(out, names, fingerprint)
     queues = prepare(out, config, names, args.workers, timeouts, args.sample, select,
                      args.since, args.seed, args.after_sample)
+    record_baseline(out, timeouts, trees[0])   # for --resume, once the sessions exist
     execute_all(out, queues)
   report(out, config, names)
 

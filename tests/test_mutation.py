@@ -110,7 +110,9 @@ def test_the_docs_list_every_equivalent_mutant():
 
 def test_a_sample_of_seeded_bugs_is_killed(tmp_path, capsys, monkeypatch):
   # Three mutants of optim.py drawn at random, each run by cosmic-ray against the module's tests
-  # in a copy of the tree (after a baseline run of the unmutated copy).
+  # in a copy of the tree (after a baseline run of the unmutated copy). The tree's digest is
+  # pinned: an edit of the checkout while this test runs must not count as a changed tree.
+  monkeypatch.setattr(mutation, "fingerprint", lambda root, names: "tree A")
   mutation.main(["--out", str(tmp_path), "--modules", "optim", "--sample", "3", "--workers", "1"])
   report = json.loads((tmp_path / "report.json").read_text())["optim"]
   assert report["killed"] + report["timeout"] == 3 and report["survived"] == 0, report
@@ -146,40 +148,54 @@ def test_a_sample_of_seeded_bugs_is_killed(tmp_path, capsys, monkeypatch):
     db.execute("delete from work_results where job_id = ?", (done[1][0],))
   assert [j for j, _ in again] == [j for j, _ in done] and again[1:] == done[1:]
   assert again[0][1] != done[0][1]   # run again: its own time and output
-  # A file changed since (here: the fingerprint differs): the coverage pass runs again.
-  monkeypatch.setattr(mutation, "tree_fingerprint", lambda root=mutation.REPO: "another tree")
-  monkeypatch.setattr(mutation, "baseline", mock.Mock(side_effect=RuntimeError("baseline")))
-  with pytest.raises(RuntimeError, match="baseline"):
-    mutation.main(["--out", str(tmp_path), "--resume"])
+  toml = (tmp_path / "sessions" / "optim.0.toml").read_text()
+  assert json.dumps(str(tmp_path / "sessions" / "optim.select.json"))[1:-1] in toml
+  # A file changed since (here: the digest differs): the coverage pass runs again, and its
+  # time limit goes into the session and the record.
+  monkeypatch.setattr(mutation, "fingerprint", lambda root, names: "tree B")
+  monkeypatch.setattr(mutation, "baseline", mock.Mock(return_value={"optim": 123.0}))
+  monkeypatch.setattr(mutation, "execute_all", mock.Mock())
+  mutation.main(["--out", str(tmp_path), "--resume"])
+  assert mutation.baseline.call_count == 1 and mutation.execute_all.call_count == 1
+  assert "timeout = 123.0\n" in (tmp_path / "sessions" / "optim.0.toml").read_text()
+  assert mutation.recorded_baselines(tmp_path)["optim"] == {"tree": "tree B", "timeout": 123.0}
   # The module must read as it did when mutated, or the pending mutants are other lines.
   (tmp_path / "sessions" / "optim.py").write_text("# changed\n")
   with pytest.raises(SystemExit, match="changed since the run"):
     mutation.main(["--out", str(tmp_path), "--resume"])
 
 
-def test_the_tree_fingerprint_follows_every_file_git_would_copy(tmp_path):
+def test_the_tree_fingerprint_follows_every_file_git_would_copy(tmp_path, monkeypatch):
   git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
   subprocess.run(git + ["init", "-q", str(tmp_path)], check=True)
   (tmp_path / ".gitignore").write_text("runs/\n")
   (tmp_path / "a.py").write_text("x = 1\n")
   subprocess.run(git + ["add", "."], cwd=tmp_path, check=True)
   subprocess.run(git + ["commit", "-qm", "a"], cwd=tmp_path, check=True)
-  first = mutation.tree_fingerprint(tmp_path)
+
+  def digest():
+    return mutation.fingerprint(tmp_path, mutation.tree_files(tmp_path))
+
+  first = digest()
   assert mutation.tree_files(tmp_path) == [".gitignore", "a.py"]
   (tmp_path / "runs").mkdir()
   (tmp_path / "runs" / "log.txt").write_text("ignored\n")
-  assert mutation.tree_fingerprint(tmp_path) == first        # what git ignores is not copied
+  assert digest() == first                                   # what git ignores is not copied
   (tmp_path / "a.py").write_text("x = 2\n")
-  edited = mutation.tree_fingerprint(tmp_path)               # an edit, not yet committed
+  edited = digest()                                          # an edit, not yet committed
   (tmp_path / "a.py").write_text("x = 1\n")
-  assert edited != first == mutation.tree_fingerprint(tmp_path)
-  (tmp_path / "test_new.py").write_text("")                   # a new test file, untracked
-  assert mutation.tree_fingerprint(tmp_path) != first
+  assert edited != first == digest()
+  (tmp_path / "test_new.py").write_text("")                  # a new test file, untracked
+  assert digest() != first
+  (tmp_path / "test_new.py").unlink()
+  monkeypatch.setenv("JAX_PLATFORMS", "cuda")                # another platform: other limits
+  assert digest() != first
   # Per module: a later run of another module into the same --out keeps the first's record.
   (tmp_path / "sessions").mkdir()
-  mutation.record_fingerprint(tmp_path, ["optim"], "one")
-  mutation.record_fingerprint(tmp_path, ["losses"], "two")
-  assert mutation.recorded_fingerprints(tmp_path) == {"optim": "one", "losses": "two"}
+  mutation.record_baseline(tmp_path, {"optim": 10.0}, "one")
+  mutation.record_baseline(tmp_path, {"losses": 20.0}, "two")
+  assert mutation.recorded_baselines(tmp_path) == {"optim": {"tree": "one", "timeout": 10.0},
+                                                   "losses": {"tree": "two", "timeout": 20.0}}
 
 
 def test_a_larger_sample_after_a_smaller_one_runs_only_the_mutants_it_did_not_draw(capsys):
