@@ -196,15 +196,22 @@ def tree_files(root: Path = REPO) -> list[str]:
   return sorted(name for name in files if name and (root / name).is_file())
 
 
-def copy_tree(dst: Path) -> str:
-  """`tree_files`, as they are in the working tree; returns `fingerprint` of the copy."""
+def copy_tree(dst: Path) -> list[str]:
+  """`tree_files`, as they are in the working tree; returns their names."""
   if dst.exists():
     shutil.rmtree(dst)
   names = tree_files()
   for name in names:
     (dst / name).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / name, dst / name)
-  return fingerprint(dst, names)
+  return names
+
+
+def copy_workers(out: Path, workers: int) -> str:
+  """A fresh copy of the tree per worker (also dropping a mutant a killed run left applied);
+  returns the `fingerprint` of what the first copy holds."""
+  names = [copy_tree(out / f"work{w}") for w in range(workers)][0]
+  return fingerprint(out / "work0", names)
 
 
 def fingerprint(root: Path, names: list[str]) -> str:
@@ -665,10 +672,9 @@ def resume(out: Path, config: dict, names: list[str]) -> None:
     raise SystemExit(f"{out}: the modules were run with different --no_select or "
                      "--trust_coverage; resume them one by one (--modules)")
   confirm = confirms.pop()
-  trees = [copy_tree(out / f"work{w}")   # also drops a mutant left applied by a killed run
-           for w in range(workers)]
+  tree = copy_workers(out, workers)
   recorded = recorded_baselines(out)
-  if all(recorded.get(n, {}).get("tree") == trees[0] for n in names):
+  if all(recorded.get(n, {}).get("tree") == tree for n in names):
     # Not a file, package or machine changed since the run's coverage pass: its selection
     # and time limits still hold.
     print("the tree is as the run left it: its coverage pass and time limits are reused",
@@ -677,7 +683,7 @@ def resume(out: Path, config: dict, names: list[str]) -> None:
     timeouts = {n: recorded[n]["timeout"] for n in names}
   else:
     timeouts = baseline(out, config, names, workers, confirm is not None, bool(confirm))
-    record_baseline(out, timeouts, trees[0])
+    record_baseline(out, timeouts, tree)
   # Written again either way: they name the selection files by their path under `out`,
   # which may have moved since.
   queues = [[] for _ in range(workers)]
@@ -776,12 +782,12 @@ def main(argv=None) -> None:
   if args.resume:
     resume(out, config, names)
   elif not args.report:
-    trees = [copy_tree(out / f"work{w}") for w in range(args.workers)]
+    tree = copy_workers(out, args.workers)
     select = not args.no_select
     timeouts = baseline(out, config, names, args.workers, select, not args.trust_coverage)
     queues = prepare(out, config, names, args.workers, timeouts, args.sample, select,
                      args.since, args.seed, args.after_sample)
-    record_baseline(out, timeouts, trees[0])   # for --resume, once the sessions exist
+    record_baseline(out, timeouts, tree)   # for --resume, once the sessions exist
     execute_all(out, queues)
   report(out, config, names)
 
