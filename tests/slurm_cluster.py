@@ -5,7 +5,7 @@
     subprocess.run(["srun", "-n", "2", "hostname"], env=cluster.env())
     cluster.stop()                       # only the daemons this object started, by their PIDs
 
-The recipe is ../shared/SLURM.md's (Debian bookworm, slurm 22.05): the daemons listen on
+Tested with Debian bookworm's slurm 22.05 (the packages below): the daemons listen on
 127.0.0.1 only, state and logs live in `directory`, no cgroups. `.ci/run` installs the packages.
 """
 from __future__ import annotations
