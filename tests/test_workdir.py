@@ -209,13 +209,20 @@ def test_a_second_run_on_a_workdir_in_use_exits_at_once_naming_the_holder(tmp_pa
         "train_loss" in r for r in metrics.read_metrics(str(run))):
       assert first.poll() is None, first.stdout.read().decode()[-3000:]
       time.sleep(0.5)
-    start = time.time()
-    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    # The first run stopped (SIGSTOP) while the second starts: a stopped process still holds
+    # its lock, and the second's time is its own, not a share of two cores with a training run.
+    first.send_signal(signal.SIGSTOP)
+    try:
+      start = time.time()
+      second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+      took = time.time() - start
+    finally:
+      first.send_signal(signal.SIGCONT)
     assert second.returncode == 1, second.stderr[-3000:]
     assert f"in use by another run: pid {first.pid}" in second.stderr
     assert "Traceback" not in second.stderr
     assert first.poll() is None                       # the first run never noticed
-    assert time.time() - start < 60
+    assert took < 60
     first.send_signal(signal.SIGTERM)
     out = first.communicate(timeout=120)[0].decode()
   finally:
