@@ -419,6 +419,59 @@ def test_a_full_disk_stops_the_run_with_one_message_and_it_resumes_once_there_is
     subprocess.run(["umount", str(disk)], capture_output=True)
 
 
+def test_a_disk_filled_by_another_program_stops_the_run_at_its_metrics_and_it_resumes(
+    tmp_path, data_dir):
+  """Another program fills the disk between two checkpoints: the next write is the metrics'. One
+  message naming the file and the last good step (2026-11-29: the metrics' TensorBoard close
+  failed too and hid it, as a bare "[Errno 28]" in metrics.py's close), nothing lost. A tmpfs
+  takes a file's growth a page (4 KiB) at a time, so metrics.jsonl (about 0.5 KiB a step) and
+  the TensorBoard events fill their last page within some 10 steps: well before the next
+  checkpoint 40 steps on."""
+  disk = tmp_path / "disk"
+  if not _mount_tmpfs(disk, 64 * 2**20):
+    pytest.skip("cannot mount a tmpfs here (needs root): the full-disk test needs one")
+  try:
+    run = disk / "run"
+    cmd = TRAIN + ["--workdir", str(run), f"--config.data.data_dir={data_dir}",
+                   "--config.checkpoint_every_steps=40", "--config.async_checkpointing=false"]
+    first = subprocess.Popen(cmd + ["--config.num_train_steps=100000"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+      deadline = time.time() + 240
+      while time.time() < deadline and not checkpointing.checkpoint_steps(
+          str(run / "checkpoints")):
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        time.sleep(0.1)
+      with open(disk / "filler", "wb") as f:   # the other program
+        with pytest.raises(OSError, match="No space left on device"):
+          while True:
+            f.write(b"\0" * 2**16)
+            f.flush()
+      err = first.communicate(timeout=240)[1]
+    finally:
+      if first.poll() is None:
+        first.kill()
+    assert first.returncode == 1, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    good = checkpointing.checkpoint_steps(str(run / "checkpoints"))
+    assert len(errors) == 1 and good, err[-3000:]
+    assert errors[0].startswith(f"error: writing the run's metrics into {run}"), errors[0]
+    assert "failed: No space left on device" in errors[0], errors[0]
+    assert f"The last good checkpoint is step {good[-1]}, untouched" in errors[0], errors[0]
+    assert "Traceback" not in err, err[-3000:]
+    # Space again: the same command resumes from that step, and every step is logged once.
+    os.remove(disk / "filler")
+    last = good[-1] + 2
+    resumed = subprocess.run(cmd + [f"--config.num_train_steps={last}"], capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {good[-1]}" in resumed.stdout + resumed.stderr
+    steps = [r["step"] for r in metrics.read_metrics(str(run)) if "train_loss" in r]
+    assert steps == list(range(1, last + 1)), steps
+  finally:
+    subprocess.run(["umount", str(disk)], capture_output=True)
+
+
 # ---------------------------------------------------------------- what a first command leaves
 
 
@@ -1038,9 +1091,28 @@ def test_an_error_closing_the_checkpointer_is_raised_unless_another_is_on_its_wa
   def failing_evaluation(self, params):
     raise ValueError("evaluation failed")
 
+  evaluate = loop.Trainer.evaluate
   monkeypatch.setattr(loop.Trainer, "evaluate", failing_evaluation)
   with pytest.raises(ValueError, match="evaluation failed"):
     loop.train_and_evaluate(config(data_dir, num_train_steps=2), str(tmp_path / "b"))
+
+  # The metrics' close failing as well (a full disk fails both the write and the close): the
+  # error on its way out is still the one raised, and the bar is closed all the same.
+  closed = []
+  progress_close = metrics.Progress.close
+  monkeypatch.setattr(metrics.Progress, "close",
+                      lambda self: (closed.append(1), progress_close(self)))
+  monkeypatch.setattr(metrics.MetricsWriter, "close",
+                      lambda self: (_ for _ in ()).throw(OSError(28, "writer close failed")))
+  with pytest.raises(ValueError, match="evaluation failed"):
+    loop.train_and_evaluate(config(data_dir, num_train_steps=2), str(tmp_path / "c"))
+  assert closed
+  # Alone, after a checkpointer that closed well, the metrics' close failure is raised.
+  monkeypatch.setattr(checkpointing.Checkpointer, "close", close)
+  monkeypatch.setattr(loop.Trainer, "evaluate", evaluate)
+  with pytest.raises(OSError, match="writer close failed"):
+    loop.train_and_evaluate(config(data_dir, num_train_steps=2), str(tmp_path / "d"))
+  assert len(closed) == 2
 
 
 def test_a_plain_run_killed_during_an_evaluation_runs_it_on_resume(tmp_path, data_dir, capsys):

@@ -245,18 +245,13 @@ class Checkpointer:
     match = _TMP_STEP.search(str(error))
     step = int(match.group(1)) if match else step
     remove_partial_steps(self.directory)
-    good = checkpoint_steps(self.directory)
     free = shutil.disk_usage(self.directory).free
     # The operating system's words first: TensorStore's messages bury them after long paths.
     text = str(error).strip()
     cause = next((m for m in OS_FAILURES if m in text), None)
     first_line = text.splitlines()[0] if text else repr(error)
     reason = f"{cause} ({first_line[:200]}...)" if cause else first_line[:400]
-    resume = (f"The last good checkpoint is step {good[-1]}, untouched: free space, or lower "
-              "--config.keep_checkpoints (a resume deletes the oldest steps beyond it before "
-              "it writes anything), and run the same command to resume from it."
-              if good else "There is no earlier checkpoint: run the same command again once "
-              "there is space, and training starts from step 0.")
+    resume = resume_advice(self.directory)
     raise StorageError(
         f"saving checkpoint {step} into {self.directory} failed: {reason}. A checkpoint of "
         f"this run takes about {_mib(self.checkpoint_bytes())}; {_mib(free)} are free there. "
@@ -425,6 +420,18 @@ def load_params(path: str, step: int | None = None):
         item=target, restore_args=restore_args, partial_restore=True)))
   params = restored["state"]["params"]
   return step, jax.tree.map(np.asarray, params)
+
+
+def resume_advice(directory: str) -> str:
+  """After a failed write into a run: the step the same command resumes from, and what to do.
+  `directory`: the run's checkpoints (an Orbax manager directory)."""
+  good = checkpoint_steps(directory)
+  if good:
+    return (f"The last good checkpoint is step {good[-1]}, untouched: free space, or lower "
+            "--config.keep_checkpoints (a resume deletes the oldest steps beyond it before "
+            "it writes anything), and run the same command to resume from it.")
+  return ("There is no earlier checkpoint: run the same command again once there is space, "
+          "and training starts from step 0.")
 
 
 def checkpoint_steps(directory: str) -> list[int]:

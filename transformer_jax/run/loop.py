@@ -372,14 +372,17 @@ class _Run:
       self._stop_here(last)
 
   def _close(self, quiet: bool = False) -> None:
-    try:
-      self.trainer.checkpointer.close()
-    except Exception:  # noqa: BLE001 - only while another error is on its way out
-      if not quiet:
-        raise
-    finally:
-      self.writer.close()
-      self.progress.close()
+    # Each is closed even if one before it fails, and the first failure is raised, unless
+    # another error is on its way out (quiet): on a full disk the metrics' close fails too, and
+    # must not hide the write that stopped the run.
+    first = None
+    for close in (self.trainer.checkpointer.close, self.writer.close, self.progress.close):
+      try:
+        close()
+      except Exception as e:  # noqa: BLE001 - raised below, or hidden behind the one on its way
+        first = first or e
+    if first is not None and not quiet:
+      raise first
 
   def _write(self, step: int, record: dict) -> dict:
     self.writer.write(step, record)

@@ -44,6 +44,7 @@ class MetricsWriter:
     """`resume_step`: the step training resumes from; records of later steps (written before a
     crash, and about to be written again) are removed from metrics.jsonl and TensorBoard."""
     self.enabled = enabled
+    self.workdir = workdir
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.tb = None
     if enabled and resume_step is not None:
@@ -58,17 +59,38 @@ class MetricsWriter:
     if not self.enabled:
       return
     record = {"step": int(step), "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
+    try:
+      with open(self.path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    except OSError as e:
+      raise self._failed(self.path, e) from None
     if self.tb is not None:
-      for k, v in record.items():
-        if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool):
-          self.tb.add_scalar(k, v, int(step))
-      self.tb.flush()
+      try:
+        for k, v in record.items():
+          if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool):
+            self.tb.add_scalar(k, v, int(step))
+        self.tb.flush()
+      except OSError as e:
+        raise self._failed(self.tb.logdir, e) from None
 
   def close(self):
     if self.tb is not None:
-      self.tb.close()
+      tb, self.tb = self.tb, None
+      try:
+        tb.close()
+      except OSError as e:
+        raise self._failed(tb.logdir, e) from None
+
+  def _failed(self, path: str, error: OSError) -> Exception:
+    """A failed write of the metrics (a full disk, say) as one StorageError: which file, why,
+    and where the same command resumes from (the OSError of a write to an open file names no
+    file)."""
+    from transformer_jax.run import checkpointing  # here: the readers of metrics need no Orbax
+    return checkpointing.StorageError(
+        f"writing the run's metrics into {path} failed: {error.strerror or error}. What was "
+        "written before stays readable (a line cut short is skipped, and a resume cuts "
+        "metrics.jsonl and TensorBoard back to its step). "
+        + checkpointing.resume_advice(os.path.join(self.workdir, "checkpoints")))
 
 
 def _plain(v):
