@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -814,6 +815,37 @@ def test_metrics_writer_on_resume_drops_the_records_after_it(tmp_path, resume_st
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     assert f.read().count("\n") == len(kept)   # the cut line is gone too
   assert _tensorboard_purges(workdir) == [resume_step + 1]
+
+
+def test_a_failed_write_of_the_metrics_names_the_file_and_where_a_resume_starts(
+    tmp_path, monkeypatch):
+  """A full disk met by the metrics' write or close (tests/test_workdir.py does it on a real
+  one): a StorageError, the OS's words without the errno's prefix, and the resume's step."""
+  workdir = str(tmp_path)
+  os.makedirs(os.path.join(workdir, "checkpoints", "7", "state"))
+  writer = metrics.MetricsWriter(workdir)
+  writer.write(1, {"train_loss": 1.0})
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(metrics, "open", full, raising=False)
+  with pytest.raises(checkpointing.StorageError) as e:
+    writer.write(2, {"train_loss": 2.0})
+  assert str(e.value) == (
+      f"writing the run's metrics into {workdir}/metrics.jsonl failed: No space left on device. "
+      "What was written before stays readable (a line cut short is skipped, and a resume cuts "
+      "metrics.jsonl and TensorBoard back to its step). The last good checkpoint is step 7, "
+      "untouched: free space, or lower --config.keep_checkpoints (a resume deletes the oldest "
+      "steps beyond it before it writes anything), and run the same command to resume from it.")
+  monkeypatch.undo()
+  # The TensorBoard events' close: the same error, naming their directory; closed only once.
+  monkeypatch.setattr(writer.tb, "close", mock.Mock(side_effect=OSError(errno.ENOSPC, "full")))
+  tensorboard = re.escape(os.path.join(workdir, "tensorboard"))
+  with pytest.raises(checkpointing.StorageError,
+                     match=rf"^writing the run's metrics into {tensorboard} failed: full\. "):
+    writer.close()
+  writer.close()   # nothing left to close
 
 
 def test_a_data_record_this_code_did_not_write_is_refused():
