@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from unittest import mock
 
 import jax
@@ -840,12 +841,55 @@ def test_a_failed_write_of_the_metrics_names_the_file_and_where_a_resume_starts(
       "steps beyond it before it writes anything), and run the same command to resume from it.")
   monkeypatch.undo()
   # The TensorBoard events' close: the same error, naming their directory; closed only once.
-  monkeypatch.setattr(writer.tb, "close", mock.Mock(side_effect=OSError(errno.ENOSPC, "full")))
+  tb = writer.tb
+  monkeypatch.setattr(tb, "close", mock.Mock(side_effect=OSError(errno.ENOSPC, "full")))
   tensorboard = re.escape(os.path.join(workdir, "tensorboard"))
   with pytest.raises(checkpointing.StorageError,
                      match=rf"^writing the run's metrics into {tensorboard} failed: full\. "):
     writer.close()
   writer.close()   # nothing left to close
+  # Its writers marked closed: tensorboardX's exit handler would flush them again and print the
+  # failure as a traceback after the run's one message. A failed flush in `write` does the same.
+  assert tb.all_writers and all(w.event_writer._closed for w in tb.all_writers.values())
+  again = metrics.MetricsWriter(workdir)
+  tb = again.tb
+  monkeypatch.setattr(tb, "flush", mock.Mock(side_effect=OSError(errno.ENOSPC, "full")))
+  with pytest.raises(checkpointing.StorageError, match="tensorboard failed: full"):
+    again.write(3, {"train_loss": 3.0})
+  assert again.tb is None and all(w.event_writer._closed for w in tb.all_writers.values())
+
+
+def test_closing_a_run_closes_everything_and_raises_what_is_not_hidden():
+  """`_Run._close`: each part closed even when one before it fails; the first failure raised,
+  unless another error is on its way out (quiet); a Ctrl-C raised in any case."""
+  def run(*failures):
+    closed = []
+
+    def part(name, failure):
+      def close():
+        closed.append(name)
+        if failure:
+          raise failure
+      return types.SimpleNamespace(close=close)
+
+    fake = types.SimpleNamespace(trainer=types.SimpleNamespace(checkpointer=part("c", failures[0])),
+                                 writer=part("w", failures[1]), progress=part("p", failures[2]))
+    return fake, closed
+
+  first, second = RuntimeError("checkpointer"), OSError("writer")
+  fake, closed = run(first, second, None)
+  with pytest.raises(RuntimeError, match="checkpointer"):
+    loop._Run._close(fake)
+  assert closed == ["c", "w", "p"]
+  fake, closed = run(first, second, None)
+  loop._Run._close(fake, quiet=True)
+  assert closed == ["c", "w", "p"]
+  fake, closed = run(None, None, None)
+  loop._Run._close(fake)
+  fake, closed = run(KeyboardInterrupt(), None, None)
+  with pytest.raises(KeyboardInterrupt):
+    loop._Run._close(fake, quiet=True)
+  assert closed == ["c", "w", "p"]
 
 
 def test_a_data_record_this_code_did_not_write_is_refused():

@@ -442,11 +442,11 @@ def test_a_disk_filled_by_another_program_stops_the_run_at_its_metrics_and_it_re
           str(run / "checkpoints")):
         assert first.poll() is None, first.communicate()[1][-3000:]
         time.sleep(0.1)
-      with open(disk / "filler", "wb") as f:   # the other program
+      # Unbuffered: what a full disk refuses must not wait in a buffer for the file's close.
+      with open(disk / "filler", "wb", buffering=0) as f:   # the other program
         with pytest.raises(OSError, match="No space left on device"):
           while True:
             f.write(b"\0" * 2**16)
-            f.flush()
       err = first.communicate(timeout=240)[1]
     finally:
       if first.poll() is None:

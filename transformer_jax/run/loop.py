@@ -374,14 +374,15 @@ class _Run:
   def _close(self, quiet: bool = False) -> None:
     # Each is closed even if one before it fails, and the first failure is raised, unless
     # another error is on its way out (quiet): on a full disk the metrics' close fails too, and
-    # must not hide the write that stopped the run.
+    # must not hide the write that stopped the run. A Ctrl-C while closing (waiting for the
+    # last save) still closes the rest, and is raised in any case.
     first = None
     for close in (self.trainer.checkpointer.close, self.writer.close, self.progress.close):
       try:
         close()
-      except Exception as e:  # noqa: BLE001 - raised below, or hidden behind the one on its way
+      except BaseException as e:  # noqa: BLE001 - raised below, or behind the one on its way
         first = first or e
-    if first is not None and not quiet:
+    if first is not None and (not quiet or not isinstance(first, Exception)):
       raise first
 
   def _write(self, step: int, record: dict) -> dict:

@@ -5,6 +5,7 @@ so averages over several steps and devices are exact token-weighted means.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -71,7 +72,9 @@ class MetricsWriter:
             self.tb.add_scalar(k, v, int(step))
         self.tb.flush()
       except OSError as e:
-        raise self._failed(self.tb.logdir, e) from None
+        tb, self.tb = self.tb, None
+        _abandon(tb)
+        raise self._failed(tb.logdir, e) from None
 
   def close(self):
     if self.tb is not None:
@@ -79,6 +82,7 @@ class MetricsWriter:
       try:
         tb.close()
       except OSError as e:
+        _abandon(tb)
         raise self._failed(tb.logdir, e) from None
 
   def _failed(self, path: str, error: OSError) -> Exception:
@@ -91,6 +95,23 @@ class MetricsWriter:
         "written before stays readable (a line cut short is skipped, and a resume cuts "
         "metrics.jsonl and TensorBoard back to its step). "
         + checkpointing.resume_advice(os.path.join(self.workdir, "checkpoints")))
+
+
+def _abandon(tb) -> None:
+  """After a failed write of TensorBoard events: tensorboardX's exit handler would flush them
+  again, and its writer thread would wait on a queue torn down at exit, each printing a
+  traceback after the run's one message. So each writer's thread is stopped, its file closed
+  (the unwritten events dropped: a resume cuts TensorBoard back to its step anyway) and the
+  writer marked closed (tensorboardX's own fields, its version pinned in requirements.txt)."""
+  for writer in getattr(tb, "all_writers", {}).values():
+    events = getattr(writer, "event_writer", None)
+    if events is None or events._closed:
+      continue
+    events._closed = True
+    with contextlib.suppress(Exception):
+      events._worker.stop()        # the events still queued go to the file's buffer
+    with contextlib.suppress(Exception):
+      events._ev_writer.close()    # its flush fails again; the file is closed all the same
 
 
 def _plain(v):
