@@ -73,8 +73,7 @@ class MetricsWriter:
         self.tb.flush()
       except OSError as e:
         tb, self.tb = self.tb, None
-        _abandon(tb)
-        raise self._failed(tb.logdir, e) from None
+        raise self._tensorboard_failed(tb, e) from None
 
   def close(self):
     if self.tb is not None:
@@ -82,8 +81,11 @@ class MetricsWriter:
       try:
         tb.close()
       except OSError as e:
-        _abandon(tb)
-        raise self._failed(tb.logdir, e) from None
+        raise self._tensorboard_failed(tb, e) from None
+
+  def _tensorboard_failed(self, tb, error: OSError) -> Exception:
+    _abandon(tb)
+    return self._failed(tb.logdir, error)
 
   def _failed(self, path: str, error: OSError) -> Exception:
     """A failed write of the metrics (a full disk, say) as one StorageError: which file, why,
@@ -103,11 +105,10 @@ def _abandon(tb) -> None:
   traceback after the run's one message. So each writer's thread is stopped, its file closed
   (the unwritten events dropped: a resume cuts TensorBoard back to its step anyway) and the
   writer marked closed (tensorboardX's own fields, its version pinned in requirements.txt)."""
-  for writer in getattr(tb, "all_writers", {}).values():
-    events = getattr(writer, "event_writer", None)
-    if events is None or events._closed:
-      continue
+  for writer in (tb.all_writers or {}).values():  # None once a close has gone through
+    events = writer.event_writer
     events._closed = True
+    # Each may fail (a writer tensorboardX closed already has no thread), and neither matters.
     with contextlib.suppress(Exception):
       events._worker.stop()        # the events still queued go to the file's buffer
     with contextlib.suppress(Exception):
