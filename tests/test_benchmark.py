@@ -141,15 +141,32 @@ def _rows(real: int) -> np.ndarray:
   return np.array([1] * real + [0] * (8 - real)).reshape(2, 4)
 
 
-class FakeData:
-  """What the data benchmark reads of `get_data`'s result: sizes, vocabulary, batches of 2 rows
-  x 4 tokens with 5 real source and 3 real target tokens each, and whether it was closed."""
+class FakeClock:
+  """`time` for the module under test: `perf_counter` moves only when `sleep` moves it, so the
+  figures measured from it are exact, whatever the machine's load (a real clock made these
+  tests' upper bounds a matter of chance)."""
 
   def __init__(self):
+    self.now = 1000.0
+
+  def perf_counter(self):
+    return self.now
+
+  def sleep(self, seconds):
+    self.now += seconds
+
+
+class FakeData:
+  """What the data benchmark reads of `get_data`'s result: sizes, vocabulary, batches of 2 rows
+  x 4 tokens with 5 real source and 3 real target tokens each, and whether it was closed. With a
+  `clock`, each batch takes 1/64 s of it."""
+
+  def __init__(self, clock=None):
     self.sources = {"train": [0] * 7, "validation": [0] * 2, "test": [0] * 3}
     self.tokenizer = types.SimpleNamespace(vocab_size=1234)
     self.closed = False
     self.read = 0
+    self.clock = clock
 
   def train_dataset(self):
     return self
@@ -159,6 +176,8 @@ class FakeData:
 
   def __next__(self):
     self.read += 1
+    if self.clock:
+      self.clock.sleep(1 / 64)
     return {"inputs_segmentation": _rows(5), "targets_segmentation": _rows(3),
             "inputs": np.zeros((2, 4), np.int32), "targets": np.zeros((2, 4), np.int32),
             "text": ["not an array"]}
@@ -168,12 +187,15 @@ class FakeData:
 
 
 def test_the_data_benchmark_counts_real_tokens_after_one_untimed_batch(monkeypatch, capsys):
-  data = FakeData()
-  n = bench_data._measure(data, 0.05)
-  assert n["batches"] == data.read - 1 > 0 and data.closed   # the first batch is not timed
+  clock = FakeClock()
+  monkeypatch.setattr(bench_data, "time", clock)
+  data = FakeData(clock)
+  # Batches of 1/64 s read for 5/64 s: the 5 after the untimed first (exact in binary).
+  n = bench_data._measure(data, 5 / 64)
+  assert n["batches"] == data.read - 1 == 5 and data.closed   # the first batch is not timed
   b = n["batches"]
   assert (n["source"], n["target"], n["capacity"]) == (5 * b, 3 * b, 8 * b)
-  assert n["shapes"] == [[2, 4]] and 0.05 <= n["elapsed"] < 5
+  assert n["shapes"] == [[2, 4]] and n["elapsed"] == 5 / 64
   # The figures of a point: per second of the timed reads, the fill of the target rows; the
   # setup (building the dataset, training the tokenizer) timed apart, in the dataset's workdir.
   asked = []
@@ -282,39 +304,39 @@ def test_benchmark_table_load_average_memory_and_random_tokens(monkeypatch, caps
 
 
 class FakeSetup:
-  """What `bench_train._timed` uses of a `TrainSetup`, with a step that sleeps and records which
-  batch it was given and when."""
+  """What `bench_train._timed` uses of a `TrainSetup`, with a step that records which batch it
+  was given and takes `clock`'s time: call n (from 1) takes n ms of it, so each figure
+  names the calls it timed."""
 
   model = types.SimpleNamespace(config=types.SimpleNamespace(dtype="float32"))
 
-  def __init__(self):
+  def __init__(self, clock):
     self.calls = []
+    self.clock = clock
 
   def context(self):
     return contextlib.nullcontext()
 
   def train_step(self, state, batch):
-    start = time.perf_counter()
-    time.sleep(0.01)
-    self.calls.append((batch, start, time.perf_counter()))
+    self.calls.append(batch)
+    self.clock.sleep(len(self.calls) / 1000)
     return state + 1, {"loss": np.float32(6.0), "tokens": np.float32(4.0)}
 
 
-def test_train_benchmark_cycles_the_batches_and_times_each_step():
-  setup = FakeSetup()
+def test_train_benchmark_cycles_the_batches_and_times_each_step(monkeypatch):
+  clock = FakeClock()
+  monkeypatch.setattr(bench_train, "time", clock)
+  setup = FakeSetup(clock)
   options = bench_train.TrainOptions(steps=4, warmup=3, matmul_n=64, matmul_seconds=0)
   t = bench_train._timed(setup, 0, ["b0", "b1", "b2"], options)
-  batches = [b for b, _, _ in setup.calls]
   # Warm-up (the first call compiles), the timed steps one by one, then back to back.
-  assert batches == ["b0", "b1", "b2"] + ["b0", "b1", "b2", "b0"] * 2
+  assert setup.calls == ["b0", "b1", "b2"] + ["b0", "b1", "b2", "b0"] * 2
   assert t["used"] == [0, 1, 2, 0] and t["loss"] == 1.5
-  first, timed, b2b = setup.calls[0], setup.calls[3:7], setup.calls[7:]
-  assert first[2] - first[1] <= t["first_step_s"] < 1
-  for (_, start, end), step, dispatch in zip(timed, t["times"], t["dispatch"]):
-    assert end - start <= dispatch <= step < 1
-  # The back-to-back figure is the mean of its steps' span.
-  span = b2b[-1][2] - b2b[0][1]
-  assert span / 4 <= t["back_to_back"] < 2 * span / 4 + 0.01
+  # The first call's time; calls 4-7 one by one (a step's result is ready when it returns, so
+  # its dispatch is all of it); calls 8-11 back to back, their mean.
+  assert t["first_step_s"] == pytest.approx(0.001)
+  assert t["times"] == t["dispatch"] == pytest.approx([0.004, 0.005, 0.006, 0.007])
+  assert t["back_to_back"] == pytest.approx(0.0095)
   assert t["peak"][0] > 0 and t["peak"][1].startswith("measured")
 
 

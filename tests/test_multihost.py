@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import types
 
 import jax
@@ -54,9 +55,26 @@ def _summary(output: str) -> dict:
   return ast.literal_eval(lines[-1])
 
 
-def _run_two_processes(data_dir, workdir, mesh_flags) -> tuple[list[int], list[str]]:
-  """scripts/train.py in two local processes (2 fake CPU devices each): exit codes, outputs."""
-  port = _free_port()
+# What the coordinator (process 0) says, then it dies (SIGSEGV), when its port is taken: the
+# port `_free_port` found free was bound by another program before the coordinator bound it.
+PORT_TAKEN = "Failed to add port to server"
+
+
+def _run_two_processes(data_dir, workdir, mesh_flags, attempts: int = 3,
+                       first_port: int | None = None) -> tuple[list[int], list[str]]:
+  """scripts/train.py in two local processes (2 fake CPU devices each): exit codes, outputs.
+  Again on another port when the coordinator's was taken (nothing was written before it
+  failed: `distributed.initialize` is the run's first step)."""
+  for attempt in range(attempts):
+    port = first_port if attempt == 0 and first_port else _free_port()
+    codes, outputs = _two_processes_on(port, data_dir, workdir, mesh_flags)
+    if not (codes[0] and PORT_TAKEN in outputs[0]):
+      break
+    print(f"attempt {attempt + 1}: the coordinator's port was taken; again on another")
+  return codes, outputs
+
+
+def _two_processes_on(port, data_dir, workdir, mesh_flags) -> tuple[list[int], list[str]]:
   env = dict(os.environ, XLA_FLAGS=xla_env.flags(2),
              JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
   for key in CLUSTER_VARIABLES:
@@ -80,15 +98,16 @@ def _run_two_processes(data_dir, workdir, mesh_flags) -> tuple[list[int], list[s
   try:
     for p in procs:
       outputs.append(p.communicate(timeout=TIMEOUT)[0])
+      if p.returncode and PORT_TAKEN in outputs[-1]:
+        break   # the other process would wait for the coordinator until JAX's timeout
   finally:
     for p in procs:
       if p.poll() is None:
         p.kill()
-        p.wait()
-    if len(outputs) < 2 or any(p.returncode for p in procs):
+    outputs += [p.communicate()[0] for p in procs[len(outputs):]]
+    if any(p.returncode for p in procs):
       for i, p in enumerate(procs):
-        out = outputs[i] if i < len(outputs) else "(timed out)"
-        print(f"---- process {i} (exit {p.returncode}):\n{out[-6000:]}")
+        print(f"---- process {i} (exit {p.returncode}):\n{outputs[i][-6000:]}")
   return [p.returncode for p in procs], outputs
 
 
@@ -159,14 +178,24 @@ def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_
     _resume_prunes_old_checkpoints(data_dir, workdir, outputs)
 
 
-def test_two_processes_refuse_a_mesh_that_gives_both_the_same_rows(tmp_path):
+def test_two_processes_refuse_a_mesh_that_gives_both_the_same_rows(tmp_path, capsys):
   # With the batch replicated across the processes (data 1, tensor over all 4 devices), each
   # process's own rows would be taken for copies of the same rows: refused before training.
   data_dir, workdir = tmp_path / "tfds", tmp_path / "run"
   from transformer_jax.data import get_data
   get_data(_config(data_dir).data, str(workdir))
-  codes, outputs = _run_two_processes(data_dir, workdir,
-                                      ["--config.mesh.data=1", "--config.mesh.tensor=-1"])
+  # The first port given is taken (a program listens on it), as when another program binds
+  # the port `_free_port` found between its check and the coordinator's bind: the two
+  # processes are started again on another, at once (not after the other's 5-minute wait).
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    start = time.monotonic()
+    codes, outputs = _run_two_processes(data_dir, workdir,
+                                        ["--config.mesh.data=1", "--config.mesh.tensor=-1"],
+                                        first_port=taken.getsockname()[1])
+  assert "attempt 1: the coordinator's port was taken" in capsys.readouterr().out
+  assert time.monotonic() - start < TIMEOUT / 2
   assert codes == [1, 1], outputs
   for out in outputs:
     assert ("config.mesh ({'data': 1, 'fsdp': 1, 'tensor': 4}) do not give each of the 2 "
