@@ -1136,7 +1136,7 @@ def test_the_start_up_line_names_the_model_options_that_are_not_the_defaults():
 
 
 def test_checkpointer_details_found_by_mutation_testing(tmp_path, monkeypatch):
-  """Survivors of a mutation sample of run/checkpointing.py (2026-11-26, docs/testing.md)."""
+  """Survivors of a mutation sample of run/checkpointing.py (2026-11-26, docs/mutation_runs.md)."""
   # Orbax's records below ERROR pass the filter that drops its failed-save tracebacks.
   quiet = checkpointing._QuietStorageErrors()
   record = logging.LogRecord("absl", logging.WARNING, "orbax/x.py", 1,
@@ -1193,7 +1193,7 @@ def test_checkpointer_details_found_by_mutation_testing(tmp_path, monkeypatch):
 
 
 def test_storage_error_figures_of_a_first_save_and_of_an_earlier_async_save(tmp_path):
-  """The last open survivors of a mutation sample of run/checkpointing.py (docs/testing.md):
+  """The last open survivors of a mutation sample of run/checkpointing.py (docs/mutation_runs.md):
   the size a failed first save reports (the state's bytes, no checkpoint on disk yet) and the
   step an error without a step path is blamed on (an asynchronous save fails at the next one)."""
   ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"), async_save=False)

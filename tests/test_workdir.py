@@ -363,7 +363,7 @@ def test_too_little_free_space_for_the_kept_checkpoints_is_warned_at_start(run, 
 
 def test_a_checkpointer_keeps_the_newest_three_unless_told(tmp_path):
   """The default of `Checkpointer(max_to_keep=3)`, for code that builds one itself (the Trainer
-  passes `keep_checkpoints`): a mutation sample found no test of it (docs/testing.md)."""
+  passes `keep_checkpoints`): a mutation sample found no test of it (docs/mutation_runs.md)."""
   ckpt = checkpointing.Checkpointer(str(tmp_path / "run"), async_save=False)
   for step in (1, 2, 3, 4):
     ckpt.save(step, {"w": np.full(3, step, np.float32)})
