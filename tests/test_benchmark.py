@@ -303,10 +303,24 @@ def test_benchmark_table_load_average_memory_and_random_tokens(monkeypatch, caps
   assert {int(b[k].min()) for k in b} == {4} and {int(b[k].max()) for k in b} == {5}
 
 
+class Pending:
+  """A fake step's state: ready `device_s` of the clock after the call returned (what
+  `jax.block_until_ready` waits for, calling this method)."""
+
+  def __init__(self, clock, device_s):
+    self.clock, self.left = clock, device_s
+
+  def block_until_ready(self):
+    self.clock.sleep(self.left)
+    self.left = 0.0
+    return self
+
+
 class FakeSetup:
   """What `bench_train._timed` uses of a `TrainSetup`, with a step that records which batch it
-  was given and takes `clock`'s time: call n (from 1) takes n ms of it, so each figure
-  names the calls it timed."""
+  was given and takes `clock`'s time: call n (from 1) takes n ms to return (the host's
+  dispatch) and its state is ready 10 ms later (the device), so each figure names the calls
+  and the waits it timed."""
 
   model = types.SimpleNamespace(config=types.SimpleNamespace(dtype="float32"))
 
@@ -320,7 +334,7 @@ class FakeSetup:
   def train_step(self, state, batch):
     self.calls.append(batch)
     self.clock.sleep(len(self.calls) / 1000)
-    return state + 1, {"loss": np.float32(6.0), "tokens": np.float32(4.0)}
+    return Pending(self.clock, 0.010), {"loss": np.float32(6.0), "tokens": np.float32(4.0)}
 
 
 def test_train_benchmark_cycles_the_batches_and_times_each_step(monkeypatch):
@@ -332,11 +346,12 @@ def test_train_benchmark_cycles_the_batches_and_times_each_step(monkeypatch):
   # Warm-up (the first call compiles), the timed steps one by one, then back to back.
   assert setup.calls == ["b0", "b1", "b2"] + ["b0", "b1", "b2", "b0"] * 2
   assert t["used"] == [0, 1, 2, 0] and t["loss"] == 1.5
-  # The first call's time; calls 4-7 one by one (a step's result is ready when it returns, so
-  # its dispatch is all of it); calls 8-11 back to back, their mean.
-  assert t["first_step_s"] == pytest.approx(0.001)
-  assert t["times"] == t["dispatch"] == pytest.approx([0.004, 0.005, 0.006, 0.007])
-  assert t["back_to_back"] == pytest.approx(0.0095)
+  # The first call and its wait; calls 4-7 one by one, each returned (its dispatch) and then
+  # waited for; calls 8-11 back to back with one wait at the end, the mean.
+  assert t["first_step_s"] == pytest.approx(0.011)
+  assert t["dispatch"] == pytest.approx([0.004, 0.005, 0.006, 0.007])
+  assert t["times"] == pytest.approx([0.014, 0.015, 0.016, 0.017])
+  assert t["back_to_back"] == pytest.approx((0.008 + 0.009 + 0.010 + 0.011 + 0.010) / 4)
   assert t["peak"][0] > 0 and t["peak"][1].startswith("measured")
 
 
