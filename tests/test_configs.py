@@ -20,6 +20,7 @@ def load(name):
 
 @pytest.mark.parametrize("name,arg", [("default", None), ("locale", "ende"), ("locale", "enfr"),
                                       ("locale", "ende_short"), ("locale", "ende_paper"),
+                                      ("locale", "ende_paper_pre"), ("locale", "enfr_paper_pre"),
                                       ("wmt14_ende", "base"), ("wmt14_ende", "big")])
 def test_config_validates(name, arg):
   c = load(name).get_config(arg)
@@ -55,6 +56,11 @@ def test_locale_variants_differ_only_where_documented():
   assert full.num_train_steps == 1500 and short.num_train_steps == 375
   assert (full.model.norm_position, paper.model.norm_position) == ("pre", "post")
   assert (paper.model.dropout_rate, paper.learning_rate) == (0.1, 1.0)
+  # The paper's recipe with pre-LN: that one field apart from it, everything else the same.
+  paper_pre = locale.get_config("ende_paper_pre")
+  assert paper_pre.model.norm_position == "pre"
+  paper_pre.model.norm_position = "post"
+  assert paper_pre.to_dict() == paper.to_dict()
   # The paper's optimizer, smoothing and search in every variant; averaging the last 5.
   for c in (full, paper):
     assert (c.adam_b1, c.adam_b2, c.adam_eps, c.label_smoothing) == (0.9, 0.98, 1e-9, 0.1)
