@@ -23,7 +23,8 @@ schedule compressed to 375 steps did not learn): pre-LN, dropout 0.3 (and 0.1 on
 weights: 18,000 pairs are seen about 30 times in an hour), the schedule's multiplier 2, a
 4,000-piece vocabulary. `<pair>_paper` keeps the paper's choices there too (post-LN, dropout 0.1,
 multiplier 1), and `<pair>_paper_pre` is that with pre-LN, which scored best on EN-DE (test
-sacreBLEU 35.1, against 32.2 +- 0.7 for `_paper` and 29.2 for the CPU recipe: docs/results.md):
+sacreBLEU 35.1 and 35.3 over two seeds, against 32.2 +- 0.7 over three for `_paper` and 29.6
+over two for the CPU recipe: docs/results.md):
 
     python scripts/train.py --config configs/locale.py:ende_paper_pre --workdir runs/ende_paper_pre
 """
