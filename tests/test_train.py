@@ -896,6 +896,11 @@ def test_closing_a_run_closes_everything_and_raises_what_is_not_hidden():
   with pytest.raises(KeyboardInterrupt):
     loop._Run._close(fake, quiet=True)
   assert closed == ["c", "w", "p"]
+  # A Ctrl-C after another close failed, while an error is on its way out: still raised.
+  fake, closed = run(first, KeyboardInterrupt(), None)
+  with pytest.raises(KeyboardInterrupt):
+    loop._Run._close(fake, quiet=True)
+  assert closed == ["c", "w", "p"]
 
 
 def test_a_data_record_this_code_did_not_write_is_refused():

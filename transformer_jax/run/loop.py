@@ -376,13 +376,17 @@ class _Run:
     # another error is on its way out (quiet): on a full disk the metrics' close fails too, and
     # must not hide the write that stopped the run. A Ctrl-C while closing (waiting for the
     # last save) still closes the rest, and is raised in any case.
-    first = None
+    first = interrupt = None
     for close in (self.trainer.checkpointer.close, self.writer.close, self.progress.close):
       try:
         close()
-      except BaseException as e:  # noqa: BLE001 - raised below, or behind the one on its way
+      except Exception as e:  # noqa: BLE001 - raised below, or behind the one on its way
         first = first or e
-    if first is not None and (not quiet or not isinstance(first, Exception)):
+      except BaseException as e:  # noqa: BLE001 - a Ctrl-C: raised whatever failed before it
+        interrupt = interrupt or e
+    if interrupt is not None:
+      raise interrupt
+    if first is not None and not quiet:
       raise first
 
   def _write(self, step: int, record: dict) -> dict:
