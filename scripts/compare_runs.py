@@ -6,6 +6,8 @@ columns, then status, step, metrics, evaluate.py scores and the best evaluation,
     python scripts/compare_runs.py runs/ende_seed* --metric test_bleu --out runs/seeds
     python scripts/compare_runs.py runs/a runs/b --field model.d_model --field learning_rate
     python scripts/compare_runs.py runs/ --ignore data.data_dir    # runs from two machines
+    python scripts/compare_runs.py runs/ --metric test_bleu --averaged --beam_size 4
+                                                  # by the averaged checkpoints' beam-4 BLEU
 
 Each argument is a run's workdir (it holds config.json), a sweep's directory (its started
 points) or a directory of those, one level down. The columns are found from the runs' configs
@@ -15,8 +17,11 @@ points) or a directory of those, one level down. The columns are found from the 
 summed up over their seeds (mean, sample standard deviation, range; finished runs only), as a
 sweep report's seeds are. `--metric` sorts (losses lowest first; `--lower_is_better` to choose), and
 takes what training logged (`bleu`, `eval_loss`, ...) or evaluate.py's latest score per split
-(`test_bleu`, `test_chrf`). Prints the Markdown table; `--out PREFIX` also writes PREFIX.csv
-(every metric, each run's workdir) and PREFIX.md (and PREFIX_seeds.csv/.md).
+(`test_bleu`, `test_chrf`): of any checkpoint and search, or with `--averaged` (`--noaveraged`)
+of the average of checkpoints (of a single checkpoint) only, with `--beam_size N` of that
+search only; `test_search` says which one each figure is of. Prints the Markdown table;
+`--out PREFIX` also writes PREFIX.csv (every metric, each run's workdir) and PREFIX.md (and
+PREFIX_seeds.csv/.md).
 """
 import sys
 
@@ -36,6 +41,7 @@ def define(values):
   flags.DEFINE_multi_string("ignore", [], "a config field the runs differ in by accident, left "
                             "out of the columns and of the seed grouping (repeatable)", **v)
   flags.DEFINE_string("out", None, "write PREFIX.csv and PREFIX.md", **v)
+  cli.define_evaluations(values)
 
 
 def body(values, args):
@@ -44,9 +50,10 @@ def body(values, args):
           "of them (e.g. runs/)", file=sys.stderr)
     return 2
   try:
+    choice = cli.evaluations(values)
     out = compare(args, values.metric, values.lower_is_better, values.field, values.out,
-                  values.ignore)
-  except SweepError as e:  # a misspelt --metric
+                  values.ignore, choice)
+  except SweepError as e:  # a misspelt --metric, a beam of 0
     print(f"error: {e}", file=sys.stderr)
     return 1
   print(out["markdown"], end="")

@@ -6,6 +6,8 @@ r"""Run, submit or report a sweep: the points of a config file's `sweep()` (docs
     python scripts/sweep.py --config configs/default.py --workdir runs/lr_warmup --submit \
         --wait --slurm_option=--gres=gpu:1   # a SLURM array of the points not done yet
     python scripts/sweep.py --workdir runs/lr_warmup --report --metric bleu
+    python scripts/sweep.py --workdir runs/lr_warmup --report --metric test_bleu --averaged \
+        --beam_size 4                        # by evaluate.py's scores of averaged checkpoints
 
 `--config.FIELD=VALUE` overrides apply to every point, on top of those sweep.json recorded (a
 re-run needs none; `--config.num_train_steps=N` alone extends the sweep); other values than the
@@ -43,6 +45,7 @@ def define(values):
   flags.DEFINE_bool("report", False, "write report.csv/.md/.png", **v)
   flags.DEFINE_string("metric", "bleu", "report: the metric to sort and plot", **v)
   flags.DEFINE_bool("lower_is_better", None, "report: sort ascending (default: losses)", **v)
+  cli.define_evaluations(values)  # report: --averaged, --beam_size
 
 
 def body(values, args):
@@ -55,10 +58,11 @@ def body(values, args):
 
 def _body(values):
   if values.report:
-    out = sweeps.report(values.workdir, values.metric, values.lower_is_better)
+    out = sweeps.report(values.workdir, values.metric, values.lower_is_better,
+                        cli.evaluations(values))
     print(out["markdown"], end="")
-    if out["warning"]:
-      print(f"warning: {out['warning']}", file=sys.stderr)
+    for warning in [out["warning"]] * bool(out["warning"]) + out["warnings"]:
+      print(f"warning: {warning}", file=sys.stderr)
     print("wrote " + ", ".join(out["files"]), file=sys.stderr)
     return 0
   if values.config is None:

@@ -478,6 +478,20 @@ def test_markdown_cells_of_other_units():
   assert text == "| rate (%) | n |\n|---|---|\n| 50% |  |\n|  | 2 |\n"
 
 
+def _evaluated_sweep(sweep_dir, results, step, tail=""):
+  """Done points of a learning-rate sweep in `sweep_dir` (sweep.json written by the caller):
+  per rate in `results`, BLEU 10 x rate logged at `step` and its evaluate.py result lines (then
+  `tail`)."""
+  for lr, lines in results.items():
+    d = sweeps.point_dir(str(sweep_dir), {"learning_rate": lr})
+    os.makedirs(os.path.join(d, "eval"))
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": step, "bleu": 10.0 * lr}) + "\n")
+    with open(os.path.join(d, "eval", "results.jsonl"), "w") as f:
+      f.write("".join(json.dumps(r) + "\n" for r in lines) + tail)
+    open(os.path.join(d, sweeps.DONE), "w").close()
+
+
 def test_report_sorts_by_the_scores_of_evaluate_py(tmp_path, capsys):
   """`--metric test_bleu`: the latest scripts/evaluate.py result per split (eval/results.jsonl),
   not only what training logged; copy baselines, ensembles and cut lines left out."""
@@ -492,14 +506,7 @@ def test_report_sorts_by_the_scores_of_evaluate_py(tmp_path, capsys):
                    {"split": "newstest", "bleu": 12.5, "chrf": 40.0},
                    # with other models (--ensemble): not this point's own figure
                    {"split": "test", "bleu": 99.0, "chrf": 99.0, "ensemble": [{"step": 3}]}]}
-  for lr, lines in results.items():
-    d = sweeps.point_dir(str(tmp_path), {"learning_rate": lr})
-    os.makedirs(os.path.join(d, "eval"))
-    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
-      f.write(json.dumps({"step": 3, "bleu": 10.0 * lr}) + "\n")
-    with open(os.path.join(d, "eval", "results.jsonl"), "w") as f:
-      f.write("".join(json.dumps(r) + "\n" for r in lines) + '{"split": "test", "bl')
-    open(os.path.join(d, sweeps.DONE), "w").close()
+  _evaluated_sweep(tmp_path, results, step=3, tail='{"split": "test", "bl')
   out = sweeps.report(str(tmp_path), "test_bleu")
   assert [(r["learning_rate"], r["test_bleu"], r["test_chrf"]) for r in out["rows"]] == [
       (2.0, 35.0, 55.0), (1.0, 31.0, 51.0)]
@@ -514,6 +521,73 @@ def test_report_sorts_by_the_scores_of_evaluate_py(tmp_path, capsys):
   assert out["rows"][1]["test_bleu_ci95"] == 1.25 and "test_bleu_ci95" not in out["rows"][0]
   assert " test_bleu " in out["markdown"].splitlines()[0]   # a column of the table
   assert os.path.exists(tmp_path / "report_test_bleu.png")
+
+
+def test_report_and_compare_take_the_evaluations_asked_for(tmp_path, capsys):
+  """`--averaged` / `--noaveraged` and `--beam_size N` (scripts/sweep.py --report,
+  scripts/compare_runs.py): `test_bleu` is the latest evaluate.py result of that kind, whichever
+  came last; a run with results of other kinds only has none and is named with the command
+  that makes one; a metric no run then has is an error that says why; a beam of 0 is refused."""
+  script = load_sweep_script()
+  points = [{"learning_rate": 1.0}, {"learning_rate": 2.0}]
+  (tmp_path / "sweep.json").write_text(json.dumps({"points": [{"overrides": p} for p in points]}))
+  def result(bleu, beam, averaged=False, split="test"):
+    return {"split": split, "bleu": bleu, "beam_size": beam, "alpha": 0.6, "step": 4,
+            **({"averaged_steps": [3, 4]} if averaged else {})}
+  results = {1.0: [result(30.0, 4, averaged=True), result(31.0, 1, averaged=True),
+                   result(28.0, 4), result(27.0, 1)],           # the last checkpoint last
+             2.0: [result(25.0, 4), result(24.0, 1, split="validation")]}  # never averaged
+  _evaluated_sweep(tmp_path, results, step=4)
+  def test_bleu(*choice):
+    rows = sweeps.report(str(tmp_path), "test_bleu", None, sweeps.Evaluations(*choice))["rows"]
+    return {r["learning_rate"]: (r.get("test_bleu"), r.get("test_search")) for r in rows}
+  assert test_bleu() == {1.0: (27.0, "greedy, step 4"), 2.0: (25.0, "beam 4, alpha 0.6, step 4")}
+  assert test_bleu(True, 4) == {1.0: (30.0, "beam 4, alpha 0.6, average of 2 to step 4"),
+                                2.0: (None, None)}
+  assert test_bleu(True) == {1.0: (31.0, "greedy, average of 2 to step 4"), 2.0: (None, None)}
+  assert test_bleu(False, 4) == {1.0: (28.0, "beam 4, alpha 0.6, step 4"),
+                                 2.0: (25.0, "beam 4, alpha 0.6, step 4")}
+  assert test_bleu(None, 1) == {1.0: (27.0, "greedy, step 4"), 2.0: (None, None)}
+  # The script: the table by the averaged beam-4 scores, and the point without one named.
+  lr2 = sweeps.point_dir(str(tmp_path), {"learning_rate": 2.0})
+  assert script.main(["--workdir", str(tmp_path), "--report", "--metric", "test_bleu",
+                      "--averaged", "--beam_size", "4"]) == 0
+  out, err = capsys.readouterr()
+  assert "| 30 |" in out and "average of 2 to step 4" in out, out
+  assert (f"warning: {lr2}: none of its 2 evaluate.py results is of an averaged checkpoint with "
+          f"beam 4: its <split>_bleu is left empty (python scripts/average_checkpoints.py "
+          f"--workdir {lr2}, then python scripts/evaluate.py --workdir {lr2} --split test "
+          "--averaged --beam_size 4 makes one)") in err, err
+  # No point has a beam-5 score: an error naming the choice, not "no point logged it".
+  assert script.main(["--workdir", str(tmp_path), "--report", "--metric", "test_bleu",
+                      "--beam_size", "5"]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith("error: --metric test_bleu: no point has an evaluate.py score of a "
+                        "checkpoint with beam 5; 2 have others, e.g. "), err
+  assert "--split test --beam_size 5 makes one" in err, err
+  # A metric training logged still sorts; the choice only empties the evaluate.py columns.
+  assert script.main(["--workdir", str(tmp_path), "--report", "--metric", "bleu",
+                      "--beam_size", "5"]) == 0
+  out, err = capsys.readouterr()
+  assert "test_bleu" not in out and err.count("warning: ") == 2, (out, err)
+  assert script.main(["--workdir", str(tmp_path), "--report", "--beam_size", "0"]) == 1
+  assert "error: --beam_size 0: a beam holds 1 hypothesis or more" in capsys.readouterr().err
+  # compare_runs.py takes the same flags, over the points' workdirs.
+  compare = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
+      "compare_runs", os.path.join(REPO, "scripts", "compare_runs.py")))
+  compare.__spec__.loader.exec_module(compare)
+  lr1 = sweeps.point_dir(str(tmp_path), {"learning_rate": 1.0})
+  for d, lr in ((lr1, 1.0), (lr2, 2.0)):
+    _made_run(d + "_run", 4, 10.0 * lr, results[lr], learning_rate=lr)
+  assert compare.main([lr1 + "_run", lr2 + "_run", "--metric", "test_bleu",
+                       "--noaveraged", "--beam_size", "4"]) == 0
+  out, err = capsys.readouterr()
+  assert [line.split(" | ")[:2] for line in out.splitlines()[2:4]] == [
+      [f"| {os.path.basename(lr1)}_run", "1"], [f"| {os.path.basename(lr2)}_run", "2"]], out
+  assert "| 28 |" in out and "warning" not in err, (out, err)
+  assert compare.main([lr1 + "_run", lr2 + "_run", "--metric", "test_bleu", "--averaged"]) == 0
+  out, err = capsys.readouterr()
+  assert "| 31 |" in out and f"warning: {lr2}_run: none of its 2 evaluate.py results" in err
 
 
 def test_report_before_any_metric_warns_of_a_metric_the_trainer_does_not_log(tmp_path, capsys):

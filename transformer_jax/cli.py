@@ -221,6 +221,24 @@ def _flag_error(e: Exception) -> str:
   return str(e)
 
 
+def define_evaluations(values: flags.FlagValues) -> None:
+  """--averaged and --beam_size: which scripts/evaluate.py results a table of runs takes its
+  `<split>_bleu` from (scripts/compare_runs.py, scripts/sweep.py --report); `evaluations`
+  reads them."""
+  flags.DEFINE_bool("averaged", None, "evaluate.py scores of averaged checkpoints only "
+                    "(--noaveraged: of single checkpoints only; default: either)",
+                    flag_values=values)
+  flags.DEFINE_integer("beam_size", None, "evaluate.py scores of this beam size only (1: "
+                       "greedy; default: any)", flag_values=values)
+
+
+def evaluations(values: flags.FlagValues):
+  """The `sweeps.Evaluations` that --averaged and --beam_size ask for (a SweepError for a
+  beam under 1)."""
+  from transformer_jax.sweeps.report import Evaluations  # the sweeps only where used
+  return Evaluations(values.averaged, values.beam_size)
+
+
 def deprecated(old: str, new: str) -> None:
   """A renamed flag keeps its old spelling for one release, with this warning."""
   message = f"{old} is deprecated and will be removed in the next release: use {new}"

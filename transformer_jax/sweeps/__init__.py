@@ -20,6 +20,7 @@ flags, in its own workdir named after its overrides.
              here: it draws on run/curves.py, which loads matplotlib)
 """
 from transformer_jax.sweeps.report import (
+    Evaluations,
     collect,
     lower_is_better,
     plot,
@@ -54,7 +55,8 @@ from transformer_jax.sweeps.spec import (
 )
 
 __all__ = [
-    "DONE", "FAILED", "RUNNING", "Point", "Runner", "SubmitError", "Sweep", "SweepError",
+    "DONE", "Evaluations", "FAILED", "RUNNING", "Point", "Runner", "SubmitError", "Sweep",
+    "SweepError",
     "apply_overrides", "array_spec", "chain", "collect", "cross", "finished", "load_sweep",
     "log_path", "lower_is_better", "override_flags", "plot", "point_dir", "point_name",
     "points_from_config", "product", "report", "sbatch_script", "seed_summary", "slot_env",

@@ -23,7 +23,15 @@ from transformer_jax.run.workdir import (
     recorded_values,
     run_config_path,
 )
-from transformer_jax.sweeps.report import check_metric, recorded_points, run_row, sort_rows, tables
+from transformer_jax.sweeps.report import (
+    EVERY,
+    Evaluations,
+    check_metric,
+    recorded_points,
+    run_row,
+    sort_rows,
+    tables,
+)
 from transformer_jax.sweeps.spec import point_dir
 
 
@@ -125,16 +133,19 @@ def differing_fields(configs: Sequence[dict]) -> list[str]:
 
 def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = None,
             show: Sequence[str] = (), out_prefix: str | None = None,
-            ignore: Sequence[str] = ()) -> dict:
+            ignore: Sequence[str] = (), choice: Evaluations = EVERY) -> dict:
   """The table of the runs `paths` name (`find_runs`), best `metric` first.
 
   `show`: config fields to add as columns although every run has the same value; `ignore`:
   fields in which the runs differ by accident (`data.data_dir` of runs made on two machines),
   left out of the columns, so that runs differing in them and `seed` alone are still summed up
-  over their seeds. With `out_prefix`, writes `<prefix>.csv` (every metric), `<prefix>.md`
-  and, where runs differ only in `seed`, `<prefix>_seeds.csv/.md`. Returns the rows, the
+  over their seeds. `choice`: which evaluate.py results the `<split>_bleu` columns come from
+  (the latest of those; every result by default). With `out_prefix`, writes `<prefix>.csv`
+  (every metric), `<prefix>.md` and, where runs differ only in `seed`,
+  `<prefix>_seeds.csv/.md`. Returns the rows, the
   fields, the Markdown, the seed rows, the files written and `warnings`: lines for the user (a
-  run left out and why, sweep points not started, a metric that cannot be checked yet)."""
+  run left out and why, sweep points not started, a metric that cannot be checked yet, a run
+  with evaluate.py results none of which `choice` takes)."""
   known = field_defaults()
   for flag, names in (("--field", show), ("--ignore", ignore)):
     for field in names:
@@ -156,13 +167,14 @@ def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = Non
     raise RunError("no run to compare: " + "; ".join(warnings or ["none was found"]))
   fields = [f for f in differing_fields(configs) if f not in ignore]
   fields += [f for f in show if f not in fields]
-  rows = []
+  rows, passed = [], []
   for label, workdir, config in zip(default_labels(runs), runs, configs):
     values = {f: _cell_value(config.get(f)) for f in fields}
     row = run_row(workdir, {"name": label, **values},
-                  num_train_steps=config["num_train_steps"])
+                  num_train_steps=config["num_train_steps"], choice=choice, warnings=passed)
     rows.append({**row, "workdir": workdir})
-  warning = check_metric(rows, fields, metric, "run")
+  warnings += passed
+  warning = check_metric(rows, fields, metric, "run", choice, passed)
   if warning:
     warnings.append(warning)
   rows = sort_rows(rows, metric, lower)

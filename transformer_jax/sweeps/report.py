@@ -6,12 +6,14 @@ with several seeds, their mean and spread as `report_seeds.csv/.md`."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import difflib
 import json
 import math
 import os
 import re
 import statistics
+from typing import Sequence
 
 from transformer_jax.experiment import BEST_METRICS
 from transformer_jax.run.best import BestKeeper, best_dir
@@ -26,25 +28,67 @@ def lower_is_better(metric: str) -> bool:
   return any(word in metric for word in ("loss", "nll", "perplexity", "time", "error"))
 
 
-def collect(sweep_dir: str, points: list[Point]) -> tuple[list[dict], list[str]]:
+@dataclasses.dataclass(frozen=True)
+class Evaluations:
+  """Which scripts/evaluate.py results a row's `<split>_bleu` may come from (the latest of
+  those): `averaged` True for the average of checkpoints only (`evaluate.py --averaged`, the
+  paper's final model), False for single checkpoints only, None for either; `beam_size` one
+  search's (1: greedy), None for any. The default takes every result, as evaluate every point
+  alike."""
+  averaged: bool | None = None
+  beam_size: int | None = None
+
+  def __post_init__(self):
+    if self.beam_size is not None and self.beam_size < 1:
+      raise SweepError(f"--beam_size {self.beam_size}: a beam holds 1 hypothesis or more "
+                       "(1 is greedy search); leave it out to take every search")
+
+  def matches(self, result: dict) -> bool:
+    if self.averaged is not None and isinstance(result.get("averaged_steps"), list) != (
+        self.averaged):
+      return False
+    return self.beam_size is None or result.get("beam_size") == self.beam_size
+
+  def describe(self) -> str:
+    """`an averaged checkpoint with beam 4`, `a single checkpoint with greedy search`."""
+    what = {None: "a checkpoint", True: "an averaged checkpoint",
+            False: "a single checkpoint"}[self.averaged]
+    if self.beam_size is not None:
+      what += " with " + ("greedy search" if self.beam_size == 1 else f"beam {self.beam_size}")
+    return what
+
+  def flags(self) -> str:
+    """The scripts/evaluate.py flags that make such a result."""
+    return " ".join([*(["--averaged"] if self.averaged else []),
+                     *([f"--beam_size {self.beam_size}"] if self.beam_size else [])])
+
+
+EVERY = Evaluations()   # every result: the default
+
+
+def collect(sweep_dir: str, points: list[Point], choice: Evaluations = EVERY,
+            warnings: list[str] | None = None) -> tuple[list[dict], list[str]]:
   """One row per point: its fields, status and last metrics; and the swept field names."""
   fields: list[str] = []
   for p in points:
     fields += [k for k in p if k not in fields]
   rows = [run_row(point_dir(sweep_dir, p),
-                  {"name": point_name(p), **{k: p.get(k) for k in fields}}) for p in points]
+                  {"name": point_name(p), **{k: p.get(k) for k in fields}},
+                  choice=choice, warnings=warnings) for p in points]
   return rows, fields
 
 
-def run_row(workdir: str, row: dict, num_train_steps: int | None = None) -> dict:
+def run_row(workdir: str, row: dict, num_train_steps: int | None = None,
+            choice: Evaluations = EVERY, warnings: list[str] | None = None) -> dict:
   """`row` (a name and field values) with what the run in `workdir` did: its status (`status`,
   with `num_train_steps` for a run no sweep marked), its last logged metrics, its latest
-  evaluate.py scores per split, keep_best's best evaluation and its step, the step early
-  stopping ended it at, and a failed run's log."""
+  evaluate.py scores per split (of those `choice` takes; a run with none of them is named in
+  `warnings`), keep_best's best evaluation and its step, the step early stopping ended it at,
+  and a failed run's log."""
   row = {**row, "status": status(workdir, num_train_steps)}
   # A field keeps its value where a metric has the same name (learning_rate is both).
   row.update({k: v for k, v in last_values(workdir).items() if k not in row})
-  row.update({k: v for k, v in evaluated(workdir).items() if k not in row})
+  row.update({k: v for k, v in evaluated(workdir, choice, warnings).items() if k not in row})
   for name in BEST_METRICS:  # config.keep_best's: the best evaluation, beside the last one
     if os.path.isdir(best_dir(workdir, name)):
       kept = BestKeeper(workdir, name)
@@ -58,17 +102,20 @@ def run_row(workdir: str, row: dict, num_train_steps: int | None = None) -> dict
   return row
 
 
-def evaluated(workdir: str) -> dict:
+def evaluated(workdir: str, choice: Evaluations = EVERY,
+              warnings: list[str] | None = None) -> dict:
   """`<split>_bleu`, `<split>_chrf` and `<split>_tokenized_bleu` (`test_bleu`, `newstest_chrf`)
   of the latest scripts/evaluate.py result per split or test set in
-  `<workdir>/eval/results.jsonl`, whatever its checkpoint and search (evaluate every point
-  alike), `<split>_bleu_ci95` (its BLEU's 95% bootstrap interval) and `<split>_search`, which
-  they were (`_search`); copy baselines and ensembles (the point's model with others'
-  checkpoints, evaluate.py --ensemble) left out."""
+  `<workdir>/eval/results.jsonl` that `choice` takes (by default whatever its checkpoint and
+  search: evaluate every point alike), `<split>_bleu_ci95` (its BLEU's 95% bootstrap interval)
+  and `<split>_search`, which they were (`_search`); copy baselines and ensembles (the point's
+  model with others' checkpoints, evaluate.py --ensemble) left out. A run whose results `choice`
+  all passes over is named in `warnings`, with the command that would make one."""
   out: dict = {}
   path = os.path.join(workdir, EVAL, EVAL_LOG)
   if not os.path.exists(path):
     return out
+  passed = 0
   with open(path, encoding="utf-8") as f:
     for line in f:
       try:
@@ -78,12 +125,22 @@ def evaluated(workdir: str) -> dict:
       if (not isinstance(result, dict) or result.get("baseline") or result.get("ensemble")
           or "split" not in result):
         continue
+      if not choice.matches(result):
+        passed += 1
+        continue
       for score in ("bleu", "bleu_ci95", "chrf", "tokenized_bleu"):
         if isinstance(result.get(score), (int, float)):
           out[f"{result['split']}_{score}"] = result[score]
         else:  # a later result without it (too many sentences, an older run's) has none
           out.pop(f"{result['split']}_{score}", None)
       out[f"{result['split']}_search"] = search_text(result)
+  if passed and not out and warnings is not None:
+    make = (f"python scripts/average_checkpoints.py --workdir {workdir}, then "
+            * bool(choice.averaged))
+    warnings.append(f"{workdir}: none of its {passed} evaluate.py results is of "
+                    f"{choice.describe()}: its <split>_bleu is left empty ({make}python "
+                    f"scripts/evaluate.py --workdir {workdir} --split test {choice.flags()} "
+                    "makes one)")
   return out
 
 
@@ -300,12 +357,17 @@ def _check_sweep_dir(sweep_dir: str) -> None:
   raise SweepError(f"{sweep_dir} is not a sweep directory (no sweep.json): {what}")
 
 
-def check_metric(rows: list[dict], fields: list[str], metric: str, what: str) -> str | None:
+def check_metric(rows: list[dict], fields: list[str], metric: str, what: str,
+                 choice: Evaluations = EVERY, passed: Sequence[str] = ()) -> str | None:
   """A SweepError for a `metric` none of the rows (`what`s: points, runs) logged, once any
   logged metrics; before that, a warning (a line for the user) for one the trainer does not
-  log, or None."""
+  log, or None. `passed`: the warnings of the runs whose evaluate.py results `choice` passed
+  over, named in the error where they are why an evaluate.py score is missing."""
   logged = sorted({k for r in rows for k, v in r.items()
                    if isinstance(v, (int, float)) and k not in fields and k != "step"})
+  if logged and metric not in logged and passed and _evaluated_name(metric):
+    raise SweepError(f"--metric {metric}: no {what} has an evaluate.py score of "
+                     f"{choice.describe()}; {len(passed)} have others, e.g. {passed[0]}")
   if logged and metric not in logged:  # a misspelt metric: no column, no plot, no word
     close = difflib.get_close_matches(metric, logged, n=1)
     raise SweepError(f"--metric {metric}: no {what} logged it"
@@ -357,17 +419,21 @@ def tables(rows: list[dict], fields: list[str], metric: str, lower: bool | None 
   return text, seeds, files
 
 
-def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None) -> dict:
-  """`report.csv`, `report.md` and `report_<metric>.png` in the sweep directory. A `metric` no
-  point logged is an error once any point logged metrics; before that, one the trainer does not
-  log gives `warning` (a line for the user) in the result."""
+def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None,
+           choice: Evaluations = EVERY) -> dict:
+  """`report.csv`, `report.md` and `report_<metric>.png` in the sweep directory, the
+  evaluate.py scores from the results `choice` takes. A `metric` no point logged is an error
+  once any point logged metrics; before that, one the trainer does not log gives `warning` (a
+  line for the user) in the result; `warnings` (lines) names the points with evaluate.py
+  results of which `choice` takes none."""
   _check_sweep_dir(sweep_dir)
-  rows, fields = collect(sweep_dir, recorded_points(sweep_dir))
-  warning = check_metric(rows, fields, metric, "point")
+  warnings: list[str] = []
+  rows, fields = collect(sweep_dir, recorded_points(sweep_dir), choice, warnings)
+  warning = check_metric(rows, fields, metric, "point", choice, warnings)
   rows = sort_rows(rows, metric, lower)
   text, seeds, files = tables(rows, fields, metric, lower, os.path.join(sweep_dir, "report"))
   png = plot(rows, fields, metric, os.path.join(sweep_dir, f"report_{metric}.png"))
   if png:
     files.insert(2, png)  # after report.csv and report.md, before the seeds' files
   return {"rows": rows, "fields": fields, "files": files, "markdown": text, "seeds": seeds,
-          "warning": warning}
+          "warning": warning, "warnings": warnings}
