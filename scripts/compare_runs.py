@@ -52,7 +52,7 @@ def body(values, args):
   try:
     choice = cli.evaluations(values)
     out = compare(args, values.metric, values.lower_is_better, values.field, values.out,
-                  values.ignore, choice)
+                  values.ignore, choice, values.paired)
   except SweepError as e:  # a misspelt --metric, a beam of 0
     print(f"error: {e}", file=sys.stderr)
     return 1

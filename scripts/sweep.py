@@ -59,7 +59,7 @@ def body(values, args):
 def _body(values):
   if values.report:
     out = sweeps.report(values.workdir, values.metric, values.lower_is_better,
-                        cli.evaluations(values))
+                        cli.evaluations(values), values.paired)
     print(out["markdown"], end="")
     for warning in [out["warning"]] * bool(out["warning"]) + out["warnings"]:
       print(f"warning: {warning}", file=sys.stderr)

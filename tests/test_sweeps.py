@@ -16,11 +16,13 @@ import matplotlib
 from ml_collections import config_flags
 import numpy as np
 import pytest
+import sacrebleu
 
 from transformer_jax import sweeps
 from transformer_jax.data import get_data
 from transformer_jax.run import metrics
 from transformer_jax.run.best import BestKeeper
+from transformer_jax.sweeps import compare as sweeps_compare
 from transformer_jax.sweeps import slurm as sweeps_slurm
 from transformer_jax.sweeps.report import figure, log_scale, markdown, run_row, search_text
 
@@ -588,6 +590,67 @@ def test_report_and_compare_take_the_evaluations_asked_for(tmp_path, capsys):
   assert compare.main([lr1 + "_run", lr2 + "_run", "--metric", "test_bleu", "--averaged"]) == 0
   out, err = capsys.readouterr()
   assert "| 31 |" in out and f"warning: {lr2}_run: none of its 2 evaluate.py results" in err
+
+
+def test_compare_runs_tests_each_run_against_the_best_on_the_same_references(tmp_path, capsys):
+  """`--paired`: each run's paired bootstrap p-value (sacreBLEU's --paired-bs) against the run
+  with the best BLEU on the same references, `-` for that one; runs on other references are
+  compared among themselves; a run moved since it was evaluated is found under its eval/; one
+  whose hypotheses are gone is named; --paired with a metric that is no evaluate.py BLEU is an
+  error."""
+  compare = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
+      "compare_runs", os.path.join(REPO, "scripts", "compare_runs.py")))
+  compare.__spec__.loader.exec_module(compare)
+  rng = np.random.default_rng(0)
+  words = [f"w{i}" for i in range(40)]
+  references = [" ".join(rng.choice(words, 8)) for _ in range(60)]
+  def noisy(keep):  # each reference word kept with probability `keep`, else another word
+    return [" ".join(w if rng.random() < keep else "x" for w in r.split()) for r in references]
+  def run(name, hypotheses, refs=references, where=None):
+    workdir = tmp_path / name
+    eval_dir = workdir / "eval" / "step_4"
+    (eval_dir).mkdir(parents=True)
+    (eval_dir / "hypotheses.test.greedy.txt").write_text("".join(h + "\n" for h in hypotheses))
+    (eval_dir / "references.test.txt").write_text("".join(r + "\n" for r in refs))
+    recorded = (where or workdir) / "eval" / "step_4"   # where evaluate.py wrote them
+    bleu = sacrebleu.corpus_bleu(hypotheses, [refs]).score
+    result = {"split": "test", "bleu": bleu, "beam_size": 1, "step": 4,
+              "hypotheses": str(recorded / "hypotheses.test.greedy.txt"),
+              "references": str(recorded / "references.test.txt")}
+    _made_run(str(workdir / "x"), 4, 10.0, learning_rate=len(name))  # config.json, metrics
+    for f in os.listdir(workdir / "x"):
+      os.rename(workdir / "x" / f, workdir / f)
+    os.rmdir(workdir / "x")
+    with open(workdir / "eval" / "results.jsonl", "w") as f:
+      f.write(json.dumps(result) + "\n")
+    return bleu
+  good, far = noisy(0.9), noisy(0.5)
+  close = good[:-2] + far[-2:]   # two sentences worse: a difference the sentences could make
+  run("best", good)
+  run("same_as_best", good)
+  run("close", close)
+  run("far_moved", far, where=tmp_path / "elsewhere")   # moved since: found under its eval/
+  run("other_pair", good, refs=[r + " y" for r in references])   # other references: alone
+  run("gone", good)
+  os.remove(tmp_path / "gone" / "eval" / "step_4" / "hypotheses.test.greedy.txt")
+  runs = [str(tmp_path / n) for n in ("best", "same_as_best", "close", "far_moved",
+                                      "other_pair", "gone")]
+  out = sweeps_compare.compare(runs, "test_bleu", paired=True)
+  p = {r["name"]: r.get("test_p_vs_best") for r in out["rows"]}
+  assert p["best"] == "-" or p["same_as_best"] == "-", p   # the first of the two best
+  assert {p["best"], p["same_as_best"]} == {"-", 1.0}, p   # the same translations: p = 1
+  assert 0.05 < p["close"] < 1.0 and p["far_moved"] < 0.01, p
+  assert p["other_pair"] is None and p["gone"] is None, p
+  assert any(w.startswith("gone: its test result's hypotheses or references file is gone")
+             for w in out["warnings"]), out["warnings"]
+  header = out["markdown"].splitlines()[0]
+  assert "| test_bleu | test_search | test_p_vs_best |" in header, header
+  # The script prints it; a metric that is no evaluate.py BLEU cannot be tested.
+  assert compare.main([*runs[:3], "--metric", "test_bleu", "--paired"]) == 0
+  assert " | - | " in capsys.readouterr().out
+  assert compare.main([*runs[:3], "--metric", "bleu", "--paired"]) == 1
+  assert ("error: --paired tests the BLEU of evaluate.py results: give --metric <split>_bleu "
+          "(test_bleu), not --metric bleu") in capsys.readouterr().err
 
 
 def test_report_before_any_metric_warns_of_a_metric_the_trainer_does_not_log(tmp_path, capsys):

@@ -1412,7 +1412,7 @@ def test_a_grids_columns_end_under_their_headings_and_hypotheses_are_read_line_b
                for line in body for end in ends), table
   path = tmp_path / "hypotheses.test.greedy.txt"
   path.write_bytes("eins\nzwei\r drei\n\nvier\n".encode())
-  assert evaluation.read_hypotheses(str(path)) == ["eins", "zwei\r drei", "", "vier"]
+  assert bleu.read_lines(str(path)) == ["eins", "zwei\r drei", "", "vier"]
 
 
 def test_a_grid_marks_every_best_row_and_none_when_all_are_the_same():

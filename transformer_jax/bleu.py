@@ -52,6 +52,15 @@ def bleu_interval(hypotheses: list[str], references: list[str],
   return float(result.ci), signature
 
 
+def read_lines(path: str) -> list[str]:
+  """The lines of a `hypotheses.*.txt` or `references.*.txt` file as scripts/evaluate.py wrote
+  them (one per pair; split on line feeds only, as they were joined, so a sentence holding a
+  carriage return stays one)."""
+  with open(path, encoding="utf-8", newline="") as f:
+    text = f.read()
+  return text.split("\n")[:-1]
+
+
 def paired_bootstrap(systems: list[list[str]], references: list[str],
                      samples: int = BOOTSTRAP_SAMPLES) -> list[float | None]:
   """Paired bootstrap resampling (Koehn 2004; `sacrebleu --paired-bs`) of every system's BLEU

@@ -223,13 +223,15 @@ def _flag_error(e: Exception) -> str:
 
 def define_evaluations(values: flags.FlagValues) -> None:
   """--averaged and --beam_size: which scripts/evaluate.py results a table of runs takes its
-  `<split>_bleu` from (scripts/compare_runs.py, scripts/sweep.py --report); `evaluations`
-  reads them."""
+  `<split>_bleu` from (scripts/compare_runs.py, scripts/sweep.py --report; `evaluations` reads
+  them), and --paired, the paired test of those results against the best."""
   flags.DEFINE_bool("averaged", None, "evaluate.py scores of averaged checkpoints only "
                     "(--noaveraged: of single checkpoints only; default: either)",
                     flag_values=values)
   flags.DEFINE_integer("beam_size", None, "evaluate.py scores of this beam size only (1: "
                        "greedy; default: any)", flag_values=values)
+  flags.DEFINE_bool("paired", False, "with --metric <split>_bleu: each run's paired bootstrap "
+                    "p-value against the best run on the same references", flag_values=values)
 
 
 def evaluations(values: flags.FlagValues):

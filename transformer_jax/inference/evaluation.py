@@ -105,14 +105,6 @@ def search_name(translator: Translator) -> str:
   return f"beam {translator.beam_size}, alpha {translator.alpha:g}"
 
 
-def read_hypotheses(path: str) -> list[str]:
-  """The lines of a `hypotheses.*.txt` file as `evaluate` wrote them (one per pair; split on line
-  feeds only, as they were joined)."""
-  with open(path, encoding="utf-8", newline="") as f:
-    text = f.read()
-  return text.split("\n")[:-1]
-
-
 def bleu_text(result: dict) -> str:
   """`BLEU 32.12 +- 3.58` (the 95% bootstrap interval), or `BLEU 32.12` where it was not
   computed (too many sentences, or a result from before it existed)."""
@@ -125,7 +117,7 @@ def grid_p_values(results: Sequence[dict], references: Sequence[str]) -> list[fl
   row with the top sacreBLEU, None there), from their hypotheses files."""
   top = max(range(len(results)), key=lambda i: (results[i]["bleu"], -i))
   order = [top] + [i for i in range(len(results)) if i != top]
-  p = bleu_lib.paired_bootstrap([read_hypotheses(results[i]["hypotheses"]) for i in order],
+  p = bleu_lib.paired_bootstrap([bleu_lib.read_lines(results[i]["hypotheses"]) for i in order],
                                 list(references))
   out: list[float | None] = [None] * len(results)
   for i, value in zip(order, p):

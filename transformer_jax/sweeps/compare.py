@@ -27,6 +27,7 @@ from transformer_jax.sweeps.report import (
     EVERY,
     Evaluations,
     check_metric,
+    paired_tests,
     recorded_points,
     run_row,
     sort_rows,
@@ -133,14 +134,17 @@ def differing_fields(configs: Sequence[dict]) -> list[str]:
 
 def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = None,
             show: Sequence[str] = (), out_prefix: str | None = None,
-            ignore: Sequence[str] = (), choice: Evaluations = EVERY) -> dict:
+            ignore: Sequence[str] = (), choice: Evaluations = EVERY,
+            paired: bool = False) -> dict:
   """The table of the runs `paths` name (`find_runs`), best `metric` first.
 
   `show`: config fields to add as columns although every run has the same value; `ignore`:
   fields in which the runs differ by accident (`data.data_dir` of runs made on two machines),
   left out of the columns, so that runs differing in them and `seed` alone are still summed up
   over their seeds. `choice`: which evaluate.py results the `<split>_bleu` columns come from
-  (the latest of those; every result by default). With `out_prefix`, writes `<prefix>.csv`
+  (the latest of those; every result by default); `paired`: each run's paired bootstrap
+  p-value against the best run on the same references (`report.paired_tests`). With
+  `out_prefix`, writes `<prefix>.csv`
   (every metric), `<prefix>.md` and, where runs differ only in `seed`,
   `<prefix>_seeds.csv/.md`. Returns the rows, the
   fields, the Markdown, the seed rows, the files written and `warnings`: lines for the user (a
@@ -175,6 +179,8 @@ def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = Non
     rows.append({**row, "workdir": workdir})
   warnings += passed
   warning = check_metric(rows, fields, metric, "run", choice, passed)
+  if paired:
+    paired_tests(rows, metric, warnings)
   if warning:
     warnings.append(warning)
   rows = sort_rows(rows, metric, lower)

@@ -15,6 +15,7 @@ import re
 import statistics
 from typing import Sequence
 
+from transformer_jax import bleu as bleu_lib
 from transformer_jax.experiment import BEST_METRICS
 from transformer_jax.run.best import BestKeeper, best_dir
 from transformer_jax.run.early_stopping import stopped_at
@@ -134,6 +135,8 @@ def evaluated(workdir: str, choice: Evaluations = EVERY,
         else:  # a later result without it (too many sentences, an older run's) has none
           out.pop(f"{result['split']}_{score}", None)
       out[f"{result['split']}_search"] = search_text(result)
+      for kind in ("hypotheses", "references"):  # for a paired test (`paired_tests`)
+        out[f"{result['split']}_{kind}"] = _eval_file(workdir, result.get(kind))
   if passed and not out and warnings is not None:
     make = (f"python scripts/average_checkpoints.py --workdir {workdir}, then "
             * bool(choice.averaged))
@@ -142,6 +145,60 @@ def evaluated(workdir: str, choice: Evaluations = EVERY,
                     f"scripts/evaluate.py --workdir {workdir} --split test {choice.flags()} "
                     "makes one)")
   return out
+
+
+def _eval_file(workdir: str, path) -> str | None:
+  """A hypotheses or references file an evaluate.py result names: as recorded, or, where the
+  run was moved or copied since, the same file under this workdir's eval/; None if neither
+  exists."""
+  if not isinstance(path, str):
+    return None
+  if os.path.isfile(path):
+    return path
+  head, sep, tail = path.rpartition(os.sep + EVAL + os.sep)
+  moved = os.path.join(workdir, EVAL, tail) if sep else ""
+  return moved if sep and os.path.isfile(moved) else None
+
+
+def paired_tests(rows: list[dict], metric: str, warnings: list[str]) -> None:
+  """`<split>_p_vs_best` in each row with a `metric` (`<split>_bleu`, an evaluate.py score):
+  the paired bootstrap p-value (sacreBLEU's --paired-bs, `bleu.paired_bootstrap`) of its
+  hypotheses against those of the row with the best BLEU on the same references (`-` there),
+  so that runs on other test sets (another language pair) are each compared within their own.
+  A row whose files cannot be read, or with no other row on its references, gets none; the
+  first is named in `warnings`."""
+  split = _EVALUATED.fullmatch(metric)
+  if not split or not metric.endswith("_bleu") or metric.endswith("_tokenized_bleu"):
+    raise SweepError(f"--paired tests the BLEU of evaluate.py results: give --metric "
+                     f"<split>_bleu (test_bleu), not --metric {metric}")
+  name = split.group(1)
+  groups: dict[tuple, list] = {}
+  for r in rows:
+    if not _number(r.get(metric)):
+      continue
+    hypotheses, references = r.get(f"{name}_hypotheses"), r.get(f"{name}_references")
+    if hypotheses is None or references is None:
+      warnings.append(f"{r['name']}: its {name} result's hypotheses or references file is "
+                      "gone (or the result is older than they are): no paired test; run "
+                      "scripts/evaluate.py again to write them")
+      continue
+    hyps, refs = bleu_lib.read_lines(hypotheses), bleu_lib.read_lines(references)
+    if len(hyps) != len(refs):
+      warnings.append(f"{r['name']}: {hypotheses} has {len(hyps)} lines, {references} "
+                      f"{len(refs)}: no paired test")
+      continue
+    groups.setdefault(tuple(refs), []).append((r, hyps))
+  for refs, members in groups.items():
+    if len(members) < 2:
+      continue
+    members.sort(key=lambda m: -float(m[0][metric]))  # the best first: the baseline
+    p_values = bleu_lib.paired_bootstrap([h for _, h in members], list(refs))
+    if p_values[1:] and p_values[1] is None:  # too many sentences (BOOTSTRAP_MAX_SENTENCES)
+      warnings.append(f"{len(refs):,} {name} sentences: over "
+                      f"{bleu_lib.BOOTSTRAP_MAX_SENTENCES:,}, no paired test")
+      continue
+    for (r, _), p in zip(members, p_values):
+      r[f"{name}_p_vs_best"] = "-" if p is None else p
 
 
 def search_text(result: dict) -> str:
@@ -188,7 +245,7 @@ def _columns(rows: list[dict], fields: list[str], metric: str) -> list[str]:
     split = _EVALUATED.fullmatch(score)
     if split:
       after = [f"{split.group(1)}_bleu_ci95"] * score.endswith("_bleu") + [
-          f"{split.group(1)}_search"]
+          f"{split.group(1)}_search", f"{split.group(1)}_p_vs_best"]
       at = preferred.index(score) + 1
       preferred[at:at] = after
   cols = []
@@ -420,16 +477,19 @@ def tables(rows: list[dict], fields: list[str], metric: str, lower: bool | None 
 
 
 def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None,
-           choice: Evaluations = EVERY) -> dict:
+           choice: Evaluations = EVERY, paired: bool = False) -> dict:
   """`report.csv`, `report.md` and `report_<metric>.png` in the sweep directory, the
   evaluate.py scores from the results `choice` takes. A `metric` no point logged is an error
   once any point logged metrics; before that, one the trainer does not log gives `warning` (a
   line for the user) in the result; `warnings` (lines) names the points with evaluate.py
-  results of which `choice` takes none."""
+  results of which `choice` takes none. `paired`: each point's paired bootstrap p-value against
+  the best (`paired_tests`; `metric` must be an evaluate.py BLEU)."""
   _check_sweep_dir(sweep_dir)
   warnings: list[str] = []
   rows, fields = collect(sweep_dir, recorded_points(sweep_dir), choice, warnings)
   warning = check_metric(rows, fields, metric, "point", choice, warnings)
+  if paired:
+    paired_tests(rows, metric, warnings)
   rows = sort_rows(rows, metric, lower)
   text, seeds, files = tables(rows, fields, metric, lower, os.path.join(sweep_dir, "report"))
   png = plot(rows, fields, metric, os.path.join(sweep_dir, f"report_{metric}.png"))
