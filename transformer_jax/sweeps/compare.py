@@ -144,12 +144,11 @@ def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = Non
   over their seeds. `choice`: which evaluate.py results the `<split>_bleu` columns come from
   (the latest of those; every result by default); `paired`: each run's paired bootstrap
   p-value against the best run on the same references (`report.paired_tests`). With
-  `out_prefix`, writes `<prefix>.csv`
-  (every metric), `<prefix>.md` and, where runs differ only in `seed`,
-  `<prefix>_seeds.csv/.md`. Returns the rows, the
-  fields, the Markdown, the seed rows, the files written and `warnings`: lines for the user (a
-  run left out and why, sweep points not started, a metric that cannot be checked yet, a run
-  with evaluate.py results none of which `choice` takes)."""
+  `out_prefix`, writes `<prefix>.csv` (every metric), `<prefix>.md` and, where runs differ
+  only in `seed`, `<prefix>_seeds.csv/.md`. Returns the rows, the fields, the Markdown, the
+  seed rows, the files written and `warnings`: lines for the user (a run left out and why,
+  sweep points not started, a metric that cannot be checked yet, a run with evaluate.py
+  results none of which `choice` takes, one that cannot be tested paired)."""
   known = field_defaults()
   for flag, names in (("--field", show), ("--ignore", ignore)):
     for field in names:

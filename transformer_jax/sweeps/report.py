@@ -109,7 +109,8 @@ def evaluated(workdir: str, choice: Evaluations = EVERY,
   of the latest scripts/evaluate.py result per split or test set in
   `<workdir>/eval/results.jsonl` that `choice` takes (by default whatever its checkpoint and
   search: evaluate every point alike), `<split>_bleu_ci95` (its BLEU's 95% bootstrap interval)
-  and `<split>_search`, which they were (`_search`); copy baselines and ensembles (the point's
+  and `<split>_search`, which they were (`_search`), and `<split>_hypotheses` and
+  `<split>_references`, its files (None where gone); copy baselines and ensembles (the point's
   model with others' checkpoints, evaluate.py --ensemble) left out. A run whose results `choice`
   all passes over is named in `warnings`, with the command that would make one."""
   out: dict = {}
