@@ -1,5 +1,6 @@
 """Sweeps: point helpers, names, skip/fail/resume bookkeeping, SLURM script, report, end to end."""
 import csv
+import dataclasses
 import importlib.util
 import json
 import math
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import sacrebleu
 
+from transformer_jax import bleu as bleu_lib
 from transformer_jax import sweeps
 from transformer_jax.data import get_data
 from transformer_jax.run import metrics
@@ -565,13 +567,19 @@ def test_report_and_compare_take_the_evaluations_asked_for(tmp_path, capsys):
                       "--beam_size", "5"]) == 1
   err = capsys.readouterr().err
   assert err.startswith("error: --metric test_bleu: no point has an evaluate.py score of a "
-                        "checkpoint with beam 5; 2 have others, e.g. "), err
+                        "checkpoint with beam 5; 2 have others, e.g. "
+                        f"{sweeps.point_dir(str(tmp_path), points[0])}: none of its 4 "), err
   assert "--split test --beam_size 5 makes one" in err, err
   # A metric training logged still sorts; the choice only empties the evaluate.py columns.
   assert script.main(["--workdir", str(tmp_path), "--report", "--metric", "bleu",
                       "--beam_size", "5"]) == 0
   out, err = capsys.readouterr()
   assert "test_bleu" not in out and err.count("warning: ") == 2, (out, err)
+  assert [sweeps.Evaluations(a, b).describe() for a, b in ((None, 1), (False, 2), (True, 4))] == [
+      "a checkpoint with greedy search", "a single checkpoint with beam 2",
+      "an averaged checkpoint with beam 4"]
+  with pytest.raises(dataclasses.FrozenInstanceError):   # the default is shared: not to change
+    sweeps.Evaluations().beam_size = 4
   assert script.main(["--workdir", str(tmp_path), "--report", "--beam_size", "0"]) == 1
   assert "error: --beam_size 0: a beam holds 1 hypothesis or more" in capsys.readouterr().err
   # compare_runs.py takes the same flags, over the points' workdirs.
@@ -592,7 +600,8 @@ def test_report_and_compare_take_the_evaluations_asked_for(tmp_path, capsys):
   assert "| 31 |" in out and f"warning: {lr2}_run: none of its 2 evaluate.py results" in err
 
 
-def test_compare_runs_tests_each_run_against_the_best_on_the_same_references(tmp_path, capsys):
+def test_compare_runs_tests_each_run_against_the_best_on_the_same_references(tmp_path, capsys,
+                                                                             monkeypatch):
   """`--paired`: each run's paired bootstrap p-value (sacreBLEU's --paired-bs) against the run
   with the best BLEU on the same references, `-` for that one; runs on other references are
   compared among themselves; a run moved since it was evaluated is found under its eval/; one
@@ -626,31 +635,53 @@ def test_compare_runs_tests_each_run_against_the_best_on_the_same_references(tmp
     return bleu
   good, far = noisy(0.9), noisy(0.5)
   close = good[:-2] + far[-2:]   # two sentences worse: a difference the sentences could make
+  other = [r + " y" for r in references]
+  # Those with no test first: a row passed over must not end the others' tests.
+  _made_run(str(tmp_path / "unevaluated"), 4, 10.0, learning_rate=99.0)
+  run("cut", good[:-1])                                  # a line short of its references
+  run("gone", good)
+  os.remove(tmp_path / "gone" / "eval" / "step_4" / "hypotheses.test.greedy.txt")
+  run("lonely", good, refs=[r + " z" for r in references])   # alone on its references
+  run("other_pair", good, refs=other)          # another test set: compared among its own
+  run("other_pair_worse", far[:-1] + [other[-1]], refs=other)
   run("best", good)
   run("same_as_best", good)
   run("close", close)
   run("far_moved", far, where=tmp_path / "elsewhere")   # moved since: found under its eval/
-  run("other_pair", good, refs=[r + " y" for r in references])   # other references: alone
-  run("gone", good)
-  os.remove(tmp_path / "gone" / "eval" / "step_4" / "hypotheses.test.greedy.txt")
-  runs = [str(tmp_path / n) for n in ("best", "same_as_best", "close", "far_moved",
-                                      "other_pair", "gone")]
+  names = ("unevaluated", "cut", "gone", "lonely", "other_pair", "other_pair_worse", "best",
+           "same_as_best", "close", "far_moved")
+  runs = [str(tmp_path / n) for n in names]
+  assert "test_p_vs_best" not in json.dumps(sweeps_compare.compare(runs, "test_bleu")["rows"])
   out = sweeps_compare.compare(runs, "test_bleu", paired=True)
   p = {r["name"]: r.get("test_p_vs_best") for r in out["rows"]}
   assert p["best"] == "-" or p["same_as_best"] == "-", p   # the first of the two best
   assert {p["best"], p["same_as_best"]} == {"-", 1.0}, p   # the same translations: p = 1
   assert 0.05 < p["close"] < 1.0 and p["far_moved"] < 0.01, p
-  assert p["other_pair"] is None and p["gone"] is None, p
-  assert any(w.startswith("gone: its test result's hypotheses or references file is gone")
-             for w in out["warnings"]), out["warnings"]
+  assert p["other_pair"] == "-" and p["other_pair_worse"] < 0.01, p   # a pair: tested
+  assert [p[n] for n in ("unevaluated", "cut", "gone", "lonely")] == [None] * 4, p
+  assert [w.split(":")[0] for w in out["warnings"]] == ["cut", "gone"], out["warnings"]
+  assert out["warnings"][0] == (f"cut: {tmp_path}/cut/eval/step_4/hypotheses.test.greedy.txt "
+                                f"has 59 lines, {tmp_path}/cut/eval/step_4/references.test.txt "
+                                "60: no paired test")
+  assert out["warnings"][1].startswith(
+      "gone: its test result's hypotheses or references file is gone"), out["warnings"]
   header = out["markdown"].splitlines()[0]
   assert "| test_bleu | test_search | test_p_vs_best |" in header, header
+  # Above bleu.BOOTSTRAP_MAX_SENTENCES sentences: no test, and a line that says so.
+  monkeypatch.setattr(bleu_lib, "BOOTSTRAP_MAX_SENTENCES", 59)
+  out = sweeps_compare.compare(runs[6:8], "test_bleu", paired=True)
+  assert [r.get("test_p_vs_best") for r in out["rows"]] == [None, None], out["rows"]
+  assert out["warnings"] == ["60 test sentences: over 59, no paired test"], out["warnings"]
+  monkeypatch.undo()
   # The script prints it; a metric that is no evaluate.py BLEU cannot be tested.
-  assert compare.main([*runs[:3], "--metric", "test_bleu", "--paired"]) == 0
+  assert compare.main([*runs[6:9], "--metric", "test_bleu", "--paired"]) == 0
   assert " | - | " in capsys.readouterr().out
-  assert compare.main([*runs[:3], "--metric", "bleu", "--paired"]) == 1
-  assert ("error: --paired tests the BLEU of evaluate.py results: give --metric <split>_bleu "
-          "(test_bleu), not --metric bleu") in capsys.readouterr().err
+  assert compare.main([*runs[6:9], "--metric", "test_chrf"]) == 1   # unpaired: not logged
+  assert "--metric test_chrf: no run logged it. The runs logged: " in capsys.readouterr().err
+  for metric in ("bleu", "test_chrf", "test_tokenized_bleu"):
+    assert compare.main([*runs[6:9], "--metric", metric, "--paired"]) == 1
+    assert ("error: --paired tests the BLEU of evaluate.py results: give --metric <split>_bleu "
+            f"(test_bleu), not --metric {metric}") in capsys.readouterr().err, metric
 
 
 def test_report_before_any_metric_warns_of_a_metric_the_trainer_does_not_log(tmp_path, capsys):

@@ -27,6 +27,7 @@ from transformer_jax.sweeps.report import (
     EVERY,
     Evaluations,
     check_metric,
+    paired_split,
     paired_tests,
     recorded_points,
     run_row,
@@ -149,6 +150,8 @@ def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = Non
   seed rows, the files written and `warnings`: lines for the user (a run left out and why,
   sweep points not started, a metric that cannot be checked yet, a run with evaluate.py
   results none of which `choice` takes, one that cannot be tested paired)."""
+  if paired:
+    paired_split(metric)   # before reading every run
   known = field_defaults()
   for flag, names in (("--field", show), ("--ignore", ignore)):
     for field in names:

@@ -161,6 +161,16 @@ def _eval_file(workdir: str, path) -> str | None:
   return moved if sep and os.path.isfile(moved) else None
 
 
+def paired_split(metric: str) -> str:
+  """The split whose BLEU `metric` is (`test` of `test_bleu`), which --paired tests; a
+  SweepError for any other metric."""
+  split = _EVALUATED.fullmatch(metric)
+  if not split or not metric.endswith("_bleu") or metric.endswith("_tokenized_bleu"):
+    raise SweepError(f"--paired tests the BLEU of evaluate.py results: give --metric "
+                     f"<split>_bleu (test_bleu), not --metric {metric}")
+  return split.group(1)
+
+
 def paired_tests(rows: list[dict], metric: str, warnings: list[str]) -> None:
   """`<split>_p_vs_best` in each row with a `metric` (`<split>_bleu`, an evaluate.py score):
   the paired bootstrap p-value (sacreBLEU's --paired-bs, `bleu.paired_bootstrap`) of its
@@ -168,11 +178,7 @@ def paired_tests(rows: list[dict], metric: str, warnings: list[str]) -> None:
   so that runs on other test sets (another language pair) are each compared within their own.
   A row whose files cannot be read, or with no other row on its references, gets none; the
   first is named in `warnings`."""
-  split = _EVALUATED.fullmatch(metric)
-  if not split or not metric.endswith("_bleu") or metric.endswith("_tokenized_bleu"):
-    raise SweepError(f"--paired tests the BLEU of evaluate.py results: give --metric "
-                     f"<split>_bleu (test_bleu), not --metric {metric}")
-  name = split.group(1)
+  name = paired_split(metric)
   groups: dict[tuple, list] = {}
   for r in rows:
     if not _number(r.get(metric)):
@@ -429,7 +435,7 @@ def check_metric(rows: list[dict], fields: list[str], metric: str, what: str,
   if logged and metric not in logged:  # a misspelt metric: no column, no plot, no word
     close = difflib.get_close_matches(metric, logged, n=1)
     raise SweepError(f"--metric {metric}: no {what} logged it"
-                     + (f"; did you mean {close[0]!r}?" if close else "")
+                     + (f"; did you mean {close[0]!r}?" if close else ".")
                      + f" The {what}s logged: {', '.join(logged)}")
   if not logged and metric not in MAIN_METRICS and not _evaluated_name(metric):
     # Nothing to check a misspelling against yet: say so rather than sort by a column that
@@ -486,6 +492,8 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None,
   results of which `choice` takes none. `paired`: each point's paired bootstrap p-value against
   the best (`paired_tests`; `metric` must be an evaluate.py BLEU)."""
   _check_sweep_dir(sweep_dir)
+  if paired:
+    paired_split(metric)   # before reading every point
   warnings: list[str] = []
   rows, fields = collect(sweep_dir, recorded_points(sweep_dir), choice, warnings)
   warning = check_metric(rows, fields, metric, "point", choice, warnings)
