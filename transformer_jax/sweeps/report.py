@@ -200,7 +200,7 @@ def paired_tests(rows: list[dict], metric: str, warnings: list[str]) -> None:
       continue
     members.sort(key=lambda m: -float(m[0][metric]))  # the best first: the baseline
     p_values = bleu_lib.paired_bootstrap([h for _, h in members], list(refs))
-    if p_values[1:] and p_values[1] is None:  # too many sentences (BOOTSTRAP_MAX_SENTENCES)
+    if p_values[1] is None:  # too many sentences (BOOTSTRAP_MAX_SENTENCES)
       warnings.append(f"{len(refs):,} {name} sentences: over "
                       f"{bleu_lib.BOOTSTRAP_MAX_SENTENCES:,}, no paired test")
       continue
