@@ -19,7 +19,9 @@ sweep report's seeds are. `--metric` sorts (losses lowest first; `--lower_is_bet
 takes what training logged (`bleu`, `eval_loss`, ...) or evaluate.py's latest score per split
 (`test_bleu`, `test_chrf`): of any checkpoint and search, or with `--averaged` (`--noaveraged`)
 of the average of checkpoints (of a single checkpoint) only, with `--beam_size N` of that
-search only; `test_search` says which one each figure is of. Prints the Markdown table;
+search only; `test_search` says which one each figure is of. `--paired` (with `--metric
+<split>_bleu`) adds each run's paired bootstrap p-value against the run with the highest BLEU
+on the same references (`<split>_p_vs_best`). Prints the Markdown table;
 `--out PREFIX` also writes PREFIX.csv (every metric, each run's workdir) and PREFIX.md (and
 PREFIX_seeds.csv/.md).
 """

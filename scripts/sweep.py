@@ -65,6 +65,12 @@ def _body(values):
       print(f"warning: {warning}", file=sys.stderr)
     print("wrote " + ", ".join(out["files"]), file=sys.stderr)
     return 0
+  given = [f"--{name}" for name in ("averaged", "beam_size", "paired") if values[name].present]
+  if given:  # not a training flag: --beam_size 4 here would train with the config's beam
+    print(f"error: {', '.join(given)}: only for --report (which evaluate.py results it "
+          "reads); the points' own settings are --config.FIELD=VALUE (--config.beam_size=4)",
+          file=sys.stderr)
+    return 2
   if values.config is None:
     print("error: --config is required unless --report", file=sys.stderr)
     return 2

@@ -558,23 +558,36 @@ def test_report_and_compare_take_the_evaluations_asked_for(tmp_path, capsys):
                       "--averaged", "--beam_size", "4"]) == 0
   out, err = capsys.readouterr()
   assert "| 30 |" in out and "average of 2 to step 4" in out, out
-  assert (f"warning: {lr2}: none of its 2 evaluate.py results is of an averaged checkpoint with "
-          f"beam 4: its <split>_bleu is left empty (python scripts/average_checkpoints.py "
-          f"--workdir {lr2}, then python scripts/evaluate.py --workdir {lr2} --split test "
-          "--averaged --beam_size 4 makes one)") in err, err
+  assert (f"warning: {lr2}: none of its 1 test results of evaluate.py is of an averaged "
+          f"checkpoint with beam 4: its test_bleu is left empty (python "
+          f"scripts/average_checkpoints.py --workdir {lr2}, then python scripts/evaluate.py "
+          f"--workdir {lr2} --split test --averaged --beam_size 4 makes one)") in err, err
+  assert f"--workdir {lr2} --split validation --averaged --beam_size 4 makes one" in err, err
+  # Per split: lr 2's validation result is greedy, its test result is not; the test split named.
+  warnings = sweeps.report(str(tmp_path), "test_bleu", None, sweeps.Evaluations(None, 1))[
+      "warnings"]
+  assert warnings == [f"{lr2}: none of its 1 test results of evaluate.py is of a checkpoint "
+                      f"with greedy search: its test_bleu is left empty (python "
+                      f"scripts/evaluate.py --workdir {lr2} --split test --beam_size 1 makes "
+                      "one)"], warnings
+  # A misspelt metric is still one, whatever the choice passed over.
+  assert script.main(["--workdir", str(tmp_path), "--report", "--metric", "tst_bleu",
+                      "--beam_size", "4"]) == 1
+  assert "error: --metric tst_bleu: no point logged it; did you mean 'test_bleu'?" in (
+      capsys.readouterr().err)
   # No point has a beam-5 score: an error naming the choice, not "no point logged it".
   assert script.main(["--workdir", str(tmp_path), "--report", "--metric", "test_bleu",
                       "--beam_size", "5"]) == 1
   err = capsys.readouterr().err
   assert err.startswith("error: --metric test_bleu: no point has an evaluate.py score of a "
                         "checkpoint with beam 5; 2 have others, e.g. "
-                        f"{sweeps.point_dir(str(tmp_path), points[0])}: none of its 4 "), err
+                        f"{sweeps.point_dir(str(tmp_path), points[0])}: none of its 4 test "), err
   assert "--split test --beam_size 5 makes one" in err, err
   # A metric training logged still sorts; the choice only empties the evaluate.py columns.
   assert script.main(["--workdir", str(tmp_path), "--report", "--metric", "bleu",
                       "--beam_size", "5"]) == 0
   out, err = capsys.readouterr()
-  assert "test_bleu" not in out and err.count("warning: ") == 2, (out, err)
+  assert "test_bleu" not in out and err.count("warning: ") == 3, (out, err)   # lr 2: 2 splits
   assert [sweeps.Evaluations(a, b).describe() for a, b in ((None, 1), (False, 2), (True, 4))] == [
       "a checkpoint with greedy search", "a single checkpoint with beam 2",
       "an averaged checkpoint with beam 4"]
@@ -582,6 +595,10 @@ def test_report_and_compare_take_the_evaluations_asked_for(tmp_path, capsys):
     sweeps.Evaluations().beam_size = 4
   assert script.main(["--workdir", str(tmp_path), "--report", "--beam_size", "0"]) == 1
   assert "error: --beam_size 0: a beam holds 1 hypothesis or more" in capsys.readouterr().err
+  # --paired reaches the report (these results name no hypotheses files: each point says so).
+  assert script.main(["--workdir", str(tmp_path), "--report", "--metric", "test_bleu",
+                      "--paired"]) == 0
+  assert capsys.readouterr().err.count("test result's hypotheses or references file is gone") == 2
   # compare_runs.py takes the same flags, over the points' workdirs.
   compare = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
       "compare_runs", os.path.join(REPO, "scripts", "compare_runs.py")))
@@ -594,10 +611,17 @@ def test_report_and_compare_take_the_evaluations_asked_for(tmp_path, capsys):
   out, err = capsys.readouterr()
   assert [line.split(" | ")[:2] for line in out.splitlines()[2:4]] == [
       [f"| {os.path.basename(lr1)}_run", "1"], [f"| {os.path.basename(lr2)}_run", "2"]], out
-  assert "| 28 |" in out and "warning" not in err, (out, err)
+  assert "| 28 |" in out and err.count("warning") == 1, (out, err)   # lr 2's validation split
+  assert f"warning: {lr2}_run: none of its 1 validation results of evaluate.py" in err, err
   assert compare.main([lr1 + "_run", lr2 + "_run", "--metric", "test_bleu", "--averaged"]) == 0
   out, err = capsys.readouterr()
-  assert "| 31 |" in out and f"warning: {lr2}_run: none of its 2 evaluate.py results" in err
+  assert "| 31 |" in out and f"warning: {lr2}_run: none of its 1 test results" in err
+  # The choice's flags belong to --report: refused for a sweep's run, which reads --config.
+  assert script.main(["--config", os.path.join(REPO, "tests", "tiny_config.py"), "--workdir",
+                      str(tmp_path / "other"), "--list", "--beam_size", "4"]) == 2
+  assert ("error: --beam_size: only for --report (which evaluate.py results it reads); the "
+          "points' own settings are --config.FIELD=VALUE") in capsys.readouterr().err
+  assert not os.path.exists(tmp_path / "other")
 
 
 def test_compare_runs_tests_each_run_against_the_best_on_the_same_references(tmp_path, capsys,
@@ -615,71 +639,87 @@ def test_compare_runs_tests_each_run_against_the_best_on_the_same_references(tmp
   references = [" ".join(rng.choice(words, 8)) for _ in range(60)]
   def noisy(keep):  # each reference word kept with probability `keep`, else another word
     return [" ".join(w if rng.random() < keep else "x" for w in r.split()) for r in references]
-  def run(name, hypotheses, refs=references, where=None):
+  def run(name, hypotheses, refs=references, where=None, beam4=None):
+    """A run with a greedy test result (and, after it, a beam-4 one of `beam4`)."""
     workdir = tmp_path / name
     eval_dir = workdir / "eval" / "step_4"
     (eval_dir).mkdir(parents=True)
-    (eval_dir / "hypotheses.test.greedy.txt").write_text("".join(h + "\n" for h in hypotheses))
     (eval_dir / "references.test.txt").write_text("".join(r + "\n" for r in refs))
     recorded = (where or workdir) / "eval" / "step_4"   # where evaluate.py wrote them
-    bleu = sacrebleu.corpus_bleu(hypotheses, [refs]).score
-    result = {"split": "test", "bleu": bleu, "beam_size": 1, "step": 4,
-              "hypotheses": str(recorded / "hypotheses.test.greedy.txt"),
-              "references": str(recorded / "references.test.txt")}
     _made_run(str(workdir / "x"), 4, 10.0, learning_rate=len(name))  # config.json, metrics
     for f in os.listdir(workdir / "x"):
       os.rename(workdir / "x" / f, workdir / f)
     os.rmdir(workdir / "x")
-    with open(workdir / "eval" / "results.jsonl", "w") as f:
-      f.write(json.dumps(result) + "\n")
-    return bleu
+    for beam, hyps in ((1, hypotheses), (4, beam4)):
+      if hyps is None:
+        continue
+      (eval_dir / f"hypotheses.test.{beam}.txt").write_text("".join(h + "\n" for h in hyps))
+      result = {"split": "test", "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
+                "beam_size": beam, "step": 4,
+                "hypotheses": str(recorded / f"hypotheses.test.{beam}.txt"),
+                "references": str(recorded / "references.test.txt")}
+      with open(workdir / "eval" / "results.jsonl", "a") as f:
+        f.write(json.dumps(result) + "\n")
   good, far = noisy(0.9), noisy(0.5)
   close = good[:-2] + far[-2:]   # two sentences worse: a difference the sentences could make
   other = [r + " y" for r in references]
   # Those with no test first: a row passed over must not end the others' tests.
   _made_run(str(tmp_path / "unevaluated"), 4, 10.0, learning_rate=99.0)
-  run("cut", good[:-1])                                  # a line short of its references
+  run("cut", far[:-1])                                   # a line short of its references
   run("gone", good)
-  os.remove(tmp_path / "gone" / "eval" / "step_4" / "hypotheses.test.greedy.txt")
+  os.remove(tmp_path / "gone" / "eval" / "step_4" / "hypotheses.test.1.txt")
+  run("unreadable", references)                          # BLEU 100, but not UTF-8 on disk
+  (tmp_path / "unreadable" / "eval" / "step_4" / "hypotheses.test.1.txt").write_bytes(b"\xff\n")
   run("lonely", good, refs=[r + " z" for r in references])   # alone on its references
   run("other_pair", good, refs=other)          # another test set: compared among its own
   run("other_pair_worse", far[:-1] + [other[-1]], refs=other)
   run("best", good)
   run("same_as_best", good)
-  run("close", close)
-  run("far_moved", far, where=tmp_path / "elsewhere")   # moved since: found under its eval/
-  names = ("unevaluated", "cut", "gone", "lonely", "other_pair", "other_pair_worse", "best",
-           "same_as_best", "close", "far_moved")
+  run("close", close, beam4=references)   # its beam-4 result, made last, the best of all
+  # Moved since (found under its own eval/, the last "eval" of the recorded path).
+  run("far_moved", far, where=tmp_path / "eval" / "old")
+  names = ("unevaluated", "cut", "gone", "unreadable", "lonely", "other_pair",
+           "other_pair_worse", "best", "same_as_best", "close", "far_moved")
   runs = [str(tmp_path / n) for n in names]
   assert "test_p_vs_best" not in json.dumps(sweeps_compare.compare(runs, "test_bleu")["rows"])
-  out = sweeps_compare.compare(runs, "test_bleu", paired=True)
+  latest = sweeps_compare.compare(runs, "test_bleu", paired=True)["rows"]   # any search
+  assert {r["name"]: r.get("test_p_vs_best") for r in latest}["close"] == "-"
+  greedy = sweeps.Evaluations(beam_size=1)
+  out = sweeps_compare.compare(runs, "test_bleu", paired=True, choice=greedy)
   p = {r["name"]: r.get("test_p_vs_best") for r in out["rows"]}
   assert p["best"] == "-" or p["same_as_best"] == "-", p   # the first of the two best
   assert {p["best"], p["same_as_best"]} == {"-", 1.0}, p   # the same translations: p = 1
   assert 0.05 < p["close"] < 1.0 and p["far_moved"] < 0.01, p
   assert p["other_pair"] == "-" and p["other_pair_worse"] < 0.01, p   # a pair: tested
-  assert [p[n] for n in ("unevaluated", "cut", "gone", "lonely")] == [None] * 4, p
-  assert [w.split(":")[0] for w in out["warnings"]] == ["cut", "gone"], out["warnings"]
-  assert out["warnings"][0] == (f"cut: {tmp_path}/cut/eval/step_4/hypotheses.test.greedy.txt "
-                                f"has 59 lines, {tmp_path}/cut/eval/step_4/references.test.txt "
-                                "60: no paired test")
-  assert out["warnings"][1].startswith(
-      "gone: its test result's hypotheses or references file is gone"), out["warnings"]
+  assert [p[n] for n in ("unevaluated", "cut", "gone", "unreadable", "lonely")] == [None] * 5, p
+  warnings = out["warnings"]
+  assert [w.split(":")[0] for w in warnings] == ["cut", "gone", "unreadable", "unreadable"], (
+      warnings)
+  assert warnings[0] == (f"cut: {tmp_path}/cut/eval/step_4/hypotheses.test.1.txt has 59 "
+                         f"lines, {tmp_path}/cut/eval/step_4/references.test.txt 60: no paired "
+                         "test")
+  assert warnings[1].startswith(
+      "gone: its test result's hypotheses or references file is gone"), warnings
+  assert warnings[2].startswith("unreadable: its test result's files cannot be read ("), warnings
+  # A run with a higher BLEU could not be tested: each baseline it beats is named as a stand-in.
+  assert warnings[3] == (
+      "unreadable: a higher test_bleu than best, but not tested; the p-values on best's "
+      "references are against best, the best of the runs that could be tested"), warnings
   header = out["markdown"].splitlines()[0]
   assert "| test_bleu | test_search | test_p_vs_best |" in header, header
   # Above bleu.BOOTSTRAP_MAX_SENTENCES sentences: no test, and a line that says so.
   monkeypatch.setattr(bleu_lib, "BOOTSTRAP_MAX_SENTENCES", 59)
-  out = sweeps_compare.compare(runs[6:8], "test_bleu", paired=True)
+  out = sweeps_compare.compare(runs[7:9], "test_bleu", paired=True)
   assert [r.get("test_p_vs_best") for r in out["rows"]] == [None, None], out["rows"]
   assert out["warnings"] == ["60 test sentences: over 59, no paired test"], out["warnings"]
   monkeypatch.undo()
   # The script prints it; a metric that is no evaluate.py BLEU cannot be tested.
-  assert compare.main([*runs[6:9], "--metric", "test_bleu", "--paired"]) == 0
+  assert compare.main([*runs[7:10], "--metric", "test_bleu", "--paired"]) == 0
   assert " | - | " in capsys.readouterr().out
-  assert compare.main([*runs[6:9], "--metric", "test_chrf"]) == 1   # unpaired: not logged
+  assert compare.main([*runs[7:10], "--metric", "test_chrf"]) == 1   # unpaired: not logged
   assert "--metric test_chrf: no run logged it. The runs logged: " in capsys.readouterr().err
-  for metric in ("bleu", "test_chrf", "test_tokenized_bleu"):
-    assert compare.main([*runs[6:9], "--metric", metric, "--paired"]) == 1
+  for metric in ("bleu", "test_chrf", "test_tokenized_bleu", "best_bleu"):
+    assert compare.main([*runs[7:10], "--metric", metric, "--paired"]) == 1
     assert ("error: --paired tests the BLEU of evaluate.py results: give --metric <split>_bleu "
             f"(test_bleu), not --metric {metric}") in capsys.readouterr().err, metric
 

@@ -111,13 +111,14 @@ def evaluated(workdir: str, choice: Evaluations = EVERY,
   search: evaluate every point alike), `<split>_bleu_ci95` (its BLEU's 95% bootstrap interval)
   and `<split>_search`, which they were (`_search`), and `<split>_hypotheses` and
   `<split>_references`, its files (None where gone); copy baselines and ensembles (the point's
-  model with others' checkpoints, evaluate.py --ensemble) left out. A run whose results `choice`
-  all passes over is named in `warnings`, with the command that would make one."""
+  model with others' checkpoints, evaluate.py --ensemble) left out. A split whose results
+  `choice` all passes over is named in `warnings` (`passed_over` parses the line back), with the
+  command that would make one."""
   out: dict = {}
   path = os.path.join(workdir, EVAL, EVAL_LOG)
   if not os.path.exists(path):
     return out
-  passed = 0
+  passed: dict[str, int] = {}   # split -> results `choice` passed over
   with open(path, encoding="utf-8") as f:
     for line in f:
       try:
@@ -128,7 +129,7 @@ def evaluated(workdir: str, choice: Evaluations = EVERY,
           or "split" not in result):
         continue
       if not choice.matches(result):
-        passed += 1
+        passed[result["split"]] = passed.get(result["split"], 0) + 1
         continue
       for score in ("bleu", "bleu_ci95", "chrf", "tokenized_bleu"):
         if isinstance(result.get(score), (int, float)):
@@ -138,14 +139,23 @@ def evaluated(workdir: str, choice: Evaluations = EVERY,
       out[f"{result['split']}_search"] = search_text(result)
       for kind in ("hypotheses", "references"):  # for a paired test (`paired_tests`)
         out[f"{result['split']}_{kind}"] = _eval_file(workdir, result.get(kind))
-  if passed and not out and warnings is not None:
-    make = (f"python scripts/average_checkpoints.py --workdir {workdir}, then "
-            * bool(choice.averaged))
-    warnings.append(f"{workdir}: none of its {passed} evaluate.py results is of "
-                    f"{choice.describe()}: its <split>_bleu is left empty ({make}python "
-                    f"scripts/evaluate.py --workdir {workdir} --split test {choice.flags()} "
-                    "makes one)")
+  make = f"python scripts/average_checkpoints.py --workdir {workdir}, then " * bool(choice.averaged)
+  for split, count in passed.items():
+    if f"{split}_search" not in out and warnings is not None:
+      warnings.append(f"{workdir}: none of its {count} {split} results of evaluate.py is of "
+                      f"{choice.describe()}: its {split}_bleu is left empty ({make}python "
+                      f"scripts/evaluate.py --workdir {workdir} --split {split}"
+                      f"{' ' * bool(choice.flags())}{choice.flags()} makes one)")
   return out
+
+
+_PASSED_OVER = re.compile(r".*: none of its \d+ (\S+) results of evaluate\.py is of .*")
+
+
+def passed_over(warnings: Sequence[str], split: str) -> list[str]:
+  """The lines of `warnings` that `evaluated` wrote for `split` (runs whose results of that
+  split the choice passed over)."""
+  return [w for w in warnings if (m := _PASSED_OVER.fullmatch(w)) and m.group(1) == split]
 
 
 def _eval_file(workdir: str, path) -> str | None:
@@ -165,7 +175,8 @@ def paired_split(metric: str) -> str:
   """The split whose BLEU `metric` is (`test` of `test_bleu`), which --paired tests; a
   SweepError for any other metric."""
   split = _EVALUATED.fullmatch(metric)
-  if not split or not metric.endswith("_bleu") or metric.endswith("_tokenized_bleu"):
+  if (not split or not metric.endswith("_bleu") or metric.endswith("_tokenized_bleu")
+      or split.group(1) == "best"):   # keep_best's best_bleu: no hypotheses behind it
     raise SweepError(f"--paired tests the BLEU of evaluate.py results: give --metric "
                      f"<split>_bleu (test_bleu), not --metric {metric}")
   return split.group(1)
@@ -176,25 +187,39 @@ def paired_tests(rows: list[dict], metric: str, warnings: list[str]) -> None:
   the paired bootstrap p-value (sacreBLEU's --paired-bs, `bleu.paired_bootstrap`) of its
   hypotheses against those of the row with the best BLEU on the same references (`-` there),
   so that runs on other test sets (another language pair) are each compared within their own.
-  A row whose files cannot be read, or with no other row on its references, gets none; the
-  first is named in `warnings`."""
+  Best is the highest BLEU, whatever the table's sort; unfinished runs count as they stand. A
+  row whose files are gone or cannot be read, or with no other row on its references, gets
+  none; the first is named in `warnings`, and where it had a higher BLEU than the baseline of
+  its references (of every baseline, where its references are unknown), that too."""
   name = paired_split(metric)
   groups: dict[tuple, list] = {}
+  untested: list[tuple[dict, tuple | None]] = []   # (row, its references where readable)
+
+  def read(path):
+    try:
+      return bleu_lib.read_lines(path) if path is not None else None
+    except (OSError, UnicodeDecodeError):
+      return None
+
   for r in rows:
     if not _number(r.get(metric)):
       continue
     hypotheses, references = r.get(f"{name}_hypotheses"), r.get(f"{name}_references")
+    hyps, refs = read(hypotheses), read(references)
     if hypotheses is None or references is None:
       warnings.append(f"{r['name']}: its {name} result's hypotheses or references file is "
                       "gone (or the result is older than they are): no paired test; run "
                       "scripts/evaluate.py again to write them")
-      continue
-    hyps, refs = bleu_lib.read_lines(hypotheses), bleu_lib.read_lines(references)
-    if len(hyps) != len(refs):
+    elif hyps is None or refs is None:
+      warnings.append(f"{r['name']}: its {name} result's files cannot be read ({hypotheses}, "
+                      f"{references}: not UTF-8 text, or not readable): no paired test")
+    elif len(hyps) != len(refs):
       warnings.append(f"{r['name']}: {hypotheses} has {len(hyps)} lines, {references} "
                       f"{len(refs)}: no paired test")
+    else:
+      groups.setdefault(tuple(refs), []).append((r, hyps))
       continue
-    groups.setdefault(tuple(refs), []).append((r, hyps))
+    untested.append((r, None if refs is None else tuple(refs)))
   for refs, members in groups.items():
     if len(members) < 2:
       continue
@@ -206,6 +231,13 @@ def paired_tests(rows: list[dict], metric: str, warnings: list[str]) -> None:
       continue
     for (r, _), p in zip(members, p_values):
       r[f"{name}_p_vs_best"] = "-" if p is None else p
+    base = members[0][0]
+    above = [u["name"] for u, theirs in untested if theirs in (None, refs)
+             and float(u[metric]) > float(base[metric])]
+    if above:  # a better run that could not be tested: the baseline is not the best
+      warnings.append(f"{', '.join(above)}: a higher {metric} than {base['name']}, but not "
+                      f"tested; the p-values on {base['name']}'s references are against "
+                      f"{base['name']}, the best of the runs that could be tested")
 
 
 def search_text(result: dict) -> str:
@@ -429,7 +461,9 @@ def check_metric(rows: list[dict], fields: list[str], metric: str, what: str,
   over, named in the error where they are why an evaluate.py score is missing."""
   logged = sorted({k for r in rows for k, v in r.items()
                    if isinstance(v, (int, float)) and k not in fields and k != "step"})
-  if logged and metric not in logged and passed and _evaluated_name(metric):
+  split = _EVALUATED.fullmatch(metric)
+  passed = passed_over(passed, split.group(1)) if split else []
+  if logged and metric not in logged and passed:
     raise SweepError(f"--metric {metric}: no {what} has an evaluate.py score of "
                      f"{choice.describe()}; {len(passed)} have others, e.g. {passed[0]}")
   if logged and metric not in logged:  # a misspelt metric: no column, no plot, no word
