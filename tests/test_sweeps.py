@@ -1,7 +1,6 @@
 """Sweeps: point helpers, names, skip/fail/resume bookkeeping, SLURM script, report, end to end."""
 import csv
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -28,6 +27,7 @@ from transformer_jax.sweeps import compare as sweeps_compare
 from transformer_jax.sweeps import slurm as sweeps_slurm
 from transformer_jax.sweeps.report import figure, log_scale, markdown, run_row, search_text
 
+from scripts_under_test import load_script
 import tiny_config  # tests/ is on sys.path: pytest puts a test file's directory there
 import xla_env
 
@@ -36,11 +36,7 @@ TINY = os.path.join(REPO, "tests", "tiny_config.py")
 
 
 def load_sweep_script():
-  spec = importlib.util.spec_from_file_location("script_sweep",
-                                                os.path.join(REPO, "scripts", "sweep.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("sweep")
 
 
 def test_product_zipped_cross_chain():
@@ -600,9 +596,7 @@ def test_report_and_compare_take_the_evaluations_asked_for(tmp_path, capsys):
                       "--paired"]) == 0
   assert capsys.readouterr().err.count("test result's hypotheses or references file is gone") == 2
   # compare_runs.py takes the same flags, over the points' workdirs.
-  compare = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
-      "compare_runs", os.path.join(REPO, "scripts", "compare_runs.py")))
-  compare.__spec__.loader.exec_module(compare)
+  compare = load_script("compare_runs")
   lr1 = sweeps.point_dir(str(tmp_path), {"learning_rate": 1.0})
   for d, lr in ((lr1, 1.0), (lr2, 2.0)):
     _made_run(d + "_run", 4, 10.0 * lr, results[lr], learning_rate=lr)
@@ -631,9 +625,7 @@ def test_compare_runs_tests_each_run_against_the_best_on_the_same_references(tmp
   compared among themselves; a run moved since it was evaluated is found under its eval/; one
   whose hypotheses are gone is named; --paired with a metric that is no evaluate.py BLEU is an
   error."""
-  compare = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
-      "compare_runs", os.path.join(REPO, "scripts", "compare_runs.py")))
-  compare.__spec__.loader.exec_module(compare)
+  compare = load_script("compare_runs")
   rng = np.random.default_rng(0)
   words = [f"w{i}" for i in range(40)]
   references = [" ".join(rng.choice(words, 8)) for _ in range(60)]
@@ -765,9 +757,7 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
   config.json: a field an older run did not record counts as what it did), each run's status
   against its own num_train_steps, metrics and evaluate.py scores, best first, and the spread
   over runs that differ in the seed alone; workdirs, sweeps and directories of them."""
-  script = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
-      "compare_runs", os.path.join(REPO, "scripts", "compare_runs.py")))
-  script.__spec__.loader.exec_module(script)
+  script = load_script("compare_runs")
   runs = tmp_path / "runs"
   def test(bleu, **more):
     return [{"split": "test", "bleu": bleu, "beam_size": 4, "alpha": 0.6, "step": 4, **more}]

@@ -177,9 +177,9 @@ def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = Non
   for label, workdir, config in zip(default_labels(runs), runs, configs):
     values = {f: _cell_value(config.get(f)) for f in fields}
     row = run_row(workdir, {"name": label, **values},
-                  num_train_steps=config["num_train_steps"], choice=choice, warnings=passed)
+                  num_train_steps=config["num_train_steps"], choice=choice, passed=passed)
     rows.append({**row, "workdir": workdir})
-  warnings += passed
+  warnings += [line for _, line in passed]
   warning = check_metric(rows, fields, metric, "run", choice, passed)
   if paired:
     paired_tests(rows, metric, warnings)

@@ -68,28 +68,28 @@ EVERY = Evaluations()   # every result: the default
 
 
 def collect(sweep_dir: str, points: list[Point], choice: Evaluations = EVERY,
-            warnings: list[str] | None = None) -> tuple[list[dict], list[str]]:
+            passed: list[tuple[str, str]] | None = None) -> tuple[list[dict], list[str]]:
   """One row per point: its fields, status and last metrics; and the swept field names."""
   fields: list[str] = []
   for p in points:
     fields += [k for k in p if k not in fields]
   rows = [run_row(point_dir(sweep_dir, p),
                   {"name": point_name(p), **{k: p.get(k) for k in fields}},
-                  choice=choice, warnings=warnings) for p in points]
+                  choice=choice, passed=passed) for p in points]
   return rows, fields
 
 
 def run_row(workdir: str, row: dict, num_train_steps: int | None = None,
-            choice: Evaluations = EVERY, warnings: list[str] | None = None) -> dict:
+            choice: Evaluations = EVERY, passed: list[tuple[str, str]] | None = None) -> dict:
   """`row` (a name and field values) with what the run in `workdir` did: its status (`status`,
   with `num_train_steps` for a run no sweep marked), its last logged metrics, its latest
-  evaluate.py scores per split (of those `choice` takes; a run with none of them is named in
-  `warnings`), keep_best's best evaluation and its step, the step early stopping ended it at,
-  and a failed run's log."""
+  evaluate.py scores per split (of those `choice` takes; a split with none of them is named
+  in `passed`, as `evaluated` says), keep_best's best evaluation and its step, the step early
+  stopping ended it at, and a failed run's log."""
   row = {**row, "status": status(workdir, num_train_steps)}
   # A field keeps its value where a metric has the same name (learning_rate is both).
   row.update({k: v for k, v in last_values(workdir).items() if k not in row})
-  row.update({k: v for k, v in evaluated(workdir, choice, warnings).items() if k not in row})
+  row.update({k: v for k, v in evaluated(workdir, choice, passed).items() if k not in row})
   for name in BEST_METRICS:  # config.keep_best's: the best evaluation, beside the last one
     if os.path.isdir(best_dir(workdir, name)):
       kept = BestKeeper(workdir, name)
@@ -104,7 +104,7 @@ def run_row(workdir: str, row: dict, num_train_steps: int | None = None,
 
 
 def evaluated(workdir: str, choice: Evaluations = EVERY,
-              warnings: list[str] | None = None) -> dict:
+              passed: list[tuple[str, str]] | None = None) -> dict:
   """`<split>_bleu`, `<split>_chrf` and `<split>_tokenized_bleu` (`test_bleu`, `newstest_chrf`)
   of the latest scripts/evaluate.py result per split or test set in
   `<workdir>/eval/results.jsonl` that `choice` takes (by default whatever its checkpoint and
@@ -112,13 +112,13 @@ def evaluated(workdir: str, choice: Evaluations = EVERY,
   and `<split>_search`, which they were (`_search`), and `<split>_hypotheses` and
   `<split>_references`, its files (None where gone); copy baselines and ensembles (the point's
   model with others' checkpoints, evaluate.py --ensemble) left out. A split whose results
-  `choice` all passes over is named in `warnings` (`passed_over` parses the line back), with the
-  command that would make one."""
+  `choice` all passes over is named in `passed`, as (the split, a line for the user with the
+  command that would make one)."""
   out: dict = {}
   path = os.path.join(workdir, EVAL, EVAL_LOG)
   if not os.path.exists(path):
     return out
-  passed: dict[str, int] = {}   # split -> results `choice` passed over
+  skipped: dict[str, int] = {}   # split -> results `choice` passed over
   with open(path, encoding="utf-8") as f:
     for line in f:
       try:
@@ -129,7 +129,7 @@ def evaluated(workdir: str, choice: Evaluations = EVERY,
           or "split" not in result):
         continue
       if not choice.matches(result):
-        passed[result["split"]] = passed.get(result["split"], 0) + 1
+        skipped[result["split"]] = skipped.get(result["split"], 0) + 1
         continue
       for score in ("bleu", "bleu_ci95", "chrf", "tokenized_bleu"):
         if isinstance(result.get(score), (int, float)):
@@ -140,22 +140,13 @@ def evaluated(workdir: str, choice: Evaluations = EVERY,
       for kind in ("hypotheses", "references"):  # for a paired test (`paired_tests`)
         out[f"{result['split']}_{kind}"] = _eval_file(workdir, result.get(kind))
   make = f"python scripts/average_checkpoints.py --workdir {workdir}, then " * bool(choice.averaged)
-  for split, count in passed.items():
-    if f"{split}_search" not in out and warnings is not None:
-      warnings.append(f"{workdir}: none of its {count} {split} results of evaluate.py is of "
-                      f"{choice.describe()}: its {split}_bleu is left empty ({make}python "
-                      f"scripts/evaluate.py --workdir {workdir} --split {split}"
-                      f"{' ' * bool(choice.flags())}{choice.flags()} makes one)")
+  for split, count in skipped.items():
+    if f"{split}_search" not in out and passed is not None:
+      passed.append((split, f"{workdir}: none of its {count} {split} results of evaluate.py "
+                            f"is of {choice.describe()}: its {split}_bleu is left empty ({make}"
+                            f"python scripts/evaluate.py --workdir {workdir} --split {split}"
+                            f"{' ' * bool(choice.flags())}{choice.flags()} makes one)"))
   return out
-
-
-_PASSED_OVER = re.compile(r".*: none of its \d+ (\S+) results of evaluate\.py is of .*")
-
-
-def passed_over(warnings: Sequence[str], split: str) -> list[str]:
-  """The lines of `warnings` that `evaluated` wrote for `split` (runs whose results of that
-  split the choice passed over)."""
-  return [w for w in warnings if (m := _PASSED_OVER.fullmatch(w)) and m.group(1) == split]
 
 
 def _eval_file(workdir: str, path) -> str | None:
@@ -166,8 +157,8 @@ def _eval_file(workdir: str, path) -> str | None:
     return None
   if os.path.isfile(path):
     return path
-  head, sep, tail = path.rpartition(os.sep + EVAL + os.sep)
-  moved = os.path.join(workdir, EVAL, tail) if sep else ""
+  _, sep, tail = path.rpartition(os.sep + EVAL + os.sep)
+  moved = os.path.join(workdir, EVAL, tail)
   return moved if sep and os.path.isfile(moved) else None
 
 
@@ -454,18 +445,19 @@ def _check_sweep_dir(sweep_dir: str) -> None:
 
 
 def check_metric(rows: list[dict], fields: list[str], metric: str, what: str,
-                 choice: Evaluations = EVERY, passed: Sequence[str] = ()) -> str | None:
+                 choice: Evaluations = EVERY,
+                 passed: Sequence[tuple[str, str]] = ()) -> str | None:
   """A SweepError for a `metric` none of the rows (`what`s: points, runs) logged, once any
   logged metrics; before that, a warning (a line for the user) for one the trainer does not
-  log, or None. `passed`: the warnings of the runs whose evaluate.py results `choice` passed
-  over, named in the error where they are why an evaluate.py score is missing."""
+  log, or None. `passed`: (split, line) of the runs whose evaluate.py results `choice` passed
+  over (`evaluated`), named in the error where they are why the metric's split has no score."""
   logged = sorted({k for r in rows for k, v in r.items()
                    if isinstance(v, (int, float)) and k not in fields and k != "step"})
   split = _EVALUATED.fullmatch(metric)
-  passed = passed_over(passed, split.group(1)) if split else []
-  if logged and metric not in logged and passed:
+  lines = [line for s, line in passed if split and s == split.group(1)]
+  if logged and metric not in logged and lines:
     raise SweepError(f"--metric {metric}: no {what} has an evaluate.py score of "
-                     f"{choice.describe()}; {len(passed)} have others, e.g. {passed[0]}")
+                     f"{choice.describe()}; {len(lines)} have others, e.g. {lines[0]}")
   if logged and metric not in logged:  # a misspelt metric: no column, no plot, no word
     close = difflib.get_close_matches(metric, logged, n=1)
     raise SweepError(f"--metric {metric}: no {what} logged it"
@@ -528,9 +520,10 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None,
   _check_sweep_dir(sweep_dir)
   if paired:
     paired_split(metric)   # before reading every point
-  warnings: list[str] = []
-  rows, fields = collect(sweep_dir, recorded_points(sweep_dir), choice, warnings)
-  warning = check_metric(rows, fields, metric, "point", choice, warnings)
+  passed: list[tuple[str, str]] = []
+  rows, fields = collect(sweep_dir, recorded_points(sweep_dir), choice, passed)
+  warning = check_metric(rows, fields, metric, "point", choice, passed)
+  warnings = [line for _, line in passed]
   if paired:
     paired_tests(rows, metric, warnings)
   rows = sort_rows(rows, metric, lower)
