@@ -598,13 +598,15 @@ def test_wide_beam_equals_exhaustive_search(peaked, alpha):
   np.testing.assert_array_equal(one, greedy_tokens)
 
 
-def reference_beam_search(cfg, params, source, beam, alpha, margin, buffer_len):
+def reference_beam_search(cfg, params, source, beam, alpha, margin, buffer_len,
+                          early_stopping=True):
   """beam_search's documented rules, one sentence, in plain Python on teacher-forced
-  log-probabilities (no cache): the finished set, best first, as [(score, tokens)]."""
+  log-probabilities (no cache): the finished set, best first, as [(score, tokens)]. Without
+  `early_stopping`, rules (a) and (b) are off: the search goes on to the length limit."""
   model = tj.Transformer(cfg.replace(deterministic=True))
   limit = min(int((np.asarray(source) != cfg.pad_id).sum()) + margin, buffer_len)
   penalty = lambda n: ((5.0 + n) / 6.0) ** alpha  # noqa: E731
-  live, finished, num_finished = [((), 0.0)], [], 0    # live: best first, as top_k leaves it
+  live, finished = [((), 0.0)], []    # live: best first, as top_k leaves it
   for i in range(limit):
     prefixes = np.full((beam, buffer_len), 4)           # positions >= i: any non-padding token
     for j, (seq, _) in enumerate(live):
@@ -621,13 +623,16 @@ def reference_beam_search(cfg, params, source, beam, alpha, margin, buffer_len):
     ends = [c[2][-1] == cfg.eos_id or i + 1 >= limit for c in extensions]
     new = [(logp / penalty(i + 1), seq) for rank, ((logp, _, seq), end)
            in enumerate(zip(extensions, ends)) if end and rank < beam]
-    num_finished += len(new)
     finished = sorted(finished + new, key=lambda f: -f[0])[:beam]   # stable: old ones first
     live = [(seq, logp) for (logp, _, seq), end in zip(extensions, ends) if not end][:beam]
-    if not live or num_finished >= beam:
+    if not live:                                                                    # (c)
+      break
+    if not early_stopping:
+      continue
+    if len(finished) == beam and finished[-1][0] >= live[0][1] / penalty(i + 1):    # (b)
       break
     reachable = live[0][1] / max(penalty(i + 2), penalty(limit))
-    if finished and finished[0][0] >= reachable:
+    if finished and finished[0][0] >= reachable:                                    # (a)
       break
   return [(score, list(seq)) for score, seq in finished]
 
@@ -658,6 +663,27 @@ def assert_finished_sets_follow_the_rules(model, beam, margin, alpha):
       score, tokens = finished[k]
       assert row[:len(tokens)].tolist() == tokens and (row[len(tokens):] == 0).all(), (i, k)
       np.testing.assert_allclose(scores[i, k], score, rtol=1e-5, atol=1e-5)
+
+
+# On this source the peaked model's best output at alpha 0 finishes after two worse ones; beam 2
+# under fairseq's rule (stop once `beam` have finished) returned the runner-up, -2.03 against
+# -1.82.
+@pytest.mark.parametrize("beam", [2, 3])
+def test_early_stopping_never_drops_a_better_live_hypothesis_at_alpha_zero(peaked, beam):
+  # With alpha 0 a hypothesis's score can only fall as it grows: stopping early must return the
+  # same best hypothesis as searching on to the length limit, and stopping by rule (b) (a full
+  # finished set no worse than the best live score) the same whole set.
+  cfg, params, _ = peaked
+  src = jnp.array([[5, 5, 5]])
+  seqs, scores = search.beam_search(cfg, params, src, beam_size=beam, alpha=0.0,
+                                    max_len_margin=4, return_all=True)
+  finished = reference_beam_search(cfg, params, src[0], beam, 0.0, 4, seqs.shape[2],
+                                   early_stopping=False)
+  best_score, best_tokens = finished[0]
+  row = np.asarray(seqs[0, 0])
+  assert row[:len(best_tokens)].tolist() == best_tokens and (row[len(best_tokens):] == 0).all()
+  np.testing.assert_allclose(scores[0, 0], best_score, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(scores[0], [f[0] for f in finished], rtol=1e-5, atol=1e-5)
 
 
 def test_an_eos_candidate_does_not_take_a_live_slot():

@@ -404,13 +404,20 @@ def beam_search(config: TransformerConfig, params, inputs, *, beam_size: int = 4
     (a) its best finished score is >= the best score any live hypothesis could still reach (its
         log-probability can only fall, so the bound divides it by the largest penalty it could
         still get, lp(limit) for alpha >= 0), or
-    (b) `beam` hypotheses have finished (counting ones that did not stay in the finished set), or
+    (b) the finished set is full (`beam` hypotheses) and its worst score is >= the best live
+        hypothesis's score at its current length, or
     (c) no live hypothesis is left (the length limit finishes them all).
-  The rank rule and (b) are fairseq's and Hugging Face's; tensor2tensor and Flax finalise every EOS
-  among the 2 * beam and stop by (a) and (c) alone. With them beam size 1 is exactly greedy search
-  (EOS finishes a hypothesis only when it is the best next token, and one finished ends the
-  search). (a) stops on the best finished score, which makes the best hypothesis exact (no worse
-  than without early stopping) but not the rest of the finished set.
+  The rank rule is fairseq's and Hugging Face's, (b) Hugging Face's default (`early_stopping=
+  False`); tensor2tensor and Flax finalise every EOS among the 2 * beam and stop by (a) and (c)
+  alone. With the rank rule and (b), beam size 1 is exactly greedy search (EOS finishes a
+  hypothesis only when it is the best next token, and then the live one, ranked below it, scores
+  no better). fairseq's (b), stopping once `beam` have finished whatever the live ones score, is
+  not used: it dropped live hypotheses better than every finished one (one of probability 0.32
+  at beam 4, below greedy's output). At alpha 0 no score can rise as a hypothesis grows, so
+  early stopping never changes the best hypothesis (the same as searching to the length limit),
+  and stopping by (b) none of the finished set. For alpha > 0, (a) is exact too, but (b) judges
+  a live hypothesis by its score now, which the length penalty may still raise: a heuristic, as
+  in Hugging Face.
   With a beam at least as wide as the number of candidates of every step, the search is exhaustive.
   A stopped sentence's live hypotheses are dropped, so its result does not depend on the others.
   """
@@ -454,7 +461,6 @@ def beam_search(config: TransformerConfig, params, inputs, *, beam_size: int = 4
     finished_scores, keep = jax.lax.top_k(
         jnp.concatenate([state["finished_scores"], new_scores], axis=1), beam)
     finished_seqs = take(jnp.concatenate([state["finished_seqs"], seqs], axis=1), keep)
-    num_finished = state["num_finished"] + jnp.sum(finishing, axis=1)
 
     # Live set: the best `beam` candidates that go on; the cache follows their parents.
     live_log_probs, keep = jax.lax.top_k(jnp.where(valid & ~ends, top_log_probs, neg_inf), beam)
@@ -464,12 +470,15 @@ def beam_search(config: TransformerConfig, params, inputs, *, beam_size: int = 4
 
     best_live = live_log_probs[:, 0]
     reachable = best_live / jnp.maximum(length_penalty(length + 1, alpha), limit_penalty)
-    done = (state["done"] | (finished_scores[:, 0] >= reachable) | (num_finished >= beam)
+    # Rule (b): the finished set is full and its worst is no worse than the best live
+    # hypothesis scores now (-inf in an empty slot, so never true before `beam` have finished).
+    full = finished_scores[:, -1] >= best_live / length_penalty(length, alpha)
+    done = (state["done"] | (finished_scores[:, 0] >= reachable) | full
             | (best_live == neg_inf))
     return dict(i=i + 1, cache=cache, last=last, live_seqs=live_seqs,
                 live_log_probs=jnp.where(done[:, None], neg_inf, live_log_probs),
                 finished_seqs=finished_seqs, finished_scores=finished_scores,
-                num_finished=num_finished, done=done)
+                done=done)
 
   done = limits <= 0
   first_beam_only = jnp.where(jnp.arange(beam) == 0, 0.0, neg_inf)[None, :]
@@ -482,7 +491,7 @@ def beam_search(config: TransformerConfig, params, inputs, *, beam_size: int = 4
       live_log_probs=jnp.where(done[:, None], neg_inf, first_beam_only),
       finished_seqs=empty_seqs,
       finished_scores=jnp.full((batch, beam), neg_inf),
-      num_finished=jnp.zeros((batch,), jnp.int32), done=done)
+      done=done)
   state = _run_in_stages(step, not_done, state, ends, position=lambda s: s["i"],
                          get_cache=lambda s: s["cache"], set_cache=lambda s, c: dict(s, cache=c))
 
