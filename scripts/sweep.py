@@ -15,6 +15,8 @@ recorded ones are refused once a point has started. Done points, and points a li
 this machine is running, are skipped on a re-run or re-submission; failed and stopped ones run
 again, resuming their checkpoints. `--slurm` only writes sweep.sbatch; `--point i` runs one
 point (what each array task runs); `--list` prints each point's status and writes nothing.
+Without `--config`, the config sweep.json records is used (`--list`, a re-run). Another config's
+points are refused in a directory where a point of the recorded config has started.
 A refused command leaves sweep.json as it was. The exit status is 1 if a point failed.
 """
 import os
@@ -72,12 +74,23 @@ def _body(values):
           file=sys.stderr)
     return 2
   if values.config is None:
-    print("error: --config is required unless --report", file=sys.stderr)
-    return 2
-  runner = sweeps.Runner(values["config"].config_filename, values.workdir, TRAIN,
-                         config_flags.get_override_values(values["config"]),
-                         record=not values.list)
+    spec = sweeps.recorded_config(values.workdir)
+    if spec is None:
+      print(f"error: --config is required unless --report ({values.workdir} has no sweep.json "
+            "naming one: give the config file whose sweep() to run)", file=sys.stderr)
+      return 2
+    print(f"note: --config {spec}, as {os.path.join(values.workdir, 'sweep.json')} records",
+          file=sys.stderr)
+    overrides = {}
+  else:
+    spec = values["config"].config_filename
+    overrides = config_flags.get_override_values(values["config"])
+  runner = sweeps.Runner(spec, values.workdir, TRAIN, overrides, record=not values.list)
   if values.list:
+    if runner.recorded_config is not None:
+      print(f"warning: {os.path.join(runner.sweep_dir, 'sweep.json')} records another config, "
+            f"--config {runner.recorded_config}: these are {spec}'s points, not that sweep's",
+            file=sys.stderr)
     if runner.differs_from_recorded():
       print(f"warning: statuses are computed with this command's flags "
             f"({' '.join(runner.extra_flags) or 'none'}), not the sweep's "

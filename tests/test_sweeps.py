@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -458,6 +459,15 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
   # Without a repeated setting there is no summary, and a new report drops the old files.
   single = [r for r in out["rows"] if r["seed"] == 0]
   assert sweeps.seed_summary(single, out["fields"], "bleu") == []
+  # Two runs of one seed (compare_runs.py of runs made by hand) are not two seeds: no summary
+  # from them alone, and where other seeds make one, the repeat is left out and named.
+  repeated = single + [dict(single[0], bleu=11.0)]
+  assert sweeps.seed_summary(repeated, out["fields"], "bleu") == []
+  lr1 = next(r for r in single if r["learning_rate"] == 1.0)
+  again = sweeps.seed_summary(out["rows"] + [dict(lr1, bleu=11.0)], out["fields"], "bleu")
+  assert (again[2]["seeds"], again[2]["n"]) == ("0 1 2", 3), again[2]
+  assert again[2]["bleu_mean"] == pytest.approx(12.0), again[2]   # 10, 12, 14: not the 11
+  assert again[2]["left_out"] == "0 (another run of this seed)"
   assert sweeps.seed_summary(out["rows"], ["learning_rate"], "bleu") == []
   with open(tmp_path / "sweep.json", "w") as f:
     json.dump({"points": [{"overrides": p} for p in points if p["seed"] == 0]}, f)
@@ -1472,6 +1482,60 @@ def test_a_refused_command_leaves_sweep_json_as_it_was(tmp_path, capsys):
   fresh = str(tmp_path / "fresh")
   sweeps.Runner(TINY, fresh, str(fake), {"num_train_steps": 3}).write_spec()
   sweeps.Runner(TINY, fresh, str(fake), {"num_train_steps": 3, "model.d_model": 64})
+
+
+def test_another_configs_sweep_is_refused_where_its_points_started(tmp_path, capsys,
+                                                                   monkeypatch):
+  """A sweep directory belongs to the config sweep.json records once a point of it started:
+  another config's run there would replace sweep.json and drop the old points from the
+  report. Without --config, the recorded one is used."""
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(FAKE_TRAIN)
+  sweep_dir = str(tmp_path / "sweep")
+  sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3}).run([0], log=lambda s: None)
+  spec = os.path.join(sweep_dir, "sweep.json")
+  with open(spec) as f:
+    before = f.read()
+  other = tmp_path / "other.py"
+  other.write_text(open(TINY).read() + "\n\ndef sweep():\n  return [{'seed': 7}]\n")
+  script = load_sweep_script()
+  assert script.main(["--config", str(other), "--workdir", sweep_dir]) == 1
+  assert capsys.readouterr().err == (
+      f"error: {sweep_dir} is a sweep of --config {TINY} (sweep.json; 1 point(s) started, "
+      f"{sweeps.point_name(sweeps.load_sweep(TINY).points[0])} first), not of {other}: running "
+      "this config there would replace sweep.json and leave those points out of its report. "
+      f"Give --config {TINY} to go on with that sweep, or another --workdir for this config\n")
+  with open(spec) as f:
+    assert f.read() == before
+  # A look at the other config's points warns that they are not the sweep's, and writes nothing.
+  assert script.main(["--config", str(other), "--workdir", sweep_dir, "--list"]) == 0
+  out, err = capsys.readouterr()
+  assert out == "0\tnew\tseed=7\n" and "records another config" in err, (out, err)
+  # Without --config, the recorded config and flags: point 0 done at the recorded 3 steps.
+  assert script.main(["--workdir", sweep_dir, "--list"]) == 0
+  out, err = capsys.readouterr()
+  assert err == f"note: --config {TINY}, as {spec} records\n", err
+  assert out.splitlines()[0].split("\t")[:2] == ["0", "done"] and len(out.splitlines()) == 4
+  # The same file by another path is the same config.
+  monkeypatch.chdir(tmp_path)
+  sweeps.Runner(os.path.relpath(TINY), sweep_dir, str(fake))
+  # A sweep.json written before it kept the file's absolute path: its config as given, taken
+  # from the current directory.
+  recorded = json.loads(before)
+  del recorded["config_file"], recorded["config_arg"]
+  recorded["config"] = os.path.relpath(TINY)
+  with open(spec, "w") as f:
+    json.dump(recorded, f)
+  assert sweeps.Runner(TINY, sweep_dir, str(fake)).overrides == {"num_train_steps": 3}
+  with pytest.raises(sweeps.SweepError, match="is a sweep of --config "):
+    sweeps.Runner(str(other), sweep_dir, str(fake))
+  # Where none of the recorded points started, another config may take the directory over,
+  # without the old config's flags.
+  shutil.rmtree(sweeps.point_dir(sweep_dir, sweeps.load_sweep(TINY).points[0]))
+  assert sweeps.Runner(str(other), sweep_dir, str(fake)).overrides == {}
+  # No sweep.json and no --config: nothing to run.
+  assert script.main(["--workdir", str(tmp_path / "none"), "--list"]) == 2
+  assert "has no sweep.json naming one" in capsys.readouterr().err
 
 
 def test_killing_the_driver_stops_its_points(tmp_path):

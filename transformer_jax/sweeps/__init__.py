@@ -28,7 +28,16 @@ from transformer_jax.sweeps.report import (
     seed_summary,
     sort_rows,
 )
-from transformer_jax.sweeps.runner import DONE, FAILED, RUNNING, Runner, finished, slot_env, status
+from transformer_jax.sweeps.runner import (
+    DONE,
+    FAILED,
+    RUNNING,
+    Runner,
+    finished,
+    recorded_config,
+    slot_env,
+    status,
+)
 from transformer_jax.sweeps.slurm import (
     SubmitError,
     array_spec,
@@ -59,7 +68,8 @@ __all__ = [
     "SweepError",
     "apply_overrides", "array_spec", "chain", "collect", "cross", "finished", "load_sweep",
     "log_path", "lower_is_better", "override_flags", "plot", "point_dir", "point_name",
-    "points_from_config", "product", "report", "sbatch_script", "seed_summary", "slot_env",
+    "points_from_config", "product", "recorded_config", "report", "sbatch_script",
+    "seed_summary", "slot_env",
     "sort_rows",
     "status", "submit", "unfinished", "write_sbatch", "zipped",
 ]

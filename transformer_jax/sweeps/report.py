@@ -395,7 +395,8 @@ def seed_summary(rows: list[dict], fields: list[str], metric: str, lower: bool |
   done with a NaN metric: a diverged run), best mean first.
 
   [] unless some setting has the metric from two seeds or more: one seed gives no spread, and
-  a difference between settings means little until it is compared with the spread.
+  a difference between settings means little until it is compared with the spread. A second
+  run of a seed (runs compared by hand can repeat one) is left out, not counted as a seed.
   """
   if seed_field not in fields:
     return []
@@ -408,12 +409,25 @@ def seed_summary(rows: list[dict], fields: list[str], metric: str, lower: bool |
   def counts(r):
     return r.get("status") == "done" and _number(r.get(metric))
 
-  if not any(sum(map(counts, g)) > 1 for g in groups.values()):
+  def split(group):
+    """(the runs that count, one per seed; the others, each with why it is left out)."""
+    used, left, seen = [], [], set()
+    for r in sorted(group, key=lambda r: _seed_order(r.get(seed_field))):
+      seed = point_name({seed_field: r.get(seed_field)})
+      if not counts(r):
+        left.append((r, r.get("status") if r.get("status") != "done" else f"{metric} NaN"))
+      elif seed in seen:
+        left.append((r, "another run of this seed"))
+      else:
+        seen.add(seed)
+        used.append(r)
+    return used, left
+
+  if not any(len(split(g)[0]) > 1 for g in groups.values()):
     return []
   out = []
   for group in groups.values():
-    group = sorted(group, key=lambda r: _seed_order(r.get(seed_field)))
-    used, left = [r for r in group if counts(r)], [r for r in group if not counts(r)]
+    used, left = split(group)
     row = {**{f: group[0].get(f) for f in others},
            "seeds": " ".join(str(r.get(seed_field)) for r in used), "n": len(used)}
     values = [float(r[metric]) for r in used]
@@ -421,9 +435,7 @@ def seed_summary(rows: list[dict], fields: list[str], metric: str, lower: bool |
       row.update({f"{metric}_mean": statistics.mean(values),
                   f"{metric}_std": statistics.stdev(values) if len(values) > 1 else float("nan"),
                   f"{metric}_min": min(values), f"{metric}_max": max(values)})
-    row["left_out"] = ", ".join(
-        f"{r.get(seed_field)} ({r.get('status') if r.get('status') != 'done' else metric + ' NaN'})"
-        for r in left)
+    row["left_out"] = ", ".join(f"{r.get(seed_field)} ({why})" for r, why in left)
     out.append(row)
   return sort_rows(out, f"{metric}_mean", lower_is_better(metric) if lower is None else lower)
 

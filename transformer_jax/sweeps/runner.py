@@ -27,6 +27,7 @@ from transformer_jax.sweeps.spec import (
   override_flags,
   point_dir,
   point_name,
+  split_config_arg,
   validated_configs,
 )
 
@@ -155,6 +156,29 @@ def _read_json(path: str, kind: type):
   return value if isinstance(value, kind) else kind()
 
 
+def recorded_config(sweep_dir: str) -> str | None:
+  """The `--config` sweep.json in `sweep_dir` records (its absolute path where it keeps one),
+  or None where there is no sweep.json or it names none."""
+  recorded = _read_json(os.path.join(sweep_dir, "sweep.json"), dict)
+  if isinstance(recorded.get("config_file"), str):
+    arg = recorded.get("config_arg")
+    return recorded["config_file"] + (f":{arg}" if arg is not None else "")
+  return recorded["config"] if isinstance(recorded.get("config"), str) else None
+
+
+def _same_config(recorded: Mapping[str, Any], sweep) -> bool:
+  """Whether sweep.json's `recorded` config is `sweep`'s (True where it records none): the
+  same file and argument. The file is the absolute path sweep.json keeps since 2026-11-29, or
+  else its `config` as given, taken from the current directory."""
+  spec = recorded.get("config")
+  if not isinstance(spec, str):
+    return True
+  path, arg = split_config_arg(spec)
+  if isinstance(recorded.get("config_file"), str):
+    path, arg = recorded["config_file"], recorded.get("config_arg")
+  return os.path.realpath(path) == os.path.realpath(sweep.path) and arg == sweep.arg
+
+
 def _as_json(overrides: Mapping[str, Any]) -> dict:
   """`overrides` as sweep.json holds them: tuples as lists, a ConfigDict as a dict."""
   return json.loads(json.dumps(
@@ -227,16 +251,22 @@ class Runner:
     self.train_script, self.overrides = train_script, dict(overrides or {})
     self.python = python or sys.executable
     self.recorded_flags, self._recorded = None, None
-    recorded = _read_json(os.path.join(self.sweep_dir, "sweep.json"), dict)
-    if isinstance(recorded.get("extra_flags"), list):
-      self.recorded_flags = [str(f) for f in recorded["extra_flags"]]
-    if isinstance(recorded.get("overrides"), dict):  # sweeps recorded before it have none
-      self._recorded = recorded["overrides"]
-      # The sweep's own flags, with this command's on top: `--config.num_train_steps=N` alone
-      # extends a sweep run with other flags.
-      self.overrides = {**self._recorded, **self.overrides}
     self.sweep = load_sweep(config_spec)
     self.points = self.sweep.points
+    recorded = _read_json(os.path.join(self.sweep_dir, "sweep.json"), dict)
+    # Another config's sweep.json (None where it records this config, or none): its flags
+    # are not this sweep's, and a run must not take its directory over (`_check_same_config`).
+    self.recorded_config = (None if _same_config(recorded, self.sweep)
+                            else str(recorded["config"]))
+    self._recorded_points = [p["overrides"] for p in recorded.get("points", [])
+                             if isinstance(p, dict) and isinstance(p.get("overrides"), dict)]
+    if isinstance(recorded.get("extra_flags"), list) and self.recorded_config is None:
+      self.recorded_flags = [str(f) for f in recorded["extra_flags"]]
+    if isinstance(recorded.get("overrides"), dict) and self.recorded_config is None:
+      # (sweeps recorded before 2026-11-25 have none.) The sweep's own flags, with this
+      # command's on top: `--config.num_train_steps=N` alone extends a sweep run with others.
+      self._recorded = recorded["overrides"]
+      self.overrides = {**self._recorded, **self.overrides}
     swept = sorted({k for p in self.points for k in p} & set(self.overrides))
     if swept:
       # The flag comes last on each point's command line: it would replace every point's value
@@ -252,7 +282,24 @@ class Runner:
     # not replace the sweep.json that the sweep's own runs wrote.
     self._main = record and os.environ.get("SLURM_PROCID", "0") == "0"
     if record:
+      self._check_same_config()
       self._check_same_flags()
+
+  def _check_same_config(self) -> None:
+    """Refuse to run another config's points in a sweep directory where a point of the config
+    sweep.json names has started: sweep.json would name the new config alone, and the old
+    points would drop out of `--report` and compare_runs.py."""
+    if self.recorded_config is None:
+      return
+    started = [point_name(p) for p in self._recorded_points
+               if os.path.isdir(point_dir(self.sweep_dir, p))]
+    if started:
+      raise SweepError(
+          f"{self.sweep_dir} is a sweep of --config {self.recorded_config} (sweep.json; "
+          f"{len(started)} point(s) started, {started[0]} first), not of "
+          f"{self.sweep.spec}: running this config there would replace sweep.json and leave "
+          f"those points out of its report. Give --config {self.recorded_config} to go on "
+          "with that sweep, or another --workdir for this config")
 
   def _check_same_flags(self) -> None:
     """Refuse flags other than those a started sweep recorded (but num_train_steps, which
@@ -290,7 +337,8 @@ class Runner:
     os.makedirs(self.sweep_dir, exist_ok=True)
     # Every SLURM array task writes it (at once, when their array starts): `_write` renames.
     _write(os.path.join(self.sweep_dir, "sweep.json"), json.dumps(
-        {"config": self.config_spec, "extra_flags": self.extra_flags,
+        {"config": self.config_spec, "config_file": self.sweep.path, "config_arg": self.sweep.arg,
+         "extra_flags": self.extra_flags,
          "overrides": _as_json(self.overrides),
          "points": [{"index": i, "name": point_name(p), "overrides": p}
                     for i, p in enumerate(self.points)]}, indent=1, default=str) + "\n")
