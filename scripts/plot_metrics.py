@@ -18,6 +18,7 @@ from absl import flags
 
 from transformer_jax import cli
 from transformer_jax.run import curves
+from transformer_jax.run import workdir as workdir_lib
 from transformer_jax.run.workdir import RunError
 
 
@@ -44,8 +45,13 @@ def body(values, args):
   for label, workdir in zip(labels, workdirs):
     series = curves.load_series(workdir)
     if not series:
-      raise RunError(f"{os.path.join(workdir, 'metrics.jsonl')} holds no metrics: is "
-                     f"{workdir} the workdir of a training run?")
+      runs_here = workdir_lib.runs_under(workdir)
+      raise RunError(workdir_lib.not_a_run(workdir) or (
+          f"{workdir} holds runs ({', '.join(runs_here[:3])}"
+          f"{' and more' if len(runs_here) > 3 else ''}), not one: give each run to plot as "
+          "a --workdir of its own" if runs_here else
+          f"{os.path.join(workdir, 'metrics.jsonl')} holds no metrics: is {workdir} the "
+          "workdir of a training run (one that has logged a step)?"))
     runs[label] = series
   out = values.out or os.path.join(workdirs[0], "curves.png")
   drawn = curves.plot_runs(runs, out, values.title)

@@ -21,6 +21,8 @@ train = load_script("train")
     ("--config.num_train_step=5", 2, "error: no config field 'num_train_step': Did you mean "
                                      '"num_train_steps" instead of "num_train_step"?'),
     ("--config.model.d_modle=8", 2, "error: no config field 'd_modle': "),
+    # A mesh the devices do not fill (8 fake ones here): found before the workdir is made.
+    ("--config.mesh.data=3", 1, "error: config.mesh={'data': 3"),
 ])
 def test_a_bad_config_is_one_error_line_before_any_work(tmp_path, capsys, override, code,
                                                         message):
@@ -29,6 +31,37 @@ def test_a_bad_config_is_one_error_line_before_any_work(tmp_path, capsys, overri
   err = capsys.readouterr().err
   assert err.startswith(message) and err.count("\n") == 1, err
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    # A config field without --config. in front: said so, not only "unknown flag".
+    (["--num_train_steps=5"], "error: Unknown command line flag 'num_train_steps': a config "
+                              "field, given as --config.num_train_steps=VALUE\n"),
+    (["--model.d_model", "8"], "error: Unknown command line flag 'model.d_model': a config "
+                               "field, given as --config.model.d_model=VALUE\n"),
+    (["--numtrain=5"], "error: Unknown command line flag 'numtrain' (--help lists the flags)\n"),
+    # A misspelt field: --help lists the fields, not only the flags.
+    (["--config.model.target_vocab_size=5"], "error: no config field 'target_vocab_size' "
+                                             "(--help with --config lists the config's fields)\n"),
+])
+def test_a_flag_error_says_where_the_field_is(tmp_path, capsys, argv, message):
+  assert train.main(["--config", TINY, "--workdir", str(tmp_path / "run")] + argv) == 2
+  assert capsys.readouterr().err == message
+
+
+def test_help_lists_the_config_files_fields_and_their_values(capsys):
+  assert train.main(["--help", "--config", TINY]) == 0
+  out = capsys.readouterr().out
+  assert f"config fields (--config.FIELD=VALUE; values of --config {TINY}):\n" in out, out
+  # tiny_config.py's own values, nested fields by their path.
+  assert "\n  --config.num_train_steps=6\n" in out and "\n  --config.model.d_model=32\n" in out
+  # Without --config (or one that does not load), the defaults every config starts from.
+  assert train.main(["--help"]) == 0
+  out = capsys.readouterr().out
+  assert "values of experiment.base_config(), the defaults every config starts from)" in out
+  assert "\n  --config.model.d_model=256\n" in out, out
+  assert train.main(["--help", "--config", "no_such.py"]) == 0
+  assert "; --config no_such.py did not load)" in capsys.readouterr().out
 
 
 def test_limits_that_no_pair_fits_are_an_error_line(tmp_path, capsys):

@@ -123,9 +123,22 @@ def test_what_each_panel_draws_found_by_mutation_testing(tmp_path, monkeypatch):
 
 
 def test_plot_metrics_errors_are_one_line(tmp_path, capsys):
+  # A missing workdir, one without metrics, a sweep, a directory of runs: each its own advice.
   assert plot_metrics.main(["--workdir", str(tmp_path / "none")]) == 1
-  assert "holds no metrics" in capsys.readouterr().err
+  assert capsys.readouterr().err == (f"error: --workdir {tmp_path}/none does not exist: pass the "
+                                     "directory of a training run\n")
+  (tmp_path / "empty").mkdir()
+  assert plot_metrics.main(["--workdir", str(tmp_path / "empty")]) == 1
+  assert "empty/metrics.jsonl holds no metrics: is " in capsys.readouterr().err
+  (tmp_path / "sweep" / "lr=1").mkdir(parents=True)
+  (tmp_path / "sweep" / "sweep.json").write_text("{}")
+  assert plot_metrics.main(["--workdir", str(tmp_path / "sweep")]) == 1
+  assert "sweep is a sweep (it holds sweep.json), not one run" in capsys.readouterr().err
   write_metrics(tmp_path / "a", run_records())
+  (tmp_path / "a" / "config.json").write_text("{}")
+  assert plot_metrics.main(["--workdir", str(tmp_path)]) == 1
+  assert capsys.readouterr().err == (f"error: {tmp_path} holds runs ({tmp_path}/a), not one: give "
+                                     "each run to plot as a --workdir of its own\n")
   assert plot_metrics.main(["--workdir", str(tmp_path / "a"), "--label", "x",
                             "--label", "y"]) == 1
   assert "2 --label for 1 --workdir" in capsys.readouterr().err

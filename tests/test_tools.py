@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -423,6 +424,21 @@ def test_the_train_hint_of_a_run_with_a_config_resumes_it(workdir, tmp_path, cap
   # Without a config.json there is none to train with: the default config's command.
   assert workdir_lib.train_hint(str(tmp_path / "new")) == (
       f"train first with scripts/train.py --config configs/default.py --workdir {tmp_path}/new")
+  # A directory of runs (here the runs one and two levels down): one of them, not a new run.
+  parent = tmp_path / "runs"
+  for run in ("a", "b", "c", "d", os.path.join("sweep", "lr=1")):
+    (parent / run / "checkpoints").mkdir(parents=True)
+  assert workdir_lib.train_hint(str(parent)) == (
+      f"{parent} holds runs ({parent}/a, {parent}/b, {parent}/c and 2 more): give one of them "
+      "as --workdir")
+  rc, _, err = run_main(evaluate_script, ["--workdir", str(parent)], capsys)
+  assert rc == 1 and f"{parent} holds runs ({parent}/a," in err and "train first" not in err
+  # A run a live process of this host is training, before its first checkpoint: wait for it.
+  with open(spaced / ".lock", "w") as f:
+    json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": "12:00"}, f)
+  rc, _, err = run_main(evaluate_script, ["--workdir", str(spaced)], capsys)
+  assert rc == 1 and (f"the run is training now (pid {os.getpid()}, started 12:00) and has saved "
+                      "no checkpoint yet: wait for its first") in err, err
   # A best_<metric>/ that is not there: kept only by a run trained to keep it.
   best = os.path.join(workdir, "best_bleu")
   rc, out, err = run_main(translate_script, ["--workdir", workdir, "--checkpoint", best,

@@ -1591,7 +1591,7 @@ def test_an_mfu_above_100_percent_against_a_small_measured_peak_is_explained_onc
   notes = [line for line in (out + err).replace("\r", "\n").splitlines()
            if line.startswith("note: MFU above 100%")]
   assert len(notes) == 1, out + err
-  assert "(measured float32 256x256 matmul) is too small a matmul" in notes[0]
+  assert "(measured float32 256x256 matmul) is below the CPU's: too small a matmul" in notes[0]
   assert "(--config.cpu_peak_matmul_size, default 2048)" in notes[0]
   # On CPU the peak is the host's, whatever the number of (fake) devices sharing its cores.
   timed = [r for r in metrics.read_metrics(str(tmp_path / "run")) if r.get("mfu") is not None]

@@ -95,8 +95,11 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
     # sys_argv: config_flags finds the --config.* overrides there (default: sys.argv).
     config_flags.DEFINE_config_file("config", config, config_help, flag_values=values,
                                     lock_config=True, sys_argv=full)
-  if any(a in ("-h", "--help", "--helpfull", "-?") for a in argv):
+  helps = ("-h", "--help", "--helpfull", "-?")
+  if any(a in helps for a in argv):
     print(doc.strip() + "\n\nflags:\n" + values.get_help(include_special_flags=False))
+    if config is not NO_CONFIG:
+      print(_config_fields_help(values, [a for a in full if a not in helps]))
     return 0
   try:
     rest = values(full)
@@ -104,7 +107,15 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
     # config_flags raises AttributeError/KeyError for a misspelt --config.<field>, and a
     # config file's get_config() ValueError for a bad argument (configs/locale.py:xx).
     # The flags' list helps with a flag, not with what a config file's get_config() refused.
-    hint = "" if "Error whilst parsing config file" in str(e) else " (--help lists the flags)"
+    if "Error whilst parsing config file" in str(e):
+      hint = ""
+    elif isinstance(e, flags.UnrecognizedFlagError) and config is not NO_CONFIG and (
+        _is_config_field(e.flagname)):
+      hint = f": a config field, given as --config.{e.flagname}=VALUE"
+    elif isinstance(e, AttributeError) and config is not NO_CONFIG:
+      hint = " (--help with --config lists the config's fields)"
+    else:
+      hint = " (--help lists the flags)"
     print(f"error: {_flag_error(e)}{hint}", file=sys.stderr)
     return 2
   except (NameError, SyntaxError, ImportError) as e:
@@ -144,6 +155,39 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
           "(--config.model.remat=layer), or smaller evaluation batches "
           "(--config.data.eval_batch_size)", file=sys.stderr)
     return 1
+
+
+def _config_leaves(config, prefix: str = ""):
+  """(dotted name, value) of every field of a ConfigDict, nested ones by their path."""
+  for key, value in config.items():
+    if hasattr(value, "items") and not isinstance(value, dict):  # a nested ConfigDict
+      yield from _config_leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
+def _is_config_field(name: str) -> bool:
+  """Whether `name` is a field of every run's config (`experiment.base_config`), nested ones
+  by their dotted path: an unknown flag of that name wanted `--config.` in front."""
+  return name in dict(_config_leaves(experiment.base_config()))
+
+
+def _config_fields_help(values: flags.FlagValues, argv: Sequence[str]) -> str:
+  """`--help`'s list of the config's fields and their values, which `--config.FIELD=VALUE`
+  overrides: the config file's own values when --config names one that loads, else the
+  defaults every config starts from."""
+  source = "experiment.base_config(), the defaults every config starts from"
+  config = experiment.base_config()
+  spec = flag_value(argv[1:], "config")
+  if spec is not None:
+    try:
+      values["config"].parse(spec)
+      if hasattr(values["config"].value, "items"):
+        config, source = values["config"].value, f"--config {spec}"
+    except Exception:  # noqa: BLE001 (help still lists the defaults; a run says what is wrong)
+      source += f"; --config {spec} did not load"
+  lines = [f"  --config.{name}={value!r}" for name, value in _config_leaves(config)]
+  return f"config fields (--config.FIELD=VALUE; values of {source}):\n" + "\n".join(lines)
 
 
 def out_of_memory(e: BaseException) -> bool:

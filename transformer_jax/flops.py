@@ -189,9 +189,11 @@ def mfu_note(mfu: float, peak_source: str, how: str) -> str | None:
   on a larger matmul (the flag and its default).
 
   A small matmul (say 256) runs below the CPU's peak, slower than the model's larger matmuls, so
-  it is no peak to divide by. Above 100% on a table's peak would be a FLOP count's bug instead,
-  and is left to show as it is."""
+  it is no peak to divide by; and a peak measured while other processes loaded the cores (it is
+  measured once, when the process starts) is below what the step reaches once they finish. Above
+  100% on a table's peak would be a FLOP count's bug instead, and is left to show as it is."""
   if not (mfu > 1 and peak_source.startswith("measured")):
     return None
-  return (f"note: MFU above 100%: the peak ({peak_source}) is too small a matmul to be the "
-          f"CPU's peak; measure it on a larger one ({how})")
+  return (f"note: MFU above 100%: the peak ({peak_source}) is below the CPU's: too small a "
+          f"matmul, or measured while other processes loaded the machine (once, at the start); "
+          f"measure it on a larger one ({how}) with the machine otherwise idle")

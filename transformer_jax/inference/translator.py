@@ -45,6 +45,7 @@ from transformer_jax.run.workdir import (
   SAFE_MODEL_FIELDS,
   RunError,
   load_run_config,
+  not_a_run,
   run_config_path,
   train_hint,
   vocabulary_path,
@@ -182,13 +183,9 @@ def workdir_config(workdir: str, choose: bool = True) -> dict:
 def _not_a_workdir(path: str, choose: bool) -> str | None:
   """What to pass instead of `path` as --workdir (None: no better advice than "train first");
   with `choose`, also the flag that picks the checkpoint `path` holds."""
-  if not os.path.exists(path):
-    return f"--workdir {path} does not exist: pass the directory of a training run"
-  if os.path.exists(os.path.join(path, "sweep.json")):
-    points = sorted(n for n in os.listdir(path) if os.path.exists(os.path.join(path, n, CONFIG)))
-    listed = "".join(f"\n  {os.path.join(path, n)}" for n in points)
-    return (f"{path} is a sweep (it holds sweep.json), not one run: pass one point's workdir as "
-            "--workdir" + (f":{listed}" if points else " (no point has started yet)"))
+  problem = not_a_run(path)
+  if problem:
+    return problem
   path = os.path.abspath(path)
   parent, name = os.path.split(path)
   if name.isdigit() and os.path.isdir(os.path.join(path, "state")):

@@ -16,7 +16,7 @@ import shlex
 import jax
 import ml_collections
 
-from transformer_jax import experiment, flops
+from transformer_jax import experiment, flops, sharding
 from transformer_jax.config import TransformerConfig
 from transformer_jax.run import best as best_lib
 from transformer_jax.run import distributed, early_stopping
@@ -62,6 +62,19 @@ class Cadence:
     return processes == 1 or self.log(step)
 
 
+def _check_mesh_fits(config: ml_collections.ConfigDict) -> None:
+  """config.mesh against the devices of this run (all processes'): a mesh that does not fit
+  is the user's to change, not a traceback from deep in the step's setup."""
+  count = jax.device_count()
+  try:
+    sharding.mesh_shape(dict(config.mesh), count)
+  except ValueError as e:
+    raise workdir_lib.RunError(
+        f"{e} ({jax.devices()[0].platform}, all processes'): give axis sizes "
+        "whose product is the device count, or -1 for one axis to take the rest "
+        "(--config.mesh.data=-1)") from None
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Train (resuming if possible) until `config.num_train_steps`, or until early stopping ends
   the run; returns the last metrics (with `stopped_early`, the reason, when it did).
@@ -74,6 +87,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """
   experiment.validate(config)
   distributed.initialize(config)
+  _check_mesh_fits(config)  # before the workdir, the lock or the tokenizer is written
   workdir_lib.refuse_inside_another_run(workdir)  # before a .lock is put in that run's files
   created = workdir_lib.missing_dirs(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -275,8 +289,12 @@ class _Run:
     upcoming = self.batches.next() if step < self.config.num_train_steps else None
     self.meter.add(step_metrics, source_lengths, target_lengths)
     logged: dict = {}
-    if self.meter.compiling:  # the compiling first step: logged, but not timed
+    if self.meter.compiling and step == 1:  # a new run's compiling step: logged, not timed
       logged = self._write(step, self.meter.record(step))
+    elif self.meter.compiling:
+      # A resumed process's: in the averages of the window an uninterrupted run logs it in, so
+      # that its train_loss records are the same; left out of the throughput only.
+      self.meter.carry(step)
     # Read the flag once: a signal landing between "save?" and "stop?" must not stop unsaved.
     stopping = stop.agreed() if cadence.reads_stop(step, jax.process_count()) else None
     save = cadence.save(step) or stopping is not None

@@ -29,6 +29,7 @@ import errno
 import fcntl
 import filecmp
 import functools
+import glob
 import json
 import os
 import re
@@ -81,13 +82,48 @@ LEGACY_VALUES = {
 
 
 def train_hint(workdir: str) -> str:
-  """What to train for a workdir with no checkpoint, quoted for a shell where it needs to be
-  (spaces, say): with a config.json, the run's own config (TRAIN_HINT's configs/default.py
-  would be refused, or train another model); else TRAIN_HINT."""
+  """What to do about a workdir with no checkpoint, quoted for a shell where it needs to be
+  (spaces, say): wait, where a live process of this host is training it; pick one, where it
+  is a directory of runs (a sweep's, or runs/); train with the run's own config where it has
+  a config.json (TRAIN_HINT's configs/default.py would be refused, or train another model);
+  else TRAIN_HINT."""
+  holder = running_here(workdir)
+  if holder:
+    return (f"the run is training now (pid {holder.get('pid', '?')}, started "
+            f"{holder.get('started', '?')}) and has saved no checkpoint yet: wait for its "
+            "first (every config.checkpoint_every_steps steps)")
   if os.path.exists(os.path.join(workdir, CONFIG)):
     return (f"train first with python scripts/train.py --workdir {shlex.quote(workdir)} (it "
             f"trains with the run's own {CONFIG})")
+  runs = runs_under(workdir)
+  if runs:
+    more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+    return (f"{workdir} holds runs ({', '.join(runs[:3])}{more}): give one of them as "
+            "--workdir")
   return TRAIN_HINT.format(shlex.quote(workdir))
+
+
+def not_a_run(path: str) -> str | None:
+  """What to pass instead of `path` as --workdir where it is missing or a sweep's directory
+  (None otherwise)."""
+  if not os.path.exists(path):
+    return f"--workdir {path} does not exist: pass the directory of a training run"
+  if os.path.exists(os.path.join(path, "sweep.json")):
+    points = sorted(n for n in os.listdir(path) if os.path.exists(os.path.join(path, n, CONFIG)))
+    listed = "".join(f"\n  {os.path.join(path, n)}" for n in points)
+    return (f"{path} is a sweep (it holds sweep.json), not one run: pass one point's workdir as "
+            "--workdir" + (f":{listed}" if points else " (no point has started yet)"))
+  return None
+
+
+def runs_under(directory: str) -> list[str]:
+  """The runs (directories with a config.json or checkpoints) directly or two levels under
+  `directory` (a sweep's points are one level down, runs/ of sweeps two), sorted."""
+  found = []
+  for depth in ("*", os.path.join("*", "*")):
+    for marker in (CONFIG, CHECKPOINTS):
+      found += [os.path.dirname(p) for p in glob.glob(os.path.join(directory, depth, marker))]
+  return sorted(set(found))
 
 
 class RunError(RuntimeError):
