@@ -318,6 +318,12 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir, monkeypatch
     assert resumed[step] == pytest.approx(full_losses[step], rel=1e-6), step
   # A resumed run does not start over: the next loss is not the first one's.
   assert full_losses[2] != pytest.approx(full_losses[6])
+  # Logged every 3 steps on, resumed at 6: the compiling step 7 is not a record of its own but
+  # in step 9's (the window an uninterrupted run logs it in), which is timed without it.
+  loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=9, log_every_steps=3), str(part))
+  after = [r for r in metrics.read_metrics(str(part)) if "train_loss" in r and r["step"] > 6]
+  assert [r["step"] for r in after] == [9], after
+  assert after[0]["tokens_per_sec"] > 0 and "includes_compilation" not in after[0]
 
   # init_from takes another run's parameters when the workdir is empty. Its vocabulary comes
   # along, copied: the fork trains no tokenizer of its own and stands on its own afterwards.
@@ -768,6 +774,45 @@ def test_the_meters_first_window_compiles_and_each_later_one_starts_from_nothing
   assert (record["tflops_per_sec"], record["mfu"]) == (flops / 2.75 / 1e12, flops / 2.75 / 1e9)
   assert "includes_compilation" not in record
   assert meter.pending == [] and meter.window_flops == 0.0 and meter.record(4) == {}
+
+
+def test_a_resumed_processs_compiling_step_counts_in_the_averages_not_the_throughput(
+    monkeypatch):
+  """A run resumed at step 40 compiles at step 41: its loss belongs in the record of steps
+  41-50, as in a run never stopped, its time (compiling) in no throughput."""
+  step = {"loss": 4.0, "nll": 3.0, "correct": 2.0, "tokens": 4.0, "source_tokens": 5.0,
+          "learning_rate": 0.1, "grad_norm": 1.0, "param_norm": 2.0, "update_norm": 0.5}
+  later = dict(step, loss=12.0, learning_rate=0.2)
+  cfg = tj.TransformerConfig(vocab_size=16, d_model=8, num_heads=2, d_ff=16,
+                             num_encoder_layers=1, num_decoder_layers=1, max_len=8)
+  meter = throughput.ThroughputMeter(cfg, peak_flops=1e9, checkpoint_dir="ckpt")
+  clock = iter([10.0, 12.0, 20.0])
+  monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(clock))
+  meter.add(step, [5], [4])                    # step 41, compiling: no FLOPs counted
+  meter.carry(41)                              # fetched, and the window opens at 10 s
+  assert meter.pending == [] and not meter.compiling and meter.window_flops == 0.0
+  meter.add(later, [5], [4])                   # step 42, timed
+  record = meter.record(42)                    # 12 s
+  assert record["train_loss"] == (4.0 + 12.0) / 8 and record["train_nll"] == 6.0 / 8
+  assert (record["tokens_per_sec"], record["steps_per_sec"]) == (4.0 / 2, 1 / 2)
+  assert record["mfu"] == flops_lib.train_flops(cfg, [5], [4]) / 2 / 1e9
+  assert record["learning_rate"] == 0.2 and meter.carried is None
+  assert "includes_compilation" not in record
+  # Carried with nothing after it (the compiling step is itself a log step): its averages,
+  # without a throughput.
+  meter = throughput.ThroughputMeter(cfg, peak_flops=1e9, checkpoint_dir="ckpt")
+  clock = iter([30.0, 31.0])
+  meter.add(step, [5], [4])
+  meter.carry(50)
+  record = meter.record(50)
+  assert (record["train_loss"], record["learning_rate"]) == (1.0, 0.1)
+  assert record["tokens_per_sec"] is None and record["includes_compilation"] is True
+  assert meter.record(51) == {}
+  # A non-finite carried step stops the run there, as a logged one does.
+  meter = throughput.ThroughputMeter(cfg, peak_flops=1e9, checkpoint_dir="ckpt")
+  meter.add(dict(step, loss=float("nan")), [5], [4])
+  with pytest.raises(throughput.NonFiniteLossError, match="at step 7"):
+    meter.carry(7)
 
 
 def test_last_values_are_the_numbers_a_run_logged_last(tmp_path):

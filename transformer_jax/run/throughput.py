@@ -2,8 +2,10 @@
 
 The training loop hands every step's (device-side) metrics to `add` and asks for a record at log,
 save and evaluation steps; only then are the metrics fetched, so the steps run asynchronously.
-Time spent saving or evaluating is left out by `restart`, and the first step of a process (which
-compiles) is logged without a throughput.
+Time spent saving or evaluating is left out by `restart`. The first step of a process compiles:
+a new run's is logged on its own without a throughput; a resumed process's joins the averages
+of the window it falls in (`carry`), as in a run that never stopped, and only its time is left
+out.
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ class ThroughputMeter:
     self.model_cfg, self.peak_flops = model_cfg, peak_flops
     self.checkpoint_dir = checkpoint_dir
     self.pending: list = []
+    self.carried: dict | None = None  # sums of steps that count in the averages, not the timing
+    self.carried_last: dict | None = None  # the last carried step's metrics
     self.window_flops = 0.0
     self.window_start: float | None = None  # None until the compiling first step is logged
 
@@ -54,11 +58,11 @@ class ThroughputMeter:
     """Start a new timing window now (after saving or evaluating, which are not training)."""
     self.window_start = time.perf_counter()
 
-  def record(self, step: int) -> dict:
-    """Fetch the pending metrics, stop on a non-finite loss, return their averages and the
-    window's throughput ({} when nothing is pending)."""
+  def _fetch(self, step: int) -> tuple[dict | None, dict | None, int]:
+    """The pending steps' sums, the last one's metrics and their number (None, None, 0 if none
+    is pending), stopping on a non-finite loss; nothing stays pending."""
     if not self.pending:
-      return {}
+      return None, None, 0
     host = jax.device_get(self.pending)
     total = None
     for m in host:
@@ -70,18 +74,41 @@ class ThroughputMeter:
             f"the last good checkpoint in {self.checkpoint_dir} is untouched. Lower "
             "config.learning_rate, raise config.warmup_steps or set config.grad_clip_norm.")
       total = metrics_lib.accumulate(total, {k: m[k] for k in SUMS})
+    self.pending = []
+    return total, host[-1], len(host)
+
+  def carry(self, step: int) -> None:
+    """A resumed process's compiling first step: its metrics count in the next record's
+    averages (the window a run that never stopped logs them in), not in its throughput; the
+    timing window opens now."""
+    total, last, _ = self._fetch(step)
+    if total is not None:
+      self.carried = metrics_lib.accumulate(self.carried, total)
+      self.carried_last = last
+    self.window_flops = 0.0
+    self.restart()
+
+  def record(self, step: int) -> dict:
+    """Fetch the pending metrics, stop on a non-finite loss, return their averages (with any
+    carried step's) and the window's throughput ({} when nothing is pending or carried)."""
+    carried, self.carried = self.carried, None
+    timed, last, steps = self._fetch(step)
+    if timed is None and carried is None:
+      return {}
+    total = metrics_lib.accumulate(carried, timed) if timed is not None else carried
     record = metrics_lib.summarize(total, "train")
-    record.update({k: float(host[-1][k]) for k in ("learning_rate",) + NORMS})
-    if self.compiling:  # a step that includes compilation has no meaningful throughput
+    last = last if last is not None else self.carried_last
+    record.update({k: float(last[k]) for k in ("learning_rate",) + NORMS})
+    if self.compiling or timed is None:  # a compiling step has no meaningful throughput
       record.update(tokens_per_sec=None, includes_compilation=True)
     else:
       elapsed = time.perf_counter() - self.window_start
-      # Real (non-pad) tokens of the global batch, counted by the step itself.
-      record["tokens_per_sec"] = total["tokens"] / elapsed
-      record["source_target_tokens_per_sec"] = (total["tokens"] + total["source_tokens"]) / elapsed
-      record["steps_per_sec"] = len(host) / elapsed
+      # Real (non-pad) tokens of the global batch, counted by the step itself; timed steps only.
+      record["tokens_per_sec"] = timed["tokens"] / elapsed
+      record["source_target_tokens_per_sec"] = (timed["tokens"] + timed["source_tokens"]) / elapsed
+      record["steps_per_sec"] = steps / elapsed
       record["tflops_per_sec"] = self.window_flops / elapsed / 1e12
       record["mfu"] = self.window_flops / elapsed / self.peak_flops
-    self.pending, self.window_flops = [], 0.0
+    self.window_flops = 0.0
     self.restart()
     return record
