@@ -127,6 +127,20 @@ def _failed(runner, indices, logs=None) -> int:
 
 
 def main(argv=None):
+  argv = list(sys.argv[1:] if argv is None else argv)
+  overrides = cli.overrides_without_config(argv)
+  if overrides and not {"-h", "--help", "--helpfull"} & set(argv):
+    # Overrides exist only with a config file (absl would answer "Unknown command line flag"):
+    # the one sweep.json records, where there is one (`--config.num_train_steps=N` extends).
+    w = cli.flag_value(argv, "workdir")
+    spec = sweeps.recorded_config(w) if w else None
+    if spec is None:
+      print(f"error: {overrides[0].split('=')[0]} overrides a field of --config, and there is "
+            "none: give the config file whose sweep() to run, e.g. --config configs/default.py",
+            file=sys.stderr)
+      return 2
+    print(f"note: --config {spec}, as {os.path.join(w, 'sweep.json')} records", file=sys.stderr)
+    argv = ["--config", spec] + argv
   return cli.run(body, argv, doc=__doc__, define=define, config=None,
                  config_help="config file with get_config() and sweep(), path[:arg]; "
                  "required unless --report")

@@ -62,6 +62,11 @@ def test_help_lists_the_config_files_fields_and_their_values(capsys):
   assert "\n  --config.model.d_model=256\n" in out, out
   assert train.main(["--help", "--config", "no_such.py"]) == 0
   assert "; --config no_such.py did not load)" in capsys.readouterr().out
+  # A script with a default config lists that one's values.
+  assert load_script("benchmark").main(["--help"]) == 0
+  out = capsys.readouterr().out
+  assert "values of --config " in out and "configs/cpu_reference.py):\n" in out, out[-3000:]
+  assert "\n  --config.data.vocab_size=8000\n" in out
 
 
 def test_limits_that_no_pair_fits_are_an_error_line(tmp_path, capsys):

@@ -1501,10 +1501,11 @@ def test_another_configs_sweep_is_refused_where_its_points_started(tmp_path, cap
   script = load_sweep_script()
   assert script.main(["--config", str(other), "--workdir", sweep_dir]) == 1
   assert capsys.readouterr().err == (
-      f"error: {sweep_dir} is a sweep of --config {TINY} (sweep.json; 1 point(s) started, "
-      f"{sweeps.point_name(sweeps.load_sweep(TINY).points[0])} first), not of {other}: running "
-      "this config there would replace sweep.json and leave those points out of its report. "
-      f"Give --config {TINY} to go on with that sweep, or another --workdir for this config\n")
+      f"error: {sweep_dir} is a sweep of --config {TINY} (sweep.json), not of {other}: 1 of "
+      f"its started points ({sweeps.point_name(sweeps.load_sweep(TINY).points[0])} first) are "
+      "not this config's, and running it there would replace sweep.json and leave them out of "
+      "the report. Leave out --config (or give that one) to go on with that sweep, or give "
+      "another --workdir for this config\n")
   with open(spec) as f:
     assert f.read() == before
   # A look at the other config's points warns that they are not the sweep's, and writes nothing.
@@ -1516,9 +1517,27 @@ def test_another_configs_sweep_is_refused_where_its_points_started(tmp_path, cap
   out, err = capsys.readouterr()
   assert err == f"note: --config {TINY}, as {spec} records\n", err
   assert out.splitlines()[0].split("\t")[:2] == ["0", "done"] and len(out.splitlines()) == 4
-  # The same file by another path is the same config.
+  # A --config.X flag without --config: on the recorded one (to extend the sweep, say).
+  assert script.main(["--workdir", sweep_dir, "--list", "--config.num_train_steps=5"]) == 0
+  err = capsys.readouterr().err
+  assert err.startswith(f"note: --config {TINY}, as {spec} records\n"), err
+  assert "statuses are computed with this command's flags (--config.num_train_steps=5)" in err
+  # The same file by another path is the same config; so is a copy elsewhere (a moved
+  # checkout) whose points hold the started one: the sweep's flags apply.
   monkeypatch.chdir(tmp_path)
   sweeps.Runner(os.path.relpath(TINY), sweep_dir, str(fake))
+  moved = tmp_path / "moved.py"
+  moved.write_text(open(TINY).read())
+  assert sweeps.Runner(str(moved), sweep_dir, str(fake)).overrides == {"num_train_steps": 3}
+  # ... and where the recorded file is gone, sweep.py without --config takes the path as it
+  # was given, when it is there from the current directory.
+  recorded = json.loads(before)
+  recorded.update(config="moved.py", config_file=str(tmp_path / "gone.py"))
+  with open(spec, "w") as f:
+    json.dump(recorded, f)
+  assert sweeps.recorded_config(sweep_dir) == "moved.py"
+  os.remove(moved)
+  assert sweeps.recorded_config(sweep_dir) == str(tmp_path / "gone.py")
   # A sweep.json written before it kept the file's absolute path: its config as given, taken
   # from the current directory.
   recorded = json.loads(before)

@@ -425,7 +425,7 @@ def test_the_train_hint_of_a_run_with_a_config_resumes_it(workdir, tmp_path, cap
   assert workdir_lib.train_hint(str(tmp_path / "new")) == (
       f"train first with scripts/train.py --config configs/default.py --workdir {tmp_path}/new")
   # A directory of runs (here the runs one and two levels down): one of them, not a new run.
-  parent = tmp_path / "runs"
+  parent = tmp_path / "runs[1]"   # a name that is a glob pattern: taken as it is
   for run in ("a", "b", "c", "d", os.path.join("sweep", "lr=1")):
     (parent / run / "checkpoints").mkdir(parents=True)
   assert workdir_lib.train_hint(str(parent)) == (
@@ -437,8 +437,8 @@ def test_the_train_hint_of_a_run_with_a_config_resumes_it(workdir, tmp_path, cap
   with open(spaced / ".lock", "w") as f:
     json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": "12:00"}, f)
   rc, _, err = run_main(evaluate_script, ["--workdir", str(spaced)], capsys)
-  assert rc == 1 and (f"the run is training now (pid {os.getpid()}, started 12:00) and has saved "
-                      "no checkpoint yet: wait for its first") in err, err
+  assert rc == 1 and (f"a run is training in it now (pid {os.getpid()}, started 12:00) and has "
+                      "not written it yet: wait for its first checkpoint") in err, err
   # A best_<metric>/ that is not there: kept only by a run trained to keep it.
   best = os.path.join(workdir, "best_bleu")
   rc, out, err = run_main(translate_script, ["--workdir", workdir, "--checkpoint", best,

@@ -99,7 +99,7 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
   if any(a in helps for a in argv):
     print(doc.strip() + "\n\nflags:\n" + values.get_help(include_special_flags=False))
     if config is not NO_CONFIG:
-      print(_config_fields_help(values, [a for a in full if a not in helps]))
+      print(_config_fields_help(values, [a for a in full if a not in helps], config))
     return 0
   try:
     rest = values(full)
@@ -172,13 +172,14 @@ def _is_config_field(name: str) -> bool:
   return name in dict(_config_leaves(experiment.base_config()))
 
 
-def _config_fields_help(values: flags.FlagValues, argv: Sequence[str]) -> str:
+def _config_fields_help(values: flags.FlagValues, argv: Sequence[str],
+                        default: str | None) -> str:
   """`--help`'s list of the config's fields and their values, which `--config.FIELD=VALUE`
-  overrides: the config file's own values when --config names one that loads, else the
-  defaults every config starts from."""
+  overrides: those of the config file --config names (else the script's `default` one) when it
+  loads, else the defaults every config starts from."""
   source = "experiment.base_config(), the defaults every config starts from"
   config = experiment.base_config()
-  spec = flag_value(argv[1:], "config")
+  spec = flag_value(argv[1:], "config") or default
   if spec is not None:
     try:
       values["config"].parse(spec)

@@ -40,7 +40,7 @@ class ThroughputMeter:
     self.carried: dict | None = None  # sums of steps that count in the averages, not the timing
     self.carried_last: dict | None = None  # the last carried step's metrics
     self.window_flops = 0.0
-    self.window_start: float | None = None  # None until the compiling first step is logged
+    self.window_start: float | None = None  # None until the compiling step is logged or carried
 
   @property
   def compiling(self) -> bool:

@@ -89,9 +89,9 @@ def train_hint(workdir: str) -> str:
   else TRAIN_HINT."""
   holder = running_here(workdir)
   if holder:
-    return (f"the run is training now (pid {holder.get('pid', '?')}, started "
-            f"{holder.get('started', '?')}) and has saved no checkpoint yet: wait for its "
-            "first (every config.checkpoint_every_steps steps)")
+    return (f"a run is training in it now (pid {holder.get('pid', '?')}, started "
+            f"{holder.get('started', '?')}) and has not written it yet: wait for its first "
+            "checkpoint (every config.checkpoint_every_steps steps)")
   if os.path.exists(os.path.join(workdir, CONFIG)):
     return (f"train first with python scripts/train.py --workdir {shlex.quote(workdir)} (it "
             f"trains with the run's own {CONFIG})")
@@ -122,7 +122,8 @@ def runs_under(directory: str) -> list[str]:
   found = []
   for depth in ("*", os.path.join("*", "*")):
     for marker in (CONFIG, CHECKPOINTS):
-      found += [os.path.dirname(p) for p in glob.glob(os.path.join(directory, depth, marker))]
+      pattern = os.path.join(glob.escape(directory), depth, marker)  # `exp[1]` is no pattern
+      found += [os.path.dirname(p) for p in glob.glob(pattern)]
   return sorted(set(found))
 
 

@@ -160,10 +160,16 @@ def recorded_config(sweep_dir: str) -> str | None:
   """The `--config` sweep.json in `sweep_dir` records (its absolute path where it keeps one),
   or None where there is no sweep.json or it names none."""
   recorded = _read_json(os.path.join(sweep_dir, "sweep.json"), dict)
+  given = recorded["config"] if isinstance(recorded.get("config"), str) else None
   if isinstance(recorded.get("config_file"), str):
     arg = recorded.get("config_arg")
-    return recorded["config_file"] + (f":{arg}" if arg is not None else "")
-  return recorded["config"] if isinstance(recorded.get("config"), str) else None
+    absolute = recorded["config_file"] + (f":{arg}" if arg is not None else "")
+    # A moved checkout: the path as given, where it is there from here.
+    if (not os.path.exists(recorded["config_file"]) and given
+        and os.path.exists(split_config_arg(given)[0])):
+      return given
+    return absolute
+  return given
 
 
 def _same_config(recorded: Mapping[str, Any], sweep) -> bool:
@@ -254,12 +260,18 @@ class Runner:
     self.sweep = load_sweep(config_spec)
     self.points = self.sweep.points
     recorded = _read_json(os.path.join(self.sweep_dir, "sweep.json"), dict)
-    # Another config's sweep.json (None where it records this config, or none): its flags
-    # are not this sweep's, and a run must not take its directory over (`_check_same_config`).
-    self.recorded_config = (None if _same_config(recorded, self.sweep)
-                            else str(recorded["config"]))
-    self._recorded_points = [p["overrides"] for p in recorded.get("points", [])
-                             if isinstance(p, dict) and isinstance(p.get("overrides"), dict)]
+    # The recorded points that started and are not this config's: another config's sweep
+    # (a run must not take its directory over, `_check_same_config`).
+    names = {point_name(p) for p in self.points}
+    started = [p["overrides"] for p in recorded.get("points", [])
+               if isinstance(p, dict) and isinstance(p.get("overrides"), dict)
+               and os.path.isdir(point_dir(self.sweep_dir, p["overrides"]))]
+    self._started_elsewhere = [point_name(p) for p in started if point_name(p) not in names]
+    # The config sweep.json records, where it is another's (None where it is this one: the
+    # same file, or one whose points hold every started point, as the same file reached by
+    # another path, from a moved checkout, say): its flags are not this sweep's.
+    same = _same_config(recorded, self.sweep) or bool(started and not self._started_elsewhere)
+    self.recorded_config = None if same else recorded_config(self.sweep_dir)
     if isinstance(recorded.get("extra_flags"), list) and self.recorded_config is None:
       self.recorded_flags = [str(f) for f in recorded["extra_flags"]]
     if isinstance(recorded.get("overrides"), dict) and self.recorded_config is None:
@@ -289,17 +301,15 @@ class Runner:
     """Refuse to run another config's points in a sweep directory where a point of the config
     sweep.json names has started: sweep.json would name the new config alone, and the old
     points would drop out of `--report` and compare_runs.py."""
-    if self.recorded_config is None:
+    started = self._started_elsewhere
+    if self.recorded_config is None or not started:
       return
-    started = [point_name(p) for p in self._recorded_points
-               if os.path.isdir(point_dir(self.sweep_dir, p))]
-    if started:
-      raise SweepError(
-          f"{self.sweep_dir} is a sweep of --config {self.recorded_config} (sweep.json; "
-          f"{len(started)} point(s) started, {started[0]} first), not of "
-          f"{self.sweep.spec}: running this config there would replace sweep.json and leave "
-          f"those points out of its report. Give --config {self.recorded_config} to go on "
-          "with that sweep, or another --workdir for this config")
+    raise SweepError(
+        f"{self.sweep_dir} is a sweep of --config {self.recorded_config} (sweep.json), not of "
+        f"{self.sweep.spec}: {len(started)} of its started points ({started[0]} first) are "
+        "not this config's, and running it there would replace sweep.json and leave them out "
+        "of the report. Leave out --config (or give that one) to go on with that sweep, or "
+        "give another --workdir for this config")
 
   def _check_same_flags(self) -> None:
     """Refuse flags other than those a started sweep recorded (but num_train_steps, which
