@@ -1492,7 +1492,8 @@ def test_another_configs_sweep_is_refused_where_its_points_started(tmp_path, cap
   fake = tmp_path / "fake_train.py"
   fake.write_text(FAKE_TRAIN)
   sweep_dir = str(tmp_path / "sweep")
-  sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3}).run([0], log=lambda s: None)
+  sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3}).run([0, 1],
+                                                                       log=lambda s: None)
   spec = os.path.join(sweep_dir, "sweep.json")
   with open(spec) as f:
     before = f.read()
@@ -1501,7 +1502,7 @@ def test_another_configs_sweep_is_refused_where_its_points_started(tmp_path, cap
   script = load_sweep_script()
   assert script.main(["--config", str(other), "--workdir", sweep_dir]) == 1
   assert capsys.readouterr().err == (
-      f"error: {sweep_dir} is a sweep of --config {TINY} (sweep.json), not of {other}: 1 of "
+      f"error: {sweep_dir} is a sweep of --config {TINY} (sweep.json), not of {other}: 2 of "
       f"its started points ({sweeps.point_name(sweeps.load_sweep(TINY).points[0])} first) are "
       "not this config's, and running it there would replace sweep.json and leave them out of "
       "the report. Leave out --config (or give that one) to go on with that sweep, or give "
@@ -1550,7 +1551,8 @@ def test_another_configs_sweep_is_refused_where_its_points_started(tmp_path, cap
     sweeps.Runner(str(other), sweep_dir, str(fake))
   # Where none of the recorded points started, another config may take the directory over,
   # without the old config's flags.
-  shutil.rmtree(sweeps.point_dir(sweep_dir, sweeps.load_sweep(TINY).points[0]))
+  for point in sweeps.load_sweep(TINY).points[:2]:
+    shutil.rmtree(sweeps.point_dir(sweep_dir, point))
   assert sweeps.Runner(str(other), sweep_dir, str(fake)).overrides == {}
   # No sweep.json and no --config: nothing to run.
   assert script.main(["--workdir", str(tmp_path / "none"), "--list"]) == 2

@@ -433,6 +433,12 @@ def test_the_train_hint_of_a_run_with_a_config_resumes_it(workdir, tmp_path, cap
       "as --workdir")
   rc, _, err = run_main(evaluate_script, ["--workdir", str(parent)], capsys)
   assert rc == 1 and f"{parent} holds runs ({parent}/a," in err and "train first" not in err
+  shutil.rmtree(parent / "sweep")
+  assert workdir_lib.train_hint(str(parent)).startswith(f"{parent} holds runs ({parent}/a, "
+                                                        f"{parent}/b, {parent}/c and 1 more)")
+  shutil.rmtree(parent / "d")
+  assert workdir_lib.train_hint(str(parent)).startswith(f"{parent} holds runs ({parent}/a, "
+                                                        f"{parent}/b, {parent}/c): give")
   # A run a live process of this host is training, before its first checkpoint: wait for it.
   with open(spaced / ".lock", "w") as f:
     json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": "12:00"}, f)
