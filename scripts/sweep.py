@@ -15,8 +15,9 @@ recorded ones are refused once a point has started. Done points, and points a li
 this machine is running, are skipped on a re-run or re-submission; failed and stopped ones run
 again, resuming their checkpoints. `--slurm` only writes sweep.sbatch; `--point i` runs one
 point (what each array task runs); `--list` prints each point's status and writes nothing.
-Without `--config`, the config sweep.json records is used (`--list`, a re-run). Another config's
-points are refused in a directory where a point of the recorded config has started.
+Without `--config`, the config sweep.json records is used (`--list`, a re-run, `--config.X`
+flags). Another config is refused in a directory where a started point of the recorded config
+is not among its points.
 A refused command leaves sweep.json as it was. The exit status is 1 if a point failed.
 """
 import os
