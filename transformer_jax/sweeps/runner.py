@@ -156,32 +156,33 @@ def _read_json(path: str, kind: type):
   return value if isinstance(value, kind) else kind()
 
 
+def _recorded_file(recorded: Mapping[str, Any]) -> tuple[str, str | None] | None:
+  """The config file and argument sweep.json's `recorded` dict names, or None where it names
+  none. The file is the absolute path sweep.json keeps since 2026-11-29 (`config_file`,
+  `config_arg`), or else, and where that path is gone but the config as given (`config`) is
+  there from here (a moved checkout), the config as given, taken from the current directory."""
+  given = recorded["config"] if isinstance(recorded.get("config"), str) else None
+  kept = recorded["config_file"] if isinstance(recorded.get("config_file"), str) else None
+  if kept is not None and not (
+      not os.path.exists(kept) and given and os.path.exists(split_config_arg(given)[0])):
+    return kept, recorded.get("config_arg")
+  return None if given is None else split_config_arg(given)
+
+
 def recorded_config(sweep_dir: str) -> str | None:
   """The `--config` sweep.json in `sweep_dir` records (its absolute path where it keeps one),
   or None where there is no sweep.json or it names none."""
-  recorded = _read_json(os.path.join(sweep_dir, "sweep.json"), dict)
-  given = recorded["config"] if isinstance(recorded.get("config"), str) else None
-  if isinstance(recorded.get("config_file"), str):
-    arg = recorded.get("config_arg")
-    absolute = recorded["config_file"] + (f":{arg}" if arg is not None else "")
-    # A moved checkout: the path as given, where it is there from here.
-    if (not os.path.exists(recorded["config_file"]) and given
-        and os.path.exists(split_config_arg(given)[0])):
-      return given
-    return absolute
-  return given
+  found = _recorded_file(_read_json(os.path.join(sweep_dir, "sweep.json"), dict))
+  return None if found is None else _config_arg(*found)
 
 
-def _same_config(recorded: Mapping[str, Any], sweep) -> bool:
-  """Whether sweep.json's `recorded` config is `sweep`'s (True where it records none): the
-  same file and argument. The file is the absolute path sweep.json keeps since 2026-11-29, or
-  else its `config` as given, taken from the current directory."""
-  spec = recorded.get("config")
-  if not isinstance(spec, str):
-    return True
-  path, arg = split_config_arg(spec)
-  if isinstance(recorded.get("config_file"), str):
-    path, arg = recorded["config_file"], recorded.get("config_arg")
+def _config_arg(path: str, arg: str | None) -> str:
+  return path + (f":{arg}" if arg is not None else "")
+
+
+def _same_file(found: tuple[str, str | None], sweep) -> bool:
+  """Whether the config file and argument `found` in sweep.json are `sweep`'s (by real path)."""
+  path, arg = found
   return os.path.realpath(path) == os.path.realpath(sweep.path) and arg == sweep.arg
 
 
@@ -270,8 +271,10 @@ class Runner:
     # The config sweep.json records, where it is another's (None where it is this one: the
     # same file, or one whose points hold every started point, as the same file reached by
     # another path, from a moved checkout, say): its flags are not this sweep's.
-    same = _same_config(recorded, self.sweep) or bool(started and not self._started_elsewhere)
-    self.recorded_config = None if same else recorded_config(self.sweep_dir)
+    found = _recorded_file(recorded)
+    same = (found is None or _same_file(found, self.sweep)
+            or bool(started and not self._started_elsewhere))
+    self.recorded_config = None if same else _config_arg(*found)
     if isinstance(recorded.get("extra_flags"), list) and self.recorded_config is None:
       self.recorded_flags = [str(f) for f in recorded["extra_flags"]]
     if isinstance(recorded.get("overrides"), dict) and self.recorded_config is None:
