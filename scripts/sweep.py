@@ -75,13 +75,11 @@ def _body(values):
           file=sys.stderr)
     return 2
   if values.config is None:
-    spec = sweeps.recorded_config(values.workdir)
+    spec = _recorded_config(values.workdir)
     if spec is None:
       print(f"error: --config is required unless --report ({values.workdir} has no sweep.json "
             "naming one: give the config file whose sweep() to run)", file=sys.stderr)
       return 2
-    print(f"note: --config {spec}, as {os.path.join(values.workdir, 'sweep.json')} records",
-          file=sys.stderr)
     overrides = {}
   else:
     spec = values["config"].config_filename
@@ -121,6 +119,15 @@ def _body(values):
   return _failed(runner, [r["index"] for r in results])
 
 
+def _recorded_config(workdir: str | None) -> str | None:
+  """The --config that `workdir`'s sweep.json records, announced; None where there is none."""
+  spec = sweeps.recorded_config(workdir) if workdir else None
+  if spec is not None:
+    print(f"note: --config {spec}, as {os.path.join(workdir, 'sweep.json')} records",
+          file=sys.stderr)
+  return spec
+
+
 def _failed(runner, indices, logs=None) -> int:
   lines, failed = runner.outcome(indices, logs)
   print("\n".join(lines), file=sys.stderr)
@@ -133,14 +140,12 @@ def main(argv=None):
   if overrides and not {"-h", "--help", "--helpfull"} & set(argv):
     # Overrides exist only with a config file (absl would answer "Unknown command line flag"):
     # the one sweep.json records, where there is one (`--config.num_train_steps=N` extends).
-    w = cli.flag_value(argv, "workdir")
-    spec = sweeps.recorded_config(w) if w else None
+    spec = _recorded_config(cli.flag_value(argv, "workdir"))
     if spec is None:
       print(f"error: {overrides[0].split('=')[0]} overrides a field of --config, and there is "
             "none: give the config file whose sweep() to run, e.g. --config configs/default.py",
             file=sys.stderr)
       return 2
-    print(f"note: --config {spec}, as {os.path.join(w, 'sweep.json')} records", file=sys.stderr)
     argv = ["--config", spec] + argv
   return cli.run(body, argv, doc=__doc__, define=define, config=None,
                  config_help="config file with get_config() and sweep(), path[:arg]; "
