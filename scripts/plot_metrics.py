@@ -45,11 +45,9 @@ def body(values, args):
   for label, workdir in zip(labels, workdirs):
     series = curves.load_series(workdir)
     if not series:
-      runs_here = workdir_lib.runs_under(workdir)
+      holds = workdir_lib.holds_runs(workdir)
       raise RunError(workdir_lib.not_a_run(workdir) or (
-          f"{workdir} holds runs ({', '.join(runs_here[:3])}"
-          f"{' and more' if len(runs_here) > 3 else ''}), not one: give each run to plot as "
-          "a --workdir of its own" if runs_here else
+          f"{holds}, not one: give each run to plot as a --workdir of its own" if holds else
           f"{os.path.join(workdir, 'metrics.jsonl')} holds no metrics: is {workdir} the "
           "workdir of a training run (one that has logged a step)?"))
     runs[label] = series

@@ -1,6 +1,7 @@
 """Learning curves (scripts/plot_metrics.py): one point per step, every curve drawn, a real PNG."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -139,6 +140,13 @@ def test_plot_metrics_errors_are_one_line(tmp_path, capsys):
   assert plot_metrics.main(["--workdir", str(tmp_path)]) == 1
   assert capsys.readouterr().err == (f"error: {tmp_path} holds runs ({tmp_path}/a), not one: give "
                                      "each run to plot as a --workdir of its own\n")
+  for name in "bcde":  # the first three named, and how many more
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text("{}")
+  assert plot_metrics.main(["--workdir", str(tmp_path)]) == 1
+  assert f"{tmp_path}/c and 2 more), not one: give each run" in capsys.readouterr().err
+  for name in "bcde":
+    shutil.rmtree(tmp_path / name)
   assert plot_metrics.main(["--workdir", str(tmp_path / "a"), "--label", "x",
                             "--label", "y"]) == 1
   assert "2 --label for 1 --workdir" in capsys.readouterr().err

@@ -95,12 +95,20 @@ def train_hint(workdir: str) -> str:
   if os.path.exists(os.path.join(workdir, CONFIG)):
     return (f"train first with python scripts/train.py --workdir {shlex.quote(workdir)} (it "
             f"trains with the run's own {CONFIG})")
-  runs = runs_under(workdir)
-  if runs:
-    more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
-    return (f"{workdir} holds runs ({', '.join(runs[:3])}{more}): give one of them as "
-            "--workdir")
+  holds = holds_runs(workdir)
+  if holds:
+    return f"{holds}: give one of them as --workdir"
   return TRAIN_HINT.format(shlex.quote(workdir))
+
+
+def holds_runs(directory: str) -> str | None:
+  """The start of a message for a directory of runs given as one run's workdir, "`directory`
+  holds runs (its first three and N more)", or None where no run lies under it (`runs_under`)."""
+  runs = runs_under(directory)
+  if not runs:
+    return None
+  more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+  return f"{directory} holds runs ({', '.join(runs[:3])}{more})"
 
 
 def not_a_run(path: str) -> str | None:
