@@ -76,6 +76,19 @@ def length_penalty(length, alpha: float):
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
+def stops(finished_scores, best_live, length, limit_penalty, alpha: float):
+  """Whether beam search stops each sentence after a step that made hypotheses of `length`
+  tokens (`beam_search`'s rules (a)-(c)): `finished_scores` [batch, beam] best first (-inf in an
+  empty slot), `best_live` [batch] the best live log-probability (-inf where none is left),
+  `limit_penalty` [batch] the length penalty of the longest output each may still reach."""
+  # (a): the best finished score is no lower than any a live hypothesis could still reach.
+  reachable = best_live / jnp.maximum(length_penalty(length + 1, alpha), limit_penalty)
+  # (b): the finished set is full and its worst is no worse than the best live hypothesis
+  # scores now (-inf in an empty slot, so never true before `beam` have finished).
+  full = finished_scores[:, -1] >= best_live / length_penalty(length, alpha)
+  return (finished_scores[:, 0] >= reachable) | full | (best_live == -jnp.inf)   # (c)
+
+
 def buffer_length(config: TransformerConfig, source_len: int, max_len_margin: int,
                   max_decode_len: int | None = None) -> int:
   """T, the static number of output positions: `max_decode_len` or source_len + margin, capped
@@ -468,13 +481,8 @@ def beam_search(config: TransformerConfig, params, inputs, *, beam_size: int = 4
     rows = (jnp.arange(batch)[:, None] * beam + live_parent).reshape(batch * beam)
     cache = _reorder_beams(cache, rows)
 
-    best_live = live_log_probs[:, 0]
-    reachable = best_live / jnp.maximum(length_penalty(length + 1, alpha), limit_penalty)
-    # Rule (b): the finished set is full and its worst is no worse than the best live
-    # hypothesis scores now (-inf in an empty slot, so never true before `beam` have finished).
-    full = finished_scores[:, -1] >= best_live / length_penalty(length, alpha)
-    done = (state["done"] | (finished_scores[:, 0] >= reachable) | full
-            | (best_live == neg_inf))
+    done = state["done"] | stops(finished_scores, live_log_probs[:, 0], length,
+                                 limit_penalty, alpha)
     return dict(i=i + 1, cache=cache, last=last, live_seqs=live_seqs,
                 live_log_probs=jnp.where(done[:, None], neg_inf, live_log_probs),
                 finished_seqs=finished_seqs, finished_scores=finished_scores,
