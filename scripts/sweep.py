@@ -75,7 +75,7 @@ def _body(values):
           file=sys.stderr)
     return 2
   if values.config is None:
-    spec = _recorded_config(values.workdir)
+    spec = _announce_recorded_config(values.workdir)
     if spec is None:
       print(f"error: --config is required unless --report ({values.workdir} has no sweep.json "
             "naming one: give the config file whose sweep() to run)", file=sys.stderr)
@@ -119,9 +119,9 @@ def _body(values):
   return _failed(runner, [r["index"] for r in results])
 
 
-def _recorded_config(workdir: str | None) -> str | None:
+def _announce_recorded_config(workdir: str | None) -> str | None:
   """The --config that `workdir`'s sweep.json records, announced; None where there is none."""
-  spec = sweeps.recorded_config(workdir) if workdir else None
+  spec = sweeps.recorded_config(workdir) if workdir is not None else None
   if spec is not None:
     print(f"note: --config {spec}, as {os.path.join(workdir, 'sweep.json')} records",
           file=sys.stderr)
@@ -140,7 +140,7 @@ def main(argv=None):
   if overrides and not {"-h", "--help", "--helpfull"} & set(argv):
     # Overrides exist only with a config file (absl would answer "Unknown command line flag"):
     # the one sweep.json records, where there is one (`--config.num_train_steps=N` extends).
-    spec = _recorded_config(cli.flag_value(argv, "workdir"))
+    spec = _announce_recorded_config(cli.flag_value(argv, "workdir"))
     if spec is None:
       print(f"error: {overrides[0].split('=')[0]} overrides a field of --config, and there is "
             "none: give the config file whose sweep() to run, e.g. --config configs/default.py",

@@ -687,26 +687,29 @@ def test_early_stopping_never_drops_a_better_live_hypothesis_at_alpha_zero(peake
 
 
 def test_the_stopping_rules_on_given_scores():
-  # beam_search's rules (a)-(c) on scores chosen so that each decides one sentence alone;
-  # finished sets of 2 (best first); lp(n) = ((5 + n) / 6) ** alpha, 1 at alpha 0.
+  # beam_search's rules (a)-(c) on given scores; finished sets of 2 (best first);
+  # lp(n) = ((5 + n) / 6) ** alpha, 1 at alpha 0.
   inf = -np.inf
   cases = [  # (finished, best live, length, longest reachable, alpha, stops)
       # (b) judges the best live score as it is: -1.9 is worse than -1.1 (a live hypothesis may
-      # still finish between them), though not worse than -1.1 rounded down.
+      # still finish between them), though not worse than -1.1 // 1 = -2.
       ([-1.2, -1.9], -1.1, 3, 10, 0.0, False),
       ([-1.2, -1.9], -1.95, 3, 10, 0.0, True),    # (b), and (a)
       ([-1.2, inf], -1.15, 3, 10, 0.0, False),    # not full: (b) cannot hold
       ([-1.2, inf], -1.3, 3, 10, 0.0, True),      # (a)
       ([-1.2, -1.9], inf, 3, 10, 0.0, True),      # (c): no live hypothesis left
+      ([inf, inf], inf, 3, 10, 0.0, True),        # (c), with nothing finished
       ([-1.25, inf], -1.25, 3, 10, 0.0, True),    # (a) on a tie
       ([-0.75, -1.0], -1.0, 1, 7, 1.0, True),     # (b) alone on a tie: lp(1) = 1, lp(7) = 2
       # With alpha 0.6, (b) divides the live score by the penalty of its length now ...
       ([-0.5, -0.6], -0.7, 3, 10, 0.6, False),    # -0.7 / lp(3) = -0.589 > -0.6
       ([-0.5, -0.6], -0.8, 3, 10, 0.6, True),     # -0.8 / lp(3) = -0.673: (b) alone
-      # ... and (a) by the largest it may still reach: the limit's, or the next length's.
+      # ... and (a) by the largest it may still reach: the limit's for alpha >= 0, ...
       ([-0.3, inf], -0.45, 3, 10, 0.6, False),    # -0.45 / lp(10) = -0.260 > -0.3
       ([-0.3, inf], -0.39, 3, 4, 0.6, True),      # -0.39 / lp(4) = -0.306 (/ lp(5): -0.287)
-      ([-0.3, inf], -0.37, 3, 3, 0.6, False),     # the larger: -0.37 / lp(4) = -0.290
+      # ... the next length's below 0 (lp falls as outputs grow).
+      ([-0.37, inf], -0.3, 3, 10, -0.6, True),    # -0.3 / lp(4) = -0.383 (/ lp(3): -0.357)
+      ([-0.39, inf], -0.3, 3, 10, -0.6, False),   # (/ lp(5): -0.408, / lp(10): -0.520)
   ]
   for finished, live, length, limit, alpha, expected in cases:
     got = search.stops(jnp.array([finished], jnp.float32), jnp.array([live], jnp.float32),

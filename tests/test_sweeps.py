@@ -25,7 +25,6 @@ from transformer_jax.data import get_data
 from transformer_jax.run import metrics
 from transformer_jax.run.best import BestKeeper
 from transformer_jax.sweeps import compare as sweeps_compare
-from transformer_jax.sweeps import runner as sweeps_runner
 from transformer_jax.sweeps import slurm as sweeps_slurm
 from transformer_jax.sweeps.report import figure, log_scale, markdown, run_row, search_text
 
@@ -1538,10 +1537,15 @@ def test_another_configs_sweep_is_refused_where_its_points_started(tmp_path, cap
   with open(spec, "w") as f:
     json.dump(recorded, f)
   assert sweeps.recorded_config(sweep_dir) == "moved.py"
-  # ... and it is the same config as the copy's, started points or not.
-  found = sweeps_runner._recorded_file(recorded)
-  assert sweeps_runner._same_file(found, sweeps.load_sweep(str(moved)))
-  assert not sweeps_runner._same_file(found, sweeps.load_sweep(TINY))
+  # ... and the copy's config is the recorded one, started points or not (a sweep.json alone):
+  # the sweep's flags apply; TINY's is another's.
+  alone = tmp_path / "alone"
+  alone.mkdir()
+  (alone / "sweep.json").write_text(json.dumps(recorded))
+  runner = sweeps.Runner(str(moved), str(alone), str(fake), record=False)
+  assert runner.recorded_config is None and runner.overrides == {"num_train_steps": 3}
+  runner = sweeps.Runner(TINY, str(alone), str(fake), record=False)
+  assert runner.recorded_config == "moved.py" and runner.overrides == {}
   os.remove(moved)
   assert sweeps.recorded_config(sweep_dir) == str(tmp_path / "gone.py")
   # A sweep.json written before it kept the file's absolute path: its config as given, taken

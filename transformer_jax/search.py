@@ -81,12 +81,14 @@ def stops(finished_scores, best_live, length, limit_penalty, alpha: float):
   tokens (`beam_search`'s rules (a)-(c)): `finished_scores` [batch, beam] best first (-inf in an
   empty slot), `best_live` [batch] the best live log-probability (-inf where none is left),
   `limit_penalty` [batch] the length penalty of the longest output each may still reach."""
-  # (a): the best finished score is no lower than any a live hypothesis could still reach.
+  # (a): the best finished score is no lower than any a live hypothesis could still reach
+  # (the larger penalty of the two: lp(limit) for alpha >= 0, the next length's below 0).
+  # (c), no live hypothesis left, is (a) with `reachable` -inf: any score, -inf too, is >= it.
   reachable = best_live / jnp.maximum(length_penalty(length + 1, alpha), limit_penalty)
   # (b): the finished set is full and its worst is no worse than the best live hypothesis
   # scores now (-inf in an empty slot, so never true before `beam` have finished).
   full = finished_scores[:, -1] >= best_live / length_penalty(length, alpha)
-  return (finished_scores[:, 0] >= reachable) | full | (best_live == -jnp.inf)   # (c)
+  return (finished_scores[:, 0] >= reachable) | full
 
 
 def buffer_length(config: TransformerConfig, source_len: int, max_len_margin: int,

@@ -157,10 +157,12 @@ def _read_json(path: str, kind: type):
 
 
 def _recorded_file(recorded: Mapping[str, Any]) -> tuple[str, str | None] | None:
-  """The config file and argument sweep.json's `recorded` dict names, or None where it names
-  none. The file is the absolute path sweep.json keeps since 2026-11-29 (`config_file`,
-  `config_arg`), or else, and where that path is gone but the config as given (`config`) is
-  there from here (a moved checkout), the config as given, taken from the current directory."""
+  """The config file and argument that sweep.json's `recorded` dict names:
+  - the absolute path sweep.json keeps since 2026-11-29 (`config_file`, `config_arg`);
+  - the config as given (`config`, path[:arg], from the current directory) where there is no
+    such path (an older sweep.json), or where that path is gone and the given one is there
+    from here (a moved checkout);
+  - None where it names neither."""
   given = recorded["config"] if isinstance(recorded.get("config"), str) else None
   kept = recorded["config_file"] if isinstance(recorded.get("config_file"), str) else None
   if kept is not None and not (
@@ -268,9 +270,10 @@ class Runner:
                if isinstance(p, dict) and isinstance(p.get("overrides"), dict)
                and os.path.isdir(point_dir(self.sweep_dir, p["overrides"]))]
     self._started_elsewhere = [point_name(p) for p in started if point_name(p) not in names]
-    # The config sweep.json records, where it is another's (None where it is this one: the
-    # same file, or one whose points hold every started point, as the same file reached by
-    # another path, from a moved checkout, say): its flags are not this sweep's.
+    # The config sweep.json records, where it is another's: its flags are not this sweep's.
+    # None where it is this one: the same file by its real path (a moved checkout's copy
+    # included, `_recorded_file`), or another whose points hold every started point (a copy in
+    # another checkout, say).
     found = _recorded_file(recorded)
     same = (found is None or _same_file(found, self.sweep)
             or bool(started and not self._started_elsewhere))
