@@ -23,6 +23,7 @@ from transformer_jax.run.metrics import evaluated
 from transformer_jax.run.workdir import running_here
 from transformer_jax.sweeps.spec import (
   SweepError,
+  join_config_arg,
   load_sweep,
   override_flags,
   point_dir,
@@ -175,11 +176,7 @@ def recorded_config(sweep_dir: str) -> str | None:
   """The `--config` sweep.json in `sweep_dir` records (its absolute path where it keeps one),
   or None where there is no sweep.json or it names none."""
   found = _recorded_file(_read_json(os.path.join(sweep_dir, "sweep.json"), dict))
-  return None if found is None else _config_arg(*found)
-
-
-def _config_arg(path: str, arg: str | None) -> str:
-  return path + (f":{arg}" if arg is not None else "")
+  return None if found is None else join_config_arg(*found)
 
 
 def _same_file(found: tuple[str, str | None], sweep) -> bool:
@@ -277,7 +274,7 @@ class Runner:
     found = _recorded_file(recorded)
     same = (found is None or _same_file(found, self.sweep)
             or bool(started and not self._started_elsewhere))
-    self.recorded_config = None if same else _config_arg(*found)
+    self.recorded_config = None if same else join_config_arg(*found)
     if isinstance(recorded.get("extra_flags"), list) and self.recorded_config is None:
       self.recorded_flags = [str(f) for f in recorded["extra_flags"]]
     if isinstance(recorded.get("overrides"), dict) and self.recorded_config is None:

@@ -205,6 +205,11 @@ def split_config_arg(spec: str) -> tuple[str, str | None]:
   return path, (arg if sep else None)
 
 
+def join_config_arg(path: str, arg: str | None) -> str:
+  """("configs/x.py", "big") -> `configs/x.py:big`: `split_config_arg` undone."""
+  return path + (f":{arg}" if arg is not None else "")
+
+
 def load_config_module(path: str):
   if not os.path.isfile(path):
     raise FileNotFoundError(f"config file {path!r} does not exist")
@@ -232,7 +237,7 @@ class Sweep:
   @property
   def config_arg(self) -> str:
     """`--config` for a subprocess, which may run in another directory."""
-    return self.path + (f":{self.arg}" if self.arg is not None else "")
+    return join_config_arg(self.path, self.arg)
 
 
 def load_sweep(spec: str) -> Sweep:
