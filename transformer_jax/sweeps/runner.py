@@ -166,8 +166,9 @@ def _recorded_file(recorded: Mapping[str, Any]) -> tuple[str, str | None] | None
   - None where it names neither."""
   given = recorded["config"] if isinstance(recorded.get("config"), str) else None
   kept = recorded["config_file"] if isinstance(recorded.get("config_file"), str) else None
-  if kept is not None and not (
-      not os.path.exists(kept) and given and os.path.exists(split_config_arg(given)[0])):
+  moved = (kept is not None and not os.path.exists(kept) and bool(given)
+           and os.path.exists(split_config_arg(given)[0]))
+  if kept is not None and not moved:
     return kept, recorded.get("config_arg")
   return None if given is None else split_config_arg(given)
 
