@@ -12,6 +12,11 @@ beam search (beam 1: an argmax loop on its model and cache), random parameters, 
 `decode_len` tokens, the median over `steps` calls, like `scripts/benchmark.py --what decode
 --config configs/cpu_reference.py`. Run the two alternately: the machine's speed moves from
 minute to minute (docs/benchmarks.md).
+
+Unlike `scripts/benchmark.py`, it does not restart itself with huge pages for its host memory
+(scripts/_host_memory.py): it runs with glibc's defaults, as the Flax example does;
+`GLIBC_TUNABLES=glibc.malloc.hugetlb=1` in its environment gives it what the benchmark runs
+with.
 """
 import functools
 import json

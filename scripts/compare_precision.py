@@ -21,6 +21,7 @@ import functools
 import json
 import sys
 
+import _host_memory  # noqa: F401 (before jax: restarts with huge pages, see the module)
 from absl import flags
 
 from transformer_jax import cli

@@ -18,6 +18,7 @@ on the same values in the same order; a run made at one commit then stands for t
 """
 import sys
 
+import _host_memory  # noqa: F401 (before jax: restarts with huge pages, see the module)
 from absl import flags
 import jax
 import jax.numpy as jnp

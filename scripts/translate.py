@@ -62,6 +62,7 @@ import json
 import logging
 import sys
 
+import _host_memory  # noqa: F401 (before jax: restarts with huge pages, see the module)
 from absl import flags
 
 from transformer_jax import cli

@@ -27,10 +27,31 @@ def environment(model_cfg=None) -> dict:
   out = {"device_kind": device.device_kind, "platform": device.platform,
          "num_devices": jax.device_count(), "jax_version": jax.__version__,
          "flax_version": flax.__version__, "cpu_count": os.cpu_count(),
-         "xla_flags": os.environ.get("XLA_FLAGS", "")}
+         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+         # How host memory is paged (scripts/_host_memory.py sets the tunable).
+         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+         "transparent_hugepages": huge_pages_mode()}
   if model_cfg is not None:
     out.update(dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype)
   return out
+
+
+def huge_pages_mode(path: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> str | None:
+  """The kernel's transparent huge page mode ("always", "madvise", "never"), None if unknown:
+  what `glibc.malloc.hugetlb=1` can ask for."""
+  try:
+    with open(path) as f:
+      text = f.read()
+  except OSError:
+    return None
+  start, end = text.find("["), text.find("]")
+  return text[start + 1:end] if 0 <= start < end else None
+
+
+def host_paging() -> str:
+  """One line for a benchmark's table: GLIBC_TUNABLES and the huge page mode."""
+  tunables = os.environ.get("GLIBC_TUNABLES") or "glibc's defaults (no GLIBC_TUNABLES)"
+  return f"{tunables}; transparent huge pages: {huge_pages_mode() or 'unknown'}"
 
 
 def load_average() -> list[float]:

@@ -117,6 +117,7 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
     name = "greedy" if beam == 1 else f"beam {beam}"
     results[name] = {"beam_size": beam, **search_figures(rows, first_s, times, produced)}
     table += table_rows(name, results[name])
+  table.append(("host memory", common.host_paging()))
   table.append(("load average (start)", str(load_start)))
   common.print_table(f"decode: {rows} sources x {d.max_source_len} tokens, up to {decode_len} "
                      f"output tokens, {model_cfg.dtype}", table)

@@ -13,6 +13,7 @@ with this package's model, so it stays the example's model.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -196,4 +197,4 @@ def run(steps: int = DEFAULT_STEPS) -> dict:
   median = statistics.median(times)
   return {"model": "flax examples/wmt (condensed)", "median_step_s": round(median, 4),
           "target_tokens_per_sec": round(B * L / median, 1), "loss": float(loss),
-          "jax_version": jax.__version__}
+          "jax_version": jax.__version__, "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}

@@ -18,6 +18,7 @@ package's search.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -189,7 +190,8 @@ def run(beams, *, rows: int, source_len: int, decode_len: int, calls: int) -> di
                        jnp.int32)
   cache = init_cache(rows, source_len, decode_len)
   out = {"model": "flax examples/wmt search (condensed)", "rows": rows, "source_len": source_len,
-         "decode_len": decode_len, "jax_version": jax.__version__}
+         "decode_len": decode_len, "jax_version": jax.__version__,
+         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
   for beam in beams:
     search = search_fn(beam, decode_len)
     start = time.perf_counter()

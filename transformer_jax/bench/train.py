@@ -161,6 +161,7 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
           ("warm-up (untimed)", f"{options.warmup} step{'s' * (options.warmup > 1)}, the "
                                 "first compiles"),
           *table_rows(figures),
+          ("host memory", common.host_paging()),
           ("load average (start)", str(load_start)),
       ])
   note = mfu_note(max(figures["mfu"], figures["back_to_back_mfu"]), peak_source)
