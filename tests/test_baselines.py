@@ -204,9 +204,13 @@ def test_run_trains_and_reports_the_median_step(tiny, monkeypatch):
     ticks = iter(np.arange(100.0) ** 2 / 1e5)
     return types.SimpleNamespace(perf_counter=lambda: next(ticks))
   monkeypatch.setattr(flax_wmt, "time", clock())
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
   first = flax_wmt.run(steps=1)
   monkeypatch.setattr(flax_wmt, "time", clock())
+  monkeypatch.delenv("GLIBC_TUNABLES")
   later = flax_wmt.run(steps=25)
+  # How its host memory was paged (it runs with glibc's defaults unless told otherwise).
+  assert (first["glibc_tunables"], later["glibc_tunables"]) == ("glibc.malloc.hugetlb=1", "")
   assert np.isfinite(first["loss"]) and later["loss"] < first["loss"] - 0.5  # 3.41 -> 2.46
   assert first["median_step_s"] == 0.0 and later["median_step_s"] == 0.0005  # 4 decimals
   assert later["target_tokens_per_sec"] == round(2 * 8 / 0.00049, 1)
@@ -476,8 +480,10 @@ def test_search_run_reports_each_search(tiny, monkeypatch):
   clock = iter(ticks)
   monkeypatch.setattr(flax_wmt_search, "time",
                       types.SimpleNamespace(perf_counter=lambda: next(clock)))
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
   out = flax_wmt_search.run((1, 2), rows=2, source_len=5, decode_len=4, calls=3)
   assert (out["rows"], out["source_len"], out["decode_len"]) == (2, 5, 4)
+  assert out["glibc_tunables"] == "glibc.malloc.hugetlb=1"
   read = np.diff(ticks)[::2]  # the spans as the clock's differences give them
   for name, first, median in (("greedy", read[0], np.median(read[1:4])),
                               ("beam 2", read[4], np.median(read[5:8]))):

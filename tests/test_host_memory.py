@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from transformer_jax.bench import common as bench_common
+
 from scripts_under_test import load_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,3 +113,27 @@ def test_each_model_script_imports_the_restart_before_jax_or_the_package(name):
 
 def test_the_flax_baseline_runs_with_glibcs_defaults():
   assert "_host_memory" not in _imports("baseline_flax_wmt")
+
+
+@pytest.mark.parametrize("text, mode", [
+    ("always [madvise] never\n", "madvise"),
+    ("[always] madvise never\n", "always"),
+    ("always madvise [never]\n", "never"),
+    ("no brackets\n", None),
+])
+def test_the_benchmarks_record_the_tunables_and_the_huge_page_mode(tmp_path, monkeypatch, text,
+                                                                   mode):
+  path = tmp_path / "enabled"
+  path.write_text(text)
+  assert bench_common.huge_pages_mode(str(path)) == mode
+  assert bench_common.huge_pages_mode(str(tmp_path / "missing")) is None
+  monkeypatch.setattr(bench_common, "huge_pages_mode", lambda: mode)
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+  assert bench_common.host_paging() == (
+      f"glibc.malloc.hugetlb=1; transparent huge pages: {mode or 'unknown'}")
+  record = bench_common.environment()
+  assert (record["glibc_tunables"], record["transparent_hugepages"]) == (
+      "glibc.malloc.hugetlb=1", mode)
+  monkeypatch.delenv("GLIBC_TUNABLES")
+  assert bench_common.host_paging().startswith("glibc's defaults (no GLIBC_TUNABLES); ")
+  assert bench_common.environment()["glibc_tunables"] == ""
