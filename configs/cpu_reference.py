@@ -9,8 +9,9 @@ A pre-LN Transformer with one shared, tied vocabulary of 8,000, d_model 256, 4 h
 source and 64 target tokens without padding; Adam and label smoothing 0.1 (the base config's).
 The performance issue quotes about 1,700 target tokens/s for the Flax WMT example's model on
 a 2-core machine; measured on ours in the same minutes it did 2,631-3,210 (docs/benchmarks.md,
-`python scripts/baseline_flax_wmt.py 30`), and this config 1.20x that in the median of five
-interleaved rounds on 2026-11-29 (1.35x on 2026-11-22).
+`python scripts/baseline_flax_wmt.py 30`), and this config 1.60x that in the median of five
+interleaved rounds on 2026-12-06, on an Intel Xeon host with the scripts' huge pages for host
+memory (1.42x the example given the same pages; 1.20x on 2026-11-29 on an AMD EPYC host).
 It also trains (`scripts/train.py --config configs/cpu_reference.py --workdir ...`) on the
 built-in numbers task, but it is meant for measuring, not for results.
 """
