@@ -14,8 +14,8 @@ A glibc tunable is read once, when the process starts: hence the restart (`os.ex
 process id, arguments and open files, the environment plus the tunable; before anything is
 printed or read). Nothing happens when
 - the script is imported rather than run (the tests load scripts as modules);
-- GLIBC_TUNABLES already sets `glibc.malloc.hugetlb` (yours is kept; this also ends the
-  restart, and the processes the script starts inherit it);
+- GLIBC_TUNABLES already sets `glibc.malloc.hugetlb` (yours is kept; the processes the script
+  starts inherit it), or the process is the restart itself (TRANSFORMER_JAX_RESTARTED);
 - `TRANSFORMER_JAX_MALLOC=system` (glibc's defaults, for comparisons);
 - the C library is not glibc 2.35 or later (no such tunable), or the kernel's transparent huge
   pages are off (`never` in /sys/kernel/mm/transparent_hugepage/enabled).
@@ -27,6 +27,9 @@ import sys
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 ENV = "TRANSFORMER_JAX_MALLOC"
+# Set on the restart: a process started by it never restarts again, whatever became of the
+# tunable on the way (a C library that dropped it would otherwise restart the script forever).
+RESTARTED = "TRANSFORMER_JAX_RESTARTED"
 THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
@@ -55,7 +58,7 @@ def tunables(environ, libc: tuple[int, int] | None, thp_off: bool) -> str | None
   if choice not in ("", "hugepages", "system"):
     sys.exit(f"error: {ENV}={choice!r}: expected 'hugepages' (the default) or 'system'")
   current = environ.get("GLIBC_TUNABLES", "")
-  if choice == "system" or "glibc.malloc.hugetlb" in current:
+  if choice == "system" or RESTARTED in environ or "glibc.malloc.hugetlb" in current:
     return None
   if (libc or (0, 0)) < (2, 35) or thp_off:
     return None
@@ -73,4 +76,4 @@ if _run_as_script():
   _new = tunables(os.environ, glibc_version(), huge_pages_off())
   if _new is not None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
-              {**os.environ, "GLIBC_TUNABLES": _new})
+              {**os.environ, "GLIBC_TUNABLES": _new, RESTARTED: "1"})

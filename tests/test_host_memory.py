@@ -30,6 +30,8 @@ GLIBC = (2, 36)
     ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, GLIBC, False, None),
     ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}, GLIBC, False, None),
     ({"TRANSFORMER_JAX_MALLOC": "system"}, GLIBC, False, None),
+    # The restart never restarts again, even were the tunable lost on the way.
+    ({"TRANSFORMER_JAX_RESTARTED": "1"}, GLIBC, False, None),
     # No such tunable before glibc 2.35, nor in another C library; nothing to ask of a kernel
     # whose huge pages are off.
     ({}, (2, 34), False, None),
@@ -39,6 +41,10 @@ GLIBC = (2, 36)
 def test_the_restart_adds_the_tunable_only_where_it_can_help(environ, libc, thp_off,
                                                              expected):
   assert host_memory.tunables(environ, libc, thp_off) == expected
+
+
+def test_a_script_imported_by_a_test_does_not_restart():
+  assert not host_memory._run_as_script()  # pytest's __main__, not a script of scripts/
 
 
 def test_a_misspelt_choice_is_one_error_line():
@@ -72,6 +78,7 @@ def test_a_script_run_as_a_program_restarts_with_its_arguments_and_the_tunable()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("GLIBC_TUNABLES", None)
   env.pop("TRANSFORMER_JAX_MALLOC", None)
+  env.pop("TRANSFORMER_JAX_RESTARTED", None)
   out = subprocess.run(
       [sys.executable, os.path.join(REPO, "scripts", "benchmark.py"), "--what", "train",
        "--config", TINY, "--steps", "1", "--warmup", "1", "--matmul_n", "64",
@@ -120,6 +127,8 @@ def test_the_flax_baseline_runs_with_glibcs_defaults():
     ("[always] madvise never\n", "always"),
     ("always madvise [never]\n", "never"),
     ("no brackets\n", None),
+    ("always madvise] never\n", None),
+    ("always [madvise never\n", None),
 ])
 def test_the_benchmarks_record_the_tunables_and_the_huge_page_mode(tmp_path, monkeypatch, text,
                                                                    mode):

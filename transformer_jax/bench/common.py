@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import tempfile
 
@@ -44,8 +45,8 @@ def huge_pages_mode(path: str = "/sys/kernel/mm/transparent_hugepage/enabled") -
       text = f.read()
   except OSError:
     return None
-  start, end = text.find("["), text.find("]")
-  return text[start + 1:end] if 0 <= start < end else None
+  chosen = re.search(r"\[(\w+)\]", text)  # the mode in use is the bracketed one
+  return chosen.group(1) if chosen else None
 
 
 def host_paging() -> str:
