@@ -7,12 +7,12 @@ and unmaps them on free, so each run's buffers are fresh pages that the kernel f
 zeroes on first touch: in the CPU reference train step (`configs/cpu_reference.py`), about
 70,000 minor page faults (4 KiB each) and 100 ms of system time a step. With the tunable, glibc
 asks for transparent huge pages on the memory it maps (`madvise(MADV_HUGEPAGE)`), so the kernel
-backs it with 2 MiB pages where it can: about 670 faults a step, and the step about 12% faster
-(docs/benchmarks.md has the interleaved figures, and the settings measured and not kept).
+backs it with 2 MiB pages where it can: about 670 faults a step, and the step 14% faster in
+interleaved rounds (docs/benchmarks.md, with the settings measured and not kept).
 
-A glibc tunable is read once, when the process starts: hence the restart (`os.execv`: the same
-process id, arguments and open files, the environment plus the tunable; before anything is
-printed or read). Nothing happens when
+A glibc tunable is read once, when the process starts: hence the restart (`os.execve`: the same
+process id, arguments and open files, the environment plus the tunable and a marker; before
+anything is printed or read). Nothing happens when
 - the script is imported rather than run (the tests load scripts as modules);
 - GLIBC_TUNABLES already sets `glibc.malloc.hugetlb` (yours is kept; the processes the script
   starts inherit it), or the process is the restart itself (TRANSFORMER_JAX_RESTARTED);
