@@ -39,7 +39,8 @@ def environment(model_cfg=None) -> dict:
 
 def huge_pages_mode(path: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> str | None:
   """The kernel's transparent huge page mode ("always", "madvise", "never"), None if unknown:
-  what `glibc.malloc.hugetlb=1` can ask for."""
+  what `glibc.malloc.hugetlb=1` can ask for. (scripts/_host_memory.py reads the same file for
+  "[never]" alone: it runs before the package may be imported, so it cannot call this.)"""
   try:
     with open(path) as f:
       text = f.read()
