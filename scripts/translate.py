@@ -27,14 +27,16 @@ empty line gets one row with an empty translation and scores 0.
 
 `--sample` draws each translation from the model instead of searching (back-translation by
 sampling, Edunov et al., 2018): each token from softmax(logits / `--temperature`), among the
-`--top_k` most probable when given (their top-10 variant: `--top_k 10`); padding is never
+`--top_k` most probable when given (their top-10 variant: `--top_k 10`), and then, with
+`--top_p P` below 1, among the nucleus: the fewest most probable tokens whose probability
+reaches P (Holtzman et al., 2020; after the temperature and the top-k); padding is never
 drawn. Line i's draw depends on `--seed`, i (its place in the input, after `--line_offset`
 lines) and the line only, not on the batch or the other lines: a file split into pieces for
 several commands draws as it does whole when each piece gets, with the same seed, the number
 of lines before it as `--line_offset` (which also numbers `--nbest`'s lines). With `--nbest
 N`, N samples a line (any N), the most probable first, the score and the log-probability both
 the sample's natural-log probability under the model (at temperature 1, without the top-k
-restriction).
+or nucleus restriction).
 
 The input is read, translated and written `--chunk_lines` lines at a time (default 10,000;
 each chunk sorted by length and batched), flushed after each, so a long job (back-translating
@@ -93,6 +95,9 @@ def define(values):
                      "model's own distribution)", flag_values=values)
   flags.DEFINE_integer("top_k", 0, "--sample: draw among the k most probable tokens only (0 = "
                        "all)", lower_bound=0, flag_values=values)
+  flags.DEFINE_float("top_p", 1.0, "--sample: draw among the nucleus, the fewest most "
+                     "probable tokens whose probability reaches this (0 < p <= 1; 1 = all; "
+                     "after --temperature and --top_k)", flag_values=values)
   flags.DEFINE_integer("seed", 0, "--sample: the random seed (line i's draws depend on it, i "
                        "and the line only)", lower_bound=0, upper_bound=2**31 - 1,
                        flag_values=values)
@@ -142,7 +147,7 @@ def body(values, sentences):
     refuse_ignored(values, ["beam_size", "alpha"], "with --sample, which searches nothing",
                    "drop {flags}, or drop --sample to search")
   else:
-    refuse_ignored(values, ["temperature", "top_k", "seed"], "without --sample",
+    refuse_ignored(values, ["temperature", "top_k", "top_p", "seed"], "without --sample",
                    "add --sample to sample translations, or drop {flags}")
     if not values.nbest:
       refuse_ignored(values, ["line_offset"], "without --sample or --nbest",
@@ -150,7 +155,7 @@ def body(values, sentences):
   translator = translator_from_flags(values)
   if values.sample:
     translator = translator.with_sampling(values.temperature, values.top_k, values.seed,
-                                          values.line_offset)
+                                          values.line_offset, top_p=values.top_p)
   if values.nbest:
     translator.check_nbest(values.nbest)
   # Opened before translating: a bad path fails now, not after the whole search.

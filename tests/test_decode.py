@@ -387,6 +387,11 @@ def test_sampling_scores_its_samples_and_top_1_is_greedy(tiny, greedy):
   np.testing.assert_array_equal(lengths, greedy[1])
   np.testing.assert_allclose(log_probs, search.target_log_probs(cfg, params, src, tokens),
                              rtol=1e-5, atol=1e-5)
+  # So is the nucleus of a tiny probability (the best token alone), at any temperature.
+  tokens, lengths, _ = search.sample_search(cfg, params, src, keys, temperature=1.5,
+                                            top_p=1e-6, max_len_margin=MARGIN)
+  np.testing.assert_array_equal(tokens, greedy[0])
+  np.testing.assert_array_equal(lengths, greedy[1])
   tokens, lengths, log_probs = search.sample_search(cfg, params, src, keys, temperature=1.5,
                                                     max_len_margin=MARGIN)
   tokens = np.asarray(tokens)
@@ -401,17 +406,33 @@ def test_sampling_scores_its_samples_and_top_1_is_greedy(tiny, greedy):
   np.testing.assert_array_equal(np.asarray(alone)[0], tokens[1])
 
 
-def uncached_sample(cfg, params, src, keys, temperature, top_k, margin, buffer_len):
+def nucleus_mask(values, top_p):
+  """For logits sorted best first, which are in the nucleus (Holtzman et al., 2020): the fewest
+  best whose probabilities reach `top_p`, counted in float64 one token at a time."""
+  probs = np.exp(values - values.max()) / np.exp(values - values.max()).sum()
+  keep, mass = np.zeros(len(values), bool), 0.0
+  for i, p in enumerate(probs):
+    if mass >= top_p:
+      break
+    keep[i], mass = True, mass + p
+  return keep
+
+
+def uncached_sample(cfg, params, src, keys, temperature, top_k, margin, buffer_len, top_p=1.0):
   """Sampling as documented, one sentence and step at a time on the uncached model: the token
   of sentence b at step t is `jax.random.categorical(fold_in(keys[b], t), logits / T)` (over
-  the top k's values, mapped back to their ids, with top_k), padding excluded."""
+  the top k's values, mapped back to their ids, with top_k; over all the values sorted, the
+  ones outside the nucleus at -inf, with top_p < 1), padding excluded."""
   def choose(logits, t):
     logits = logits.at[:, cfg.pad_id].set(-jnp.inf) / temperature
     tokens = []
     for b in range(logits.shape[0]):
       key = jax.random.fold_in(keys[b], t)
-      if top_k:
-        values, index = jax.lax.top_k(logits[b], top_k)
+      if top_k or top_p < 1.0:
+        values, index = jax.lax.top_k(logits[b], top_k or logits.shape[-1])
+        if top_p < 1.0:
+          values = jnp.where(nucleus_mask(np.asarray(values, np.float64), top_p), values,
+                             -jnp.inf)
         tokens.append(int(index[jax.random.categorical(key, values)]))
       else:
         tokens.append(int(jax.random.categorical(key, logits[b])))
@@ -419,34 +440,60 @@ def uncached_sample(cfg, params, src, keys, temperature, top_k, margin, buffer_l
   return uncached_search(cfg, params, src, margin, buffer_len, choose)
 
 
-@pytest.mark.parametrize("temperature,top_k", [(1.5, 0), (0.5, 3)])
-def test_sampling_draws_step_by_step_as_documented(tiny, temperature, top_k):
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.5, 0, 1.0), (0.5, 3, 1.0),
+                                                     (1.5, 0, 0.6), (1.0, 4, 0.8)])
+def test_sampling_draws_step_by_step_as_documented(tiny, temperature, top_k, top_p):
   """Against the uncached reference: the key of every step (fold_in of the sentence's key and
-  the step), the temperature and the top-k restriction, through the cache."""
+  the step), the temperature, the top-k and the nucleus restrictions, through the cache."""
   cfg, params, src = tiny
   keys = sample_keys(src.shape[0], seed=2)
   tokens = search.sample_search(cfg, params, src, keys, temperature=temperature, top_k=top_k,
-                                max_len_margin=MARGIN)[0]
-  expected = uncached_sample(cfg, params, src, keys, temperature, top_k, MARGIN, tokens.shape[1])
+                                top_p=top_p, max_len_margin=MARGIN)[0]
+  expected = uncached_sample(cfg, params, src, keys, temperature, top_k, MARGIN, tokens.shape[1],
+                             top_p)
   np.testing.assert_array_equal(tokens, expected)
 
 
-@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)])
-def test_samples_follow_the_models_distribution(tiny, temperature, top_k):
+@pytest.mark.parametrize("top_p,kept", [(0.45, 1), (0.5, 1), (0.75, 2), (0.81, 3),
+                                        (0.96, 4), (0.999, 4)])
+def test_the_nucleus_is_the_fewest_best_tokens_reaching_p(top_p, kept):
+  """Probabilities 0.5, 0.3, 0.15, 0.05 and padding (-inf) behind, as sorted logits: a nucleus
+  of 0.5 is the best token alone (it reaches 0.5), of 0.75 the best two, of 0.81 three; the
+  padding's zero probability is never in one. A row of ties keeps the fewest that reach p, not
+  every token tied with the last one kept."""
+  row = np.log(np.array([0.5, 0.3, 0.15, 0.05, 0.0], np.float32))
+  out = np.asarray(search.nucleus(jnp.asarray(np.stack([row, row + 7.0])), top_p))
+  expected = np.where(np.arange(5) < kept, row, -np.inf)
+  np.testing.assert_array_equal(out, np.stack([expected, expected + 7.0]))
+  ties = np.asarray(search.nucleus(jnp.zeros((1, 8)), top_p))[0]
+  assert (ties[:int(np.ceil(top_p * 8 - 1e-6))] == 0).all()
+  assert np.isneginf(ties).sum() == 8 - int(np.ceil(top_p * 8 - 1e-6))
+  with pytest.raises(ValueError, match="top_p=0.0: must be above 0"):
+    search.sample_search(None, None, None, None, top_p=0.0)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 3, 1.0), (1.0, 0, 0.7)])
+def test_samples_follow_the_models_distribution(tiny, temperature, top_k, top_p):
   """The first token of 8,000 samples of one source: its frequencies are softmax(logits /
-  temperature) over the vocabulary without padding, restricted to the top k (renormalised),
-  to within 4.5 standard deviations of a proportion."""
+  temperature) over the vocabulary without padding, restricted to the top k or to the nucleus
+  (renormalised), to within 4.5 standard deviations of a proportion."""
   cfg, params, src = tiny
   n = 8000
   sources = jnp.repeat(src[:1], n, 0)
   tokens = search.sample_search(cfg, params, sources, sample_keys(n, seed=1),
-                                temperature=temperature, top_k=top_k, max_decode_len=1)[0]
+                                temperature=temperature, top_k=top_k, top_p=top_p,
+                                max_decode_len=1)[0]
   counts = np.bincount(np.asarray(tokens)[:, 0], minlength=VOCAB) / n
   model = tj.Transformer(cfg.replace(deterministic=True))
   logits = np.array(teacher_forced(model, params, src[:1], jnp.full((1, 1), 4)))[0, 0]
   logits[cfg.pad_id] = -np.inf
   if top_k:
     logits[logits < np.sort(logits)[-top_k]] = -np.inf
+  if top_p < 1.0:
+    order = np.argsort(-logits / temperature, kind="stable")
+    outside = order[~nucleus_mask(logits[order] / temperature, top_p)]
+    assert 1 < len(order) - len(outside) < VOCAB - 1  # a nucleus that restricts, of several
+    logits[outside] = -np.inf
   expected = np.asarray(jax.nn.softmax(jnp.asarray(logits / temperature)))
   assert counts[cfg.pad_id] == 0 and (counts[expected == 0] == 0).all()
   np.testing.assert_allclose(counts, expected, atol=4.5 * np.sqrt(0.25 / n))

@@ -749,7 +749,7 @@ def test_the_edges_of_the_translators_defaults_and_checks(workdir, translator, t
   for temperature in (0.01, 1e-30, 1e30):
     assert translator.with_sampling(temperature).sampling.temperature == temperature
   sampler = translator.with_sampling()
-  assert sampler.sampling == translator_lib.Sampling(1.0, 0, 0, 0)
+  assert sampler.sampling == translator_lib.Sampling(1.0, 0, 1.0, 0, 0)
   assert sampler.with_line_offset(2**32 - 1).sampling.line_offset == 2**32 - 1
   assert translator.with_sampling(line_offset=2**31 - 1).sampling.line_offset == 2**31 - 1
   with pytest.raises(workdir_lib.RunError, match=r"line_offset=2147483648: must be between"):
@@ -816,6 +816,12 @@ def test_the_translators_counts_bounds_and_empty_lines(workdir, translator, monk
   assert translator.with_sampling(top_k=vocab).sampling.top_k == vocab
   with pytest.raises(workdir_lib.RunError, match="top_k=-1: must be between 0"):
     translator.with_sampling(top_k=-1)
+  # A nucleus of any probability above 0 up to 1; not 0, above 1 or NaN.
+  for top_p in (1e-9, 0.9, 1.0):
+    assert translator.with_sampling(top_p=top_p).sampling.top_p == top_p
+  for top_p in (0.0, -0.5, 1.0000001, float("nan")):
+    with pytest.raises(workdir_lib.RunError, match=rf"top_p={top_p}: must be above 0 and at most"):
+      translator.with_sampling(top_p=top_p)
   with pytest.raises(workdir_lib.RunError, match="line_offset=-1: the lines before"):
     sampler.with_line_offset(-1)
   # Bucket shapes: an empty length is one bucket; a longest source of exactly max_len is
@@ -1125,8 +1131,12 @@ def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, 
     assert len(hyps) == 3 or line == ""
     assert [h[2] for h in hyps] == sorted((h[2] for h in hyps), reverse=True)
     assert line in [h[0] for h in hyps]
-  assert sampler.settings()["sampling"] == {"temperature": 1.5, "top_k": 0, "seed": 3,
-                                            "line_offset": 0}
+  assert sampler.settings()["sampling"] == {"temperature": 1.5, "top_k": 0, "top_p": 1.0,
+                                            "seed": 3, "line_offset": 0}
+  # A nucleus draws other samples, and one of a tiny probability is greedy search.
+  assert translator.with_sampling(1.5, seed=3, top_p=0.5).translate(lines) != drawn
+  assert translator.with_sampling(1.5, seed=3, top_p=1e-6).translate(lines) == (
+      translator.with_search(1, None).translate(lines))
   assert sampler.settings()["beam_size"] is None
   assert sampler.with_search(1, None).translate(lines) == translator.with_search(1, None).translate(
       lines)
@@ -1141,6 +1151,10 @@ def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, 
                                            "1.5", "--seed", "3", "--output", str(out)] + lines,
                         capsys)
   assert rc == 0 and out.read_text(encoding="utf-8").splitlines() == drawn, err
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--sample", "--top_p", "1e-6",
+                                           "--output", str(out)] + lines, capsys)
+  assert rc == 0 and out.read_text(encoding="utf-8").splitlines() == (
+      translator.with_search(1, None).translate(lines)), err
   rc, _, err = run_main(translate_script, ["--workdir", workdir, "--sample", "--temperature",
                                            "1.5", "--seed", "3", "--line_offset", "3", "--nbest",
                                            "2", "--output", str(out)] + lines[3:], capsys)
@@ -1171,7 +1185,8 @@ def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, 
   for argv, message in (
       (["--sample", "--beam_size", "4"], "--beam_size is ignored with --sample"),
       (["--line_offset", "5"], "--line_offset is ignored without --sample or --nbest"),
-      (["--top_k", "5"], "--top_k is ignored without --sample: add --sample")):
+      (["--top_k", "5"], "--top_k is ignored without --sample: add --sample"),
+      (["--top_p", "0.9"], "--top_p is ignored without --sample: add --sample")):
     rc, _, err = run_main(translate_script, ["--workdir", workdir] + argv + ["seven"], capsys)
     assert rc == 1 and message in err, (argv, err)
 

@@ -372,27 +372,51 @@ def greedy_search(config: TransformerConfig, params, inputs, *, max_len_margin: 
                            score=score)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "top_k", "max_len_margin",
+def nucleus(values, top_p: float):
+  """`values` `[rows, n]`, logits sorted best first, with those outside the nucleus (Holtzman et
+  al., 2020) set to -inf: the nucleus is the fewest best tokens whose probabilities (softmax over
+  the row) add up to at least `top_p`, i.e. every token that the tokens ranked above it leave
+  short of `top_p`. The best token always stays; tokens tied with the last one kept, and ranked
+  after it, do not."""
+  probs = jax.nn.softmax(values, axis=-1)
+  # The mass ranked above each token: an exclusive running sum (no cumsum - probs cancellation).
+  above = jnp.cumsum(probs, axis=-1)
+  above = jnp.concatenate([jnp.zeros_like(above[:, :1]), above[:, :-1]], axis=-1)
+  return jnp.where(above < top_p, values, -jnp.inf)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "top_k", "top_p", "max_len_margin",
                                               "max_decode_len"))
 def sample_search(config: TransformerConfig, params, inputs, keys, *, temperature=1.0,
-                  top_k: int = 0, max_len_margin: int = 50, max_decode_len: int | None = None):
+                  top_k: int = 0, top_p: float = 1.0, max_len_margin: int = 50,
+                  max_decode_len: int | None = None):
   """Ancestral sampling: each next token drawn from softmax(logits / temperature) over the
   vocabulary without padding, or over its `top_k` most probable tokens when `top_k` > 0 (Edunov
-  et al., 2018, back-translate by unrestricted and top-10 sampling). `keys` `[batch]`: one PRNG
-  key per sentence; step i draws with `fold_in(key, i)`, so a sentence's sample depends on its
-  own key and source, not on the rest of the batch. `temperature` is traced (another value does
-  not recompile), and must be > 0.
+  et al., 2018, back-translate by unrestricted and top-10 sampling), and then, when `top_p` < 1,
+  over the nucleus of those (`nucleus`: the fewest most probable whose probability, renormalised
+  after the temperature and the top-k, reaches `top_p`; Holtzman et al., 2020), renormalised.
+  `keys` `[batch]`: one PRNG key per sentence; step i draws with `fold_in(key, i)`, so a
+  sentence's sample depends on its own key and source, not on the rest of the batch.
+  `temperature` is traced (another value does not recompile), and must be > 0; `top_p` is a
+  compile-time constant in (0, 1] (1: no nucleus, and no sort of the vocabulary).
 
   Returns `(tokens [batch, T], lengths [batch], log_probs [batch])`: the outputs as greedy
   search's, and each sample's log-probability under the model itself (temperature 1, no top-k
-  restriction; what `target_log_probs` gives the same tokens). Limits and EOS as greedy search.
+  or nucleus restriction; what `target_log_probs` gives the same tokens). Limits and EOS as
+  greedy search.
   """
+  if not 0.0 < top_p <= 1.0:
+    raise ValueError(f"top_p={top_p}: must be above 0 and at most 1 (1: the whole distribution)")
+
   def choose(logits, i):
     step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i)
     scaled = logits / temperature
-    if not top_k:
+    if not top_k and top_p == 1.0:
       return jax.vmap(jax.random.categorical)(step_keys, scaled).astype(jnp.int32)
-    values, index = jax.lax.top_k(scaled, top_k)
+    # Best first: the top k, or for a nucleus alone the whole (padding last, at -inf) sorted.
+    values, index = jax.lax.top_k(scaled, top_k or scaled.shape[-1])
+    if top_p < 1.0:
+      values = nucleus(values, top_p)
     pick = jax.vmap(jax.random.categorical)(step_keys, values)
     return jnp.take_along_axis(index, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
 

@@ -65,13 +65,15 @@ LENGTH_BUCKET = 16  # source lengths are padded to a multiple of this
 @dataclasses.dataclass(frozen=True)
 class Sampling:
   """Sampling instead of a search (`Translator.with_sampling`): each token drawn from
-  softmax(logits / temperature), among the `top_k` most probable when `top_k` > 0; the draw of
+  softmax(logits / temperature), among the `top_k` most probable when `top_k` > 0, then among
+  the nucleus of probability `top_p` when `top_p` < 1 (`search.sample_search`); the draw of
   line i (from 0) uses the key `fold_in(fold_in(key(seed), line_offset + i), j)` for its j-th
   sample, so it depends on the seed, the line's place and its source only. `line_offset`: the
   lines of a whole file before this input, so that a file split into pieces draws as it does
-  whole. Made by `with_sampling`, which checks each value (its defaults: 1.0, 0, 0, 0)."""
+  whole. Made by `with_sampling`, which checks each value (its defaults: 1.0, 0, 1.0, 0, 0)."""
   temperature: float
   top_k: int
+  top_p: float
   seed: int
   line_offset: int
 
@@ -408,11 +410,11 @@ class Translator:
     return other
 
   def with_sampling(self, temperature: float = 1.0, top_k: int = 0, seed: int = 0,
-                    line_offset: int = 0) -> Translator:
+                    line_offset: int = 0, top_p: float = 1.0) -> Translator:
     """This translator sampling instead of searching (`Sampling`), checked: a temperature
     above 0 (finite), a `top_k` from 0 (the whole vocabulary) to the vocabulary size, a
-    `line_offset` from 0 to 2^31 - 1. The same parameters and tokenizer; its own throughput
-    figures and compiled shapes."""
+    `top_p` above 0 and at most 1, a `line_offset` from 0 to 2^31 - 1. The same parameters and
+    tokenizer; its own throughput figures and compiled shapes."""
     # Used in float32: it and its inverse must be finite and nonzero there, or the logits
     # divided by it overflow or vanish (1e-30 to 1e30 is ample).
     if not (math.isfinite(temperature) and 1e-30 <= temperature <= 1e30):
@@ -423,11 +425,15 @@ class Translator:
     if not 0 <= top_k <= vocab:
       raise RunError(f"top_k={top_k}: must be between 0 (the whole vocabulary) and the "
                      f"vocabulary size ({vocab})")
+    if not 0.0 < top_p <= 1.0:  # also refuses NaN
+      raise RunError(f"top_p={top_p}: must be above 0 and at most 1 (the probability the "
+                     "nucleus of most probable tokens must reach; 1 = no nucleus)")
     if not 0 <= line_offset < 2**31:
       raise RunError(f"line_offset={line_offset}: must be between 0 and 2^31 - 1 (the number of "
                      "lines of the whole file before this input)")
     other = copy.copy(self)
-    other.sampling = Sampling(float(temperature), int(top_k), int(seed), int(line_offset))
+    other.sampling = Sampling(temperature=float(temperature), top_k=int(top_k),
+                              top_p=float(top_p), seed=int(seed), line_offset=int(line_offset))
     other.stats = SearchStats()
     other._compiled = set()
     return other
@@ -548,7 +554,7 @@ class Translator:
         jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(s.seed), lines), draw)
     tokens, lengths, log_probs = sample_search(
         self.config, self.params, inputs, keys, temperature=s.temperature, top_k=s.top_k,
-        max_len_margin=self.max_len_margin)
+        top_p=s.top_p, max_len_margin=self.max_len_margin)
     return (np.asarray(tokens, np.int32), np.asarray(lengths, np.int32),
             np.asarray(log_probs, np.float32))
 
