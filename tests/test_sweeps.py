@@ -328,7 +328,7 @@ def test_a_done_point_runs_again_when_the_sweep_asks_for_more_steps(tmp_path):
         raise SystemExit("boom: the extension fails")
       os.makedirs(os.path.join(workdir, "checkpoints", str(steps)))
       with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
-        f.write(json.dumps({"step": steps, "bleu": float(steps)}) + "\\n")
+        f.write(json.dumps({"step": steps, "eval_loss": 1.0, "bleu": float(steps)}) + "\\n")
   """))
   sweep_dir = str(tmp_path / "sweep")
   quiet = {"log": lambda s: None}

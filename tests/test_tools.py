@@ -871,8 +871,20 @@ def test_a_checkpoint_is_decoded_with_the_config_its_step_was_written_with(workd
     translator_lib.Translator(workdir, ensemble=[str(other / "checkpoints" / "6")])
   (tmp_path / "7").mkdir()
   assert translator_lib._not_a_workdir(str(tmp_path / "7"), True) is None
-  # A run without its tokenizer: named, with the command that trains it again.
+  # A run without its tokenizer: named, with the config that recorded it and what to do (a
+  # tokenizer trained again might read the ids as other pieces); one from before the record:
+  # named, with the command that trains the run.
   os.remove(run / "spm.model")
+  with pytest.raises(workdir_lib.RunError, match=re.escape(
+      f"{run}/spm.model is missing: {run}/config.4.json records the run's tokenizer as sha256")
+      + r".*Put the run's own file back at"):
+    translator_lib.Translator(str(run))
+  for name in ("config.json", "config.4.json"):
+    with open(run / name) as f:
+      stored = json.load(f)
+    stored.pop(workdir_lib.RESOLVED_TOKENIZER)
+    with open(run / name, "w") as f:
+      json.dump(stored, f)
   with pytest.raises(workdir_lib.RunError, match=re.escape(
       f"{run}/spm.model not found: the run's SentencePiece model is missing; train first with "
       f"python scripts/train.py --workdir {run} (it trains with the run's own config.json)")):
@@ -1899,6 +1911,39 @@ def test_average_of_a_damaged_checkpoint_names_the_step(workdir, capsys, tmp_pat
   assert rc == 1 and ("(ValueError: chunk 0 of state/params is short): it is damaged; there is "
                       "no later step to average, or train on until 2 good checkpoints follow "
                       "it") in err, err
+
+
+def test_average_of_a_run_that_deletes_a_chosen_step_meanwhile_chooses_again(
+    workdir, capsys, tmp_path, monkeypatch):
+  """The run training in the workdir saves step 9 and its keep-N rotation deletes step 3 while
+  the average reads its chosen steps [3, 6]: it chooses [6, 9] and averages those; a rotation
+  at every read gives up after a few tries, with what to do."""
+  moving = str(tmp_path / "run")
+  shutil.copytree(workdir, moving)
+  checkpoints = os.path.join(moving, "checkpoints")
+  load = checkpointing.load_params
+
+  def rotating(directory, step=None):
+    if step == 3 and os.path.isdir(os.path.join(checkpoints, "3")):
+      shutil.copytree(os.path.join(checkpoints, "6"), os.path.join(checkpoints, "9"))
+      shutil.rmtree(os.path.join(checkpoints, "3"))
+    return load(directory, step)
+  monkeypatch.setattr(checkpointing, "load_params", rotating)
+  rc, out, err = run_main(average_script, ["--workdir", moving, "--last", "2"], capsys)
+  assert rc == 0 and json.loads(out)["averaged_steps"] == [6, 9], err
+  assert "step 3 was deleted while it was read" in err and "choosing the last 2 again" in err
+
+  def always_rotating(directory, step=None):
+    steps = checkpointing.checkpoint_steps(checkpoints)
+    if step == steps[0]:
+      shutil.copytree(os.path.join(checkpoints, str(steps[-1])),
+                      os.path.join(checkpoints, str(steps[-1] + 3)))
+      shutil.rmtree(os.path.join(checkpoints, str(step)))
+    return load(directory, step)
+  monkeypatch.setattr(checkpointing, "load_params", always_rotating)
+  rc, _, err = run_main(average_script, ["--workdir", moving, "--last", "2"], capsys)
+  assert rc == 1 and "was deleted while the average read it, 4 times" in err, err
+  assert "let it keep more checkpoints than --last 2" in err
 
 
 # ---------------------------------------------------------------- attention plots

@@ -827,10 +827,10 @@ def test_last_values_are_the_numbers_a_run_logged_last(tmp_path):
                                                 "mfu": 0.25}
   assert sorted(_tensorboard_scalars(str(tmp_path))) == [
       ("bleu", 1), ("mfu", 2), ("train_loss", 1), ("train_loss", 2)]
-  # An evaluation with BLEU at a step, and only that, is an evaluated step.
+  # An evaluation loss alone, or a BLEU alone, does not make an evaluated step.
   writer = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
   writer.write(3, {"eval_loss": 1.0})
-  assert [s for s in range(5) if metrics.evaluated(str(tmp_path), s)] == [1]
+  assert [s for s in range(5) if metrics.evaluated(str(tmp_path), s)] == []
   # A line no record can be read from is passed over, not the end of the records.
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write("not json\n[1, 2]\n")

@@ -161,6 +161,61 @@ def test_a_tokenizer_change_is_refused_even_before_the_first_checkpoint(run, dat
     loop.train_and_evaluate(config(data_dir, **{"data.vocab_size": 300}), run)
 
 
+def test_a_replaced_or_missing_tokenizer_is_refused_on_resume_and_by_the_tools(run, data_dir,
+                                                                              tmp_path):
+  """config.json records the tokenizer's sha256: a resume or a tool that finds other bytes
+  (another tokenizer of the same vocabulary size, which would read the checkpoints' token ids
+  as other pieces without an error) or no file (which training would replace with a new one)
+  refuses, naming the file and the record, and changes nothing."""
+  spm = os.path.join(run, "spm.model")
+  record = workdir_lib.load_run_config(run)[workdir_lib.RESOLVED_TOKENIZER]
+  assert record == workdir_lib.tokenizer_record(spm) and len(record["sha256"]) == 64
+  assert record["bytes"] == os.path.getsize(spm)
+  other = str(tmp_path / "unigram")
+  get_data(config(data_dir, **{"data.vocab_model_type": "unigram"}).data, other)
+  shutil.copy(spm, str(tmp_path / "own.model"))
+  shutil.copy(os.path.join(other, "spm.model"), spm)         # the same 200 pieces, others
+  before = snapshot(run)
+  resume = config(data_dir, num_train_steps=5)
+  for expected in (f"{spm} holds other bytes than the tokenizer the run was trained with",
+                   f"{spm} is missing: "):
+    with pytest.raises(workdir_lib.ConfigChangeRefused, match=expected) as refused:
+      loop.train_and_evaluate(resume, run)
+    assert f"records the run's tokenizer as sha256 {record['sha256'][:12]}" in str(refused.value)
+    assert "Put the run's own file back" in str(refused.value)
+    assert snapshot(run) == before
+    with pytest.raises(workdir_lib.RunError, match=expected):
+      Translator(run)
+    if os.path.exists(spm):
+      os.remove(spm)
+      before = snapshot(run)
+  shutil.copy(str(tmp_path / "own.model"), spm)              # put back: all is well again
+  assert workdir_lib.check_config(run, resume)[0] is not None
+  assert Translator(run).translate(["seven"])[0] is not None
+  # A run made before the record: a missing file, or one of another size, is still refused.
+  edit_run_config(run, lambda stored: stored.pop(workdir_lib.RESOLVED_TOKENIZER))
+  assert workdir_lib.check_config(run, resume)[0] is not None
+  os.rename(spm, spm + ".aside")
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match=f"{spm} is missing, and the run's"):
+    workdir_lib.check_config(run, resume)
+  bigger = str(tmp_path / "bigger")
+  get_data(config(data_dir, **{"data.vocab_size": 300}).data, bigger)
+  shutil.copy(os.path.join(bigger, "spm.model"), spm)
+  with pytest.raises(workdir_lib.ConfigChangeRefused,
+                     match=f"{spm} has 300 pieces, but the run was trained with a vocabulary of"):
+    workdir_lib.check_config(run, resume)
+  # No checkpoint yet (a first command that failed before its first save): nothing reads the
+  # tokenizer's ids, so another one is taken, and recorded.
+  os.replace(spm + ".aside", spm)
+  shutil.rmtree(os.path.join(run, "checkpoints"))
+  edit_run_config(run, lambda stored: stored.update({workdir_lib.RESOLVED_TOKENIZER: record}))
+  shutil.copy(os.path.join(other, "spm.model"), spm)
+  assert loop.train_and_evaluate(config(data_dir), run)["step"] == 3
+  assert workdir_lib.load_run_config(run)[workdir_lib.RESOLVED_TOKENIZER] == (
+      workdir_lib.tokenizer_record(spm)) != record
+  assert Translator(run).translate(["seven"])[0] is not None
+
+
 def test_safe_changes_are_kept_as_history_and_tools_read_the_config_of_their_step(
     run, data_dir):
   original = workdir_lib.load_run_config(run)
@@ -1162,6 +1217,53 @@ def test_a_lost_evaluation_is_run_only_where_the_cadence_asked_and_metrics_jsonl
   assert lost(2, {"loss": 2.0}, {"bleu": 5.0}) == [(True, False)]
   assert lost(2, {"eval_loss": 1.0, "bleu": 5.0}) == []
   assert lost(3, {"loss": 2.0}, every=(2, 2)) == []
+
+
+def test_a_run_shortened_to_a_step_evaluated_for_one_metric_runs_only_the_other(
+    tmp_path, data_dir, capsys):
+  """A run resumed with a num_train_steps that ends it at a step its cadence evaluated for the
+  loss only (its later checkpoint lost, or a run killed after that save) gets the BLEU there,
+  not the loss again; a duplicate loss would count as an evaluation without a new best (an
+  extension with patience 1 used to stop at once)."""
+  run = str(tmp_path / "run")
+  loop.train_and_evaluate(config(data_dir, num_train_steps=4, eval_every_steps=2,
+                                 bleu_every_steps=4, checkpoint_every_steps=2), run)
+  shutil.rmtree(os.path.join(run, "checkpoints", "4"))
+  capsys.readouterr()
+  loop.train_and_evaluate(config(data_dir, num_train_steps=2, eval_every_steps=2,
+                                 bleu_every_steps=4, checkpoint_every_steps=2), run)
+  assert "step 2: the final checkpoint has no final BLEU yet; running it" in capsys.readouterr().err
+  at_2 = [r for r in metrics.read_metrics(run) if r["step"] == 2]
+  assert [sorted(k for k in r if k in ("eval_loss", "bleu")) for r in at_2 if
+          "eval_loss" in r or "bleu" in r] == [["eval_loss"], ["bleu"]]
+  assert metrics.evaluated(run, 2) and metrics.missing_evaluation(run, 2) == []
+  result = loop.train_and_evaluate(config(
+      data_dir, num_train_steps=4, eval_every_steps=2, bleu_every_steps=4,
+      checkpoint_every_steps=2, keep_best="eval_loss", early_stopping_patience=1), run)
+  assert result["step"] > 2
+
+
+def test_a_final_evaluation_is_the_loss_and_the_bleu_in_one_record_or_two(tmp_path):
+  def logged(*records):
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+      f.writelines(json.dumps({"step": 5, **r}) + "\n" for r in records)
+    return metrics.missing_evaluation(str(tmp_path), 5), metrics.evaluated(str(tmp_path), 5)
+
+  assert logged() == (["eval_loss", "bleu"], False)
+  assert logged({"train_loss": 1.0}) == (["eval_loss", "bleu"], False)
+  assert logged({"bleu": 3.0}) == (["eval_loss"], False)
+  assert logged({"eval_loss": 2.0}) == (["bleu"], False)
+  assert logged({"eval_loss": 2.0}, {"bleu": 3.0}) == ([], True)
+  assert logged({"eval_loss": 2.0, "bleu": 3.0}) == ([], True)
+  # A step evaluated twice (a shortened resume before 2026-12-06) is one evaluation to early
+  # stopping and its replay, not an evaluation without a new best.
+  twice = [{"step": 2, "eval_loss": 3.0}, {"step": 4, "eval_loss": 2.0},
+           {"step": 4, "eval_loss": 2.0}, {"step": 6, "eval_loss": 2.5}]
+  count = early_stopping.from_records("eval_loss", 2, twice, last_step=6)
+  assert (count.best_step, count.since_best, count.exhausted) == (4, 1, False)
+  assert early_stopping.from_records("eval_loss", 2, twice, last_step=4).since_best == 0
+  assert early_stopping.replay("eval_loss", 1, twice)[0] == 6
+  assert early_stopping.replay("eval_loss", 2, twice)[0] is None
 
 
 def test_the_early_stop_message_says_where_the_best_parameters_are(tmp_path):

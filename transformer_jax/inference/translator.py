@@ -47,6 +47,7 @@ from transformer_jax.run.workdir import (
   load_run_config,
   not_a_run,
   run_config_path,
+  tokenizer_problem,
   train_hint,
   vocabulary_path,
 )
@@ -314,6 +315,9 @@ class Translator:
     self.run = load_run_config(workdir, written_at)
     self.config = model_config_from(self.run, run_config_path(workdir, written_at))
     spm_path = vocabulary_path(workdir, self.run)
+    problem = tokenizer_problem(workdir, self.run, spm_path, run_config_path(workdir, written_at))
+    if problem:  # replaced or missing since the run recorded it
+      raise RunError(problem)
     if not os.path.exists(spm_path):
       raise RunError(f"{spm_path} not found: the run's SentencePiece model is missing; "
                      + train_hint(workdir))

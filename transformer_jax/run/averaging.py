@@ -56,11 +56,57 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
   (default `<workdir>/averaged`), saved as step = the last averaged step. Returns (output
   directory, step, averaged steps)."""
   source = checkpointing.checkpoint_dir(workdir)
+  if last < 1:
+    raise RunError(f"--last {last}: must be >= 1")
+  output = os.path.abspath(output or os.path.join(workdir, AVERAGED))
+  if output == os.path.abspath(source):
+    raise RunError(f"refusing to write the average into {source}: training resumes from there")
+  # A run that trains meanwhile deletes its oldest checkpoint as it saves a new one (keep-N):
+  # a chosen step gone before it was read is chosen again from the steps there are then.
+  for attempt in range(_ROTATION_RETRIES + 1):
+    chosen = _choose(workdir, source, last, log)
+    try:
+      params = average_params(_trees(source, chosen, last, log))
+      break
+    except _Rotated as gone:
+      if attempt == _ROTATION_RETRIES:
+        raise RunError(
+            f"checkpoint {gone.step} in {source} was deleted while the average read it, "
+            f"{attempt + 1} times: the run training there deletes its oldest checkpoint at "
+            f"each save (keep_checkpoints). Average once it has stopped, or let it keep more "
+            f"checkpoints than --last {last} (--config.keep_checkpoints)") from None
+      log(f"step {gone.step} was deleted while it was read (the run training in {workdir} "
+          f"keeps its last checkpoints only); choosing the last {last} again")
+  step = chosen[-1]
+  if step in checkpointing.checkpoint_steps(output):
+    log(f"replacing the earlier average saved as step {step} in {output}")
+  checkpointing.save_params(output, step, params,
+                            {"averaged_steps": chosen, "source": source, "last": last})
+  return output, step, chosen
+
+
+def averaged_steps(checkpoint_dir: str, step: int) -> list[int] | None:
+  """The steps an averaged checkpoint was made from (None for a training checkpoint)."""
+  meta = checkpointing.load_meta(checkpoint_dir, step)
+  return list(meta["averaged_steps"]) if meta and "averaged_steps" in meta else None
+
+
+_ROTATION_RETRIES = 3
+
+
+class _Rotated(Exception):
+  """A chosen step was deleted (by the training run's keep-N rotation) before it was read."""
+
+  def __init__(self, step: int):
+    super().__init__(step)
+    self.step = step
+
+
+def _choose(workdir: str, source: str, last: int, log: Callable[[str], None]) -> list[int]:
+  """The last `last` steps of `source` to average, evenly spaced ones first."""
   steps = checkpointing.checkpoint_steps(source)
   if not steps:
     raise RunError(f"no checkpoint in {source}: " + train_hint(workdir))
-  if last < 1:
-    raise RunError(f"--last {last}: must be >= 1")
   # The paper averages checkpoints written at even intervals: a save forced by a signal (a
   # preemption) or by early stopping falls between them and is left out where enough others
   # are kept (checkpoints before 2026-11-25 say nothing: taken as on cadence). It took a kept
@@ -80,37 +126,25 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
                    f"(steps {steps}): pass --last {len(steps)} or fewer, or keep more while "
                    f"training (--config.keep_checkpoints={last}, with checkpoint_every_steps "
                    "setting their spacing)")
-  chosen = steps[-last:]
-  output = os.path.abspath(output or os.path.join(workdir, AVERAGED))
-  if output == os.path.abspath(source):
-    raise RunError(f"refusing to write the average into {source}: training resumes from there")
+  return steps[-last:]
 
-  def trees():
-    for i, s in enumerate(chosen):
-      log(f"loading step {s}")
-      try:
-        params = checkpointing.load_params(source, s)[1]
-      except RunError:
+
+def _trees(source: str, chosen: list[int], last: int, log: Callable[[str], None]):
+  """("step N", parameters) of each chosen step, loaded one at a time."""
+  for i, s in enumerate(chosen):
+    log(f"loading step {s}")
+    try:
+      params = checkpointing.load_params(source, s)[1]
+    except Exception as e:
+      if s not in checkpointing.checkpoint_steps(source):
+        raise _Rotated(s) from e
+      if isinstance(e, RunError):
         raise
-      except Exception as e:  # Orbax / TensorStore errors of a damaged step name no step
-        later = len(chosen) - i - 1
-        way_out = (f"average only the steps after it (--last {later})" if later else
-                   "there is no later step to average")
-        raise RunError(f"checkpoint {s} in {source} does not load, so it cannot be averaged "
-                       f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): it is damaged; "
-                       f"{way_out}, or train on until {last} good checkpoints follow it") from e
-      yield f"step {s}", params
-
-  params = average_params(trees())
-  step = chosen[-1]
-  if step in checkpointing.checkpoint_steps(output):
-    log(f"replacing the earlier average saved as step {step} in {output}")
-  checkpointing.save_params(output, step, params,
-                            {"averaged_steps": chosen, "source": source, "last": last})
-  return output, step, chosen
-
-
-def averaged_steps(checkpoint_dir: str, step: int) -> list[int] | None:
-  """The steps an averaged checkpoint was made from (None for a training checkpoint)."""
-  meta = checkpointing.load_meta(checkpoint_dir, step)
-  return list(meta["averaged_steps"]) if meta and "averaged_steps" in meta else None
+      # Orbax / TensorStore errors of a damaged step name no step.
+      later = len(chosen) - i - 1
+      way_out = (f"average only the steps after it (--last {later})" if later else
+                 "there is no later step to average")
+      raise RunError(f"checkpoint {s} in {source} does not load, so it cannot be averaged "
+                     f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): it is damaged; "
+                     f"{way_out}, or train on until {last} good checkpoints follow it") from e
+    yield f"step {s}", params

@@ -90,10 +90,21 @@ def from_records(metric: str, patience: int, records: Iterable[dict],
                  last_step: int, min_delta: float = 0.0) -> Patience:
   """The count after the evaluations in `records` (metrics.jsonl's) up to `last_step`."""
   state = Patience(metric, patience, float(min_delta))
-  for record in records:
-    if "step" in record and int(record["step"]) <= last_step:
-      state.offer(int(record["step"]), record)
+  for step, record in _evaluations(metric, records):
+    if step <= last_step:
+      state.offer(step, record)
   return state
+
+
+def _evaluations(metric: str, records: Iterable[dict]) -> list[tuple[int, dict]]:
+  """(step, record) of each evaluation of `metric` in `records`, one a step: a step logged
+  twice (runs before 2026-12-06 could log a final evaluation again on a shortened resume) is
+  one evaluation, not an evaluation without a new best."""
+  by_step: dict[int, dict] = {}
+  for record in records:
+    if "step" in record and metric in record:
+      by_step[int(record["step"])] = record
+  return list(by_step.items())
 
 
 def replay(metric: str, patience: int, records: Iterable[dict],
@@ -103,11 +114,10 @@ def replay(metric: str, patience: int, records: Iterable[dict],
   count then (or after the last record). The loop's rule, so a run's own settings give back
   its own stop; a stop at the run's last step is where it ended anyway."""
   state = Patience(metric, patience, float(min_delta))
-  for record in records:
-    if "step" in record:
-      state.offer(int(record["step"]), record)
-      if metric in record and state.exhausted:
-        return int(record["step"]), state
+  for step, record in _evaluations(metric, records):
+    state.offer(step, record)
+    if state.exhausted:
+      return step, state
   return None, state
 
 

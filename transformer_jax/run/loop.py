@@ -238,9 +238,11 @@ class _Run:
         self._stop_here(last)
       elif self.step >= self.config.num_train_steps:
         if not self.finished:
-          self.progress.write(f"step {self.step}: the final checkpoint has no final "
-                              "evaluation yet; running it")
-          last.update(self._evaluate(evaluate=True, bleu=True))
+          evaluate, bleu = self._final_evaluation_missing()
+          what = "evaluation" if evaluate and bleu else "loss" if evaluate else "BLEU"
+          self.progress.write(f"step {self.step}: the final checkpoint has no final {what} "
+                              "yet; running it")
+          last.update(self._evaluate(evaluate=evaluate, bleu=bleu))
         else:
           self.progress.write(f"step {self.step}: the run is finished (num_train_steps="
                               f"{self.config.num_train_steps}); nothing to do. {self._train_on()}")
@@ -453,10 +455,19 @@ class _Run:
             "count as a new best)")
 
   def _final_evaluation_done(self) -> bool:
-    """Whether metrics.jsonl holds the evaluation (with BLEU) of this step; decided by the
+    """Whether metrics.jsonl holds the evaluation (loss and BLEU) of this step; decided by the
     process that writes it, so all processes agree on running the (collective) evaluation."""
     done = distributed.is_main() and metrics_lib.evaluated(self.workdir, self.step)
     return distributed.from_main(done)
+
+  def _final_evaluation_missing(self) -> tuple[bool, bool]:
+    """(the loss, the BLEU): which of this step's final evaluation metrics.jsonl lacks, so
+    that only that runs (a step the cadence evaluated for one of them, made the last by a
+    shorter num_train_steps, must not log the other twice); decided as above."""
+    missing = (metrics_lib.missing_evaluation(self.workdir, self.step)
+               if distributed.is_main() else [])
+    return (distributed.from_main("eval_loss" in missing),
+            distributed.from_main("bleu" in missing))
 
 
 def _options(m) -> str:

@@ -141,9 +141,21 @@ def _truncate(workdir: str, last_step: int) -> None:
   os.replace(tmp, path)
 
 
+FINAL_EVALUATION = ("eval_loss", "bleu")  # what a run's last step is evaluated with
+
+
 def evaluated(workdir: str, step: int) -> bool:
-  """Whether metrics.jsonl holds an evaluation with BLEU of `step` (the final one has both)."""
-  return any(r.get("step") == step and "bleu" in r for r in read_metrics(workdir))
+  """Whether metrics.jsonl holds the final evaluation of `step`: its loss and its BLEU."""
+  return not missing_evaluation(workdir, step)
+
+
+def missing_evaluation(workdir: str, step: int) -> list[str]:
+  """What of the final evaluation (`FINAL_EVALUATION`) metrics.jsonl lacks at `step`. Both may
+  be in one record or in two: a step the cadence evaluated for one of them only (a run
+  shortened on resume to end there) gets the other when it is made the last."""
+  logged = {key for record in read_metrics(workdir) if record.get("step") == step
+            for key in record}
+  return [key for key in FINAL_EVALUATION if key not in logged]
 
 
 def last_values(workdir: str) -> dict:

@@ -2,6 +2,7 @@
 
     <workdir>/config.json      the experiment config the run was started with, plus
                                `resolved_model` (every TransformerConfig field, vocabulary included)
+                               and `resolved_tokenizer` (its SentencePiece model's sha256)
     <workdir>/spm.model        the SentencePiece model (trained on first use, reused on resume)
     <workdir>/spm.model.json   the data config it was trained from (`_check_tokenizer`)
     <workdir>/spm.model.lock   held while it is trained (several processes, one trains it)
@@ -30,6 +31,7 @@ import fcntl
 import filecmp
 import functools
 import glob
+import hashlib
 import json
 import os
 import re
@@ -47,6 +49,7 @@ EVAL_LOG = "results.jsonl"     # in EVAL: one line per evaluation, appended
 TRAIN_HINT = "train first with scripts/train.py --config configs/default.py --workdir {}"
 LOCK = ".lock"
 RESOLVED_DATA = "resolved_data"   # config.json: the corpus files' fingerprint
+RESOLVED_TOKENIZER = "resolved_tokenizer"  # config.json: the tokenizer file's bytes
 # Model fields that change what the parameters compute but not their shapes (max_len: with
 # sinusoidal positions): a new run can start from the old one's parameters (init_from).
 # (Not norm_position: pre-LN has a final LayerNorm that post-LN has not.)
@@ -155,13 +158,49 @@ def config_json(config, model_cfg) -> dict:
   return out
 
 
+def tokenizer_record(path: str) -> dict | None:
+  """What config.json keeps of the run's tokenizer file (None: no such file): its size and
+  sha256, so a command can tell a replaced or retrained file (not its path: a workdir may
+  move, and `vocabulary_path` finds the file)."""
+  if not os.path.exists(path):
+    return None
+  with open(path, "rb") as f:
+    digest = hashlib.file_digest(f, "sha256").hexdigest()
+  return {"bytes": os.path.getsize(path), "sha256": digest}
+
+
+def tokenizer_problem(workdir: str, run: dict, path: str, where: str) -> str | None:
+  """Why the tokenizer file at `path` is not the one the run `workdir` recorded in `where`
+  (its config.json or config.<step>.json), or None: it is, or the run recorded none (runs
+  made before 2026-12-06). The run's token ids mean that file's pieces; another file (even one
+  trained again from the same corpus and settings) may give the same ids other pieces."""
+  recorded = run.get(RESOLVED_TOKENIZER)
+  if not recorded:
+    return None
+  found = tokenizer_record(path)
+  if found and found["sha256"] == recorded["sha256"]:
+    return None
+  what = ("is missing" if found is None else
+          f"holds other bytes than the tokenizer the run was trained with (sha256 "
+          f"{found['sha256'][:12]}..., {found['bytes']:,} bytes)")
+  return (f"{path} {what}: {where} records the run's tokenizer as sha256 "
+          f"{recorded['sha256'][:12]}... ({recorded['bytes']:,} bytes). The run's checkpoints "
+          "hold token ids of that file's pieces, and another tokenizer, even one trained again "
+          "on the same corpus, reads them as other pieces without an error. Put the run's own "
+          f"file back at {path} (from a copy of the workdir or a backup); to train with another "
+          "tokenizer, start a new --workdir")
+
+
 def write_config(workdir: str, config, model_cfg, name: str = CONFIG) -> str:
-  """Write (atomically) the config a run uses; returns the path. A failed write (a full disk)
-  leaves no partial file and names the file it was writing."""
+  """Write (atomically) the config a run uses, with its tokenizer file's record
+  (`tokenizer_record`); returns the path. A failed write (a full disk) leaves no partial file
+  and names the file it was writing."""
   path = os.path.join(workdir, name)
+  out = config_json(config, model_cfg)
+  out[RESOLVED_TOKENIZER] = tokenizer_record(vocabulary_path(workdir, out))
   try:
     with open(path + ".tmp", "w") as f:
-      json.dump(config_json(config, model_cfg), f, indent=2)
+      json.dump(out, f, indent=2)
     os.replace(path + ".tmp", path)
   except OSError as e:
     with contextlib.suppress(OSError):
@@ -525,6 +564,12 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
     refused = []
   elif not refused and (has_checkpoint or has_tokenizer):
     _check_corpus(workdir, stored, config)
+  if not refused and has_checkpoint:
+    spm = vocabulary_path(workdir, stored)
+    problem = (tokenizer_problem(workdir, stored, spm, current_config_path(workdir))
+               or _unrecorded_tokenizer_problem(stored, spm))
+    if problem:
+      raise ConfigChangeRefused(f"{problem}. Nothing was changed in {workdir}.")
   if refused:
     lines = "\n".join(f"  {f}: {old!r} -> {new!r} (changes {why})" for f, old, new, why in refused)
     recorded, values = flatten(stored), recorded_values(stored)
@@ -570,6 +615,10 @@ def record_config(workdir: str, config, model_cfg, step: int, stored: dict | Non
   """
   if stored is None:
     return write_config(workdir, config, model_cfg)
+  if not step:
+    # No checkpoint yet: no token id depends on the tokenizer, which may have been trained
+    # again since config.json was written (its file deleted after a refused change).
+    _refresh_tokenizer_record(workdir, stored)
   later = [path for resumed_at, path in history(workdir) if resumed_at >= step]
   if not changes and not later:
     return None
@@ -579,6 +628,40 @@ def record_config(workdir: str, config, model_cfg, step: int, stored: dict | Non
                                   json.loads(config.to_json_best_effort())):
     return None
   return write_config(workdir, config, model_cfg, f"config.{step}.json")
+
+
+def _unrecorded_tokenizer_problem(stored: dict, path: str) -> str | None:
+  """For a run with checkpoints that recorded no tokenizer (made before 2026-12-06): a missing
+  file, which training would replace with a new one, or one of another vocabulary size."""
+  if stored.get(RESOLVED_TOKENIZER):
+    return None
+  if not os.path.exists(path):
+    return (f"{path} is missing, and the run's checkpoints hold token ids of its pieces: a "
+            "tokenizer trained again (what this command would do) may give the same ids other "
+            f"pieces. Put the run's own file back at {path}; to train with a new tokenizer, "
+            "start a new --workdir")
+  from transformer_jax.data.tokenizer import Tokenizer  # see config_json
+  pieces, vocab = Tokenizer(path).vocab_size, stored["resolved_model"]["vocab_size"]
+  if pieces == vocab:
+    return None
+  return (f"{path} has {pieces:,} pieces, but the run was trained with a vocabulary of "
+          f"{vocab:,}: it is not the run's tokenizer. Put the run's own file back at {path}; "
+          "to train with another tokenizer, start a new --workdir")
+
+
+def _refresh_tokenizer_record(workdir: str, stored: dict) -> None:
+  """Rewrite the current config's tokenizer record (atomically) when the file no longer
+  matches it."""
+  record = tokenizer_record(vocabulary_path(workdir, stored))
+  path = current_config_path(workdir)
+  with open(path) as f:
+    run = json.load(f)
+  if record is None or run.get(RESOLVED_TOKENIZER) == record:
+    return
+  run[RESOLVED_TOKENIZER] = record
+  with open(path + ".tmp", "w") as f:
+    json.dump(run, f, indent=2)
+  os.replace(path + ".tmp", path)
 
 
 def _check_tokenizer(workdir: str, config) -> None:
