@@ -315,7 +315,7 @@ class Translator:
     self.run = load_run_config(workdir, written_at)
     self.config = model_config_from(self.run, run_config_path(workdir, written_at))
     spm_path = vocabulary_path(workdir, self.run)
-    problem = tokenizer_problem(workdir, self.run, spm_path, run_config_path(workdir, written_at))
+    problem = tokenizer_problem(self.run, spm_path, run_config_path(workdir, written_at))
     if problem:  # replaced or missing since the run recorded it
       raise RunError(problem)
     if not os.path.exists(spm_path):

@@ -169,11 +169,12 @@ def tokenizer_record(path: str) -> dict | None:
   return {"bytes": os.path.getsize(path), "sha256": digest}
 
 
-def tokenizer_problem(workdir: str, run: dict, path: str, where: str) -> str | None:
-  """Why the tokenizer file at `path` is not the one the run `workdir` recorded in `where`
-  (its config.json or config.<step>.json), or None: it is, or the run recorded none (runs
-  made before 2026-12-06). The run's token ids mean that file's pieces; another file (even one
-  trained again from the same corpus and settings) may give the same ids other pieces."""
+def tokenizer_problem(run: dict, path: str, where: str) -> str | None:
+  """Why the tokenizer file at `path` is not the one the run (`run`, its config) recorded in
+  `where` (its config.json or config.<step>.json), or None: it is, or the run recorded none
+  (runs made before 2026-12-06). The run's token ids mean that file's pieces; another file
+  (even one trained again from the same corpus and settings) may give the same ids other
+  pieces."""
   recorded = run.get(RESOLVED_TOKENIZER)
   if not recorded:
     return None
@@ -566,7 +567,7 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
     _check_corpus(workdir, stored, config)
   if not refused and has_checkpoint:
     spm = vocabulary_path(workdir, stored)
-    problem = (tokenizer_problem(workdir, stored, spm, current_config_path(workdir))
+    problem = (tokenizer_problem(stored, spm, current_config_path(workdir))
                or _unrecorded_tokenizer_problem(stored, spm))
     if problem:
       raise ConfigChangeRefused(f"{problem}. Nothing was changed in {workdir}.")
