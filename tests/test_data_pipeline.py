@@ -206,6 +206,42 @@ def test_resume_with_other_batching_goes_on_at_the_next_window(base, caplog, mod
     np.testing.assert_array_equal(got[key], first[key])
 
 
+def _rest_of_window(it, window: int) -> list[dict]:
+  """The batches `it` emits while still in `window` (the next one's first batch is dropped)."""
+  out = []
+  while True:
+    batch = next(it)
+    if it.get_state()["window"] != window:
+      return out
+    out.append(batch)
+
+
+@pytest.mark.parametrize("mode", ["pack", "bucket"])
+def test_resume_with_another_window_size_finishes_the_window_as_it_was_read(base, caplog, mode):
+  """data.window_chunks is memory, not data: a resume with another one finishes the window it
+  stopped in as that window was read (the same pairs, batched and shuffled the same, so none is
+  skipped or trained twice; it used to re-read the window at the new size and skip the
+  batches already emitted of that one), says nothing, and reads the new size from the next
+  window on."""
+  it = iter(data_with(base, batching=mode, window_chunks=2).train_dataset())
+  take(it, 5)
+  state = json.loads(json.dumps(it.get_state()))
+  assert state["window_chunks"] == 2
+  expected = _rest_of_window(it, state["window"])
+  assert len(expected) > 5
+  resumed = iter(data_with(base, batching=mode, window_chunks=1).train_dataset())
+  with caplog.at_level("WARNING"):
+    resumed.set_state(state)
+  assert_same_batches(expected, _rest_of_window(resumed, state["window"]))
+  assert not caplog.records
+  after = resumed.get_state()
+  assert after["window"] == state["window"] + 1 and after["window_chunks"] == 1
+  # A state from before the count was saved reads its window at this iterator's size.
+  old = iter(data_with(base, batching=mode, window_chunks=2).train_dataset())
+  old.set_state({k: v for k, v in state.items() if k != "window_chunks"})
+  assert_same_batches(expected, _rest_of_window(old, state["window"]))
+
+
 @pytest.mark.parametrize("mode", ["pack", "pad"])
 def test_a_state_without_a_layout_restores_as_before(base, mode):
   # Checkpoints written before the layout was saved (and `resharded_state`'s) hold only

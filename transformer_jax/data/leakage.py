@@ -6,7 +6,9 @@ by a hash of the exact source puts such pairs on both sides, so a test sentence 
 training sentence in other clothes. Here:
 
 * `normalize`: the comparison key: Unicode NFKC, case-folded, punctuation and symbols replaced
-  by spaces, whitespace collapsed ("Save File:" and "save file" are the same key).
+  by spaces, whitespace collapsed ("Save File:" and "save file" are the same key). A combining
+  mark left by case-folding counts as punctuation ("İptal" -> "i ptal", not "iptal"): such
+  case variants are not grouped (none in the gettext catalogs used here, docs/data.md).
 * `group_keys`: pairs that share a normalized source or a normalized target are connected; each
   connected group gets one key (its smallest member). Splitting by that key keeps every group
   on one side, so no test pair shares a normalized source or target with a training pair.

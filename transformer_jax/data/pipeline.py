@@ -274,7 +274,10 @@ class _WindowIterator(grain.DatasetIterator):
   The state also holds the batcher's `layout`. A resume with other rows per batch (pack, pad)
   skips the rows already emitted and cuts the rest into the new batches (`skip_rows`, kept in
   the state from then on); any other change to the batching starts at the next window, with a
-  warning, as its batches no longer say which pairs were trained on.
+  warning, as its batches no longer say which pairs were trained on. And it holds how many
+  chunks the window read (`window_chunks`): a resume with another `data.window_chunks` reads
+  the current window as it was read (the same pairs, packed and shuffled the same) and the
+  new number from the next window on.
   """
 
   def __init__(self, parent, *, batcher, window: int):
@@ -283,12 +286,14 @@ class _WindowIterator(grain.DatasetIterator):
     self._window_index, self._window_state = -1, None
     self._batches: list[dict] = []
     self._next = self._skip = 0
+    self._chunks = window
 
-  def _fill(self, window_index: int, skip_rows: int = 0) -> None:
+  def _fill(self, window_index: int, skip_rows: int = 0, chunks: int | None = None) -> None:
     self._window_state = self._parent.get_state()
     self._window_index = window_index
+    self._chunks = chunks or self._window
     pairs = []
-    for _ in range(self._window):
+    for _ in range(self._chunks):
       pairs.extend(next(self._parent))
     self._batches, self._next = self._batcher(pairs, window_index, skip_rows), 0
     self._skip = skip_rows
@@ -304,7 +309,8 @@ class _WindowIterator(grain.DatasetIterator):
     if self._window_state is None:  # Nothing read yet.
       return {"parent": self._parent.get_state(), "window": -1, "next": 0}
     return {"parent": self._window_state, "window": self._window_index, "next": self._next,
-            "skip_rows": self._skip, "batching": self._batcher.layout}
+            "skip_rows": self._skip, "batching": self._batcher.layout,
+            "window_chunks": self._chunks}
 
   def set_state(self, state):
     self._parent.set_state(state["parent"])
@@ -312,15 +318,17 @@ class _WindowIterator(grain.DatasetIterator):
     self._window_index = state["window"]
     if state["window"] < 0:
       return
-    # States without a layout (older checkpoints, `resharded_state`) are this batcher's.
+    # States without a layout (older checkpoints, `resharded_state`) are this batcher's; those
+    # without a chunk count (before 2026-12-06) read windows of this iterator's size.
     saved, skip = state.get("batching", self._batcher.layout), state.get("skip_rows", 0)
+    chunks = state.get("window_chunks", self._window)
     if saved == self._batcher.layout:
-      self._fill(state["window"], skip)
+      self._fill(state["window"], skip, chunks)
       self._next = state["next"]
     elif self._batcher.same_rows_in_other_batches(saved):
-      self._fill(state["window"], skip + state["next"] * saved["rows"])
+      self._fill(state["window"], skip + state["next"] * saved["rows"], chunks)
     else:
-      self._fill(state["window"])
+      self._fill(state["window"], chunks=chunks)
       logging.warning(
           "the data batching changed since the checkpoint (%s -> %s): its position in window "
           "%d (batch %d) says nothing about the new batches, so training continues with the "
