@@ -352,6 +352,78 @@ def test_a_done_point_runs_again_when_the_sweep_asks_for_more_steps(tmp_path):
   assert longest.status(0) == sweeps.status(d) == "failed"
 
 
+def test_the_report_of_a_sweep_extended_to_more_steps_calls_only_the_longer_points_done(
+    tmp_path):
+  """sweep.json records each point's steps: after a 3-step sweep is extended to 6 and one point
+  is run, the report calls the others partial (their 3-step figures are not the sweep's), not
+  done on their 3-step markers; and `--point 0,0` runs point 0 once."""
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(textwrap.dedent("""
+      import json, os, sys
+      args = sys.argv[1:]
+      workdir = args[args.index("--workdir") + 1]
+      steps = int([a for a in args if a.startswith("--config.num_train_steps=")][-1][25:])
+      os.makedirs(os.path.join(workdir, "checkpoints", str(steps)), exist_ok=True)
+      with open(os.path.join(workdir, "calls"), "a") as f:
+        f.write("x")
+      with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps({"step": steps, "eval_loss": 1.0, "bleu": float(steps)}) + "\\n")
+  """))
+  sweep_dir = str(tmp_path / "sweep")
+  quiet = {"log": lambda s: None}
+  short = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 3})
+  short.run(**quiet)
+  assert [r["status"] for r in sweeps.report(sweep_dir)["rows"]] == ["done"] * 4
+  longer = sweeps.Runner(TINY, sweep_dir, str(fake), {"num_train_steps": 6})
+  assert [r["status"] for r in longer.run([0, 0], **quiet)] == ["done"]
+  assert _calls(sweep_dir, longer.points[0]) == 2          # once at 3 steps, once at 6
+  with open(os.path.join(sweep_dir, "sweep.json")) as f:
+    assert [p["num_train_steps"] for p in json.load(f)["points"]] == [6] * 4
+  rows = {r["name"]: r for r in sweeps.report(sweep_dir)["rows"]}
+  assert [rows[sweeps.point_name(p)]["status"] for p in longer.points] == [
+      "done", "partial", "partial", "partial"]
+  # A sweep.json from before the steps were recorded: any marker counts, as it did.
+  with open(os.path.join(sweep_dir, "sweep.json")) as f:
+    record = json.load(f)
+  for p in record["points"]:
+    del p["num_train_steps"]
+  with open(os.path.join(sweep_dir, "sweep.json"), "w") as f:
+    json.dump(record, f)
+  assert [r["status"] for r in sweeps.report(sweep_dir)["rows"]] == ["done"] * 4
+
+
+def test_points_are_the_same_by_exact_value_and_names_that_round_two_together_are_refused(
+    tmp_path):
+  # chain: 1 and 1.0 are one value (one workdir); a point's name keeps 6 digits, so distinct
+  # values beyond them would share a workdir: refused, saying so (not "the same point twice").
+  assert sweeps.chain(sweeps.product(learning_rate=[1, 2]),
+                      sweeps.product(learning_rate=[1.0, 3.0])) == [
+      {"learning_rate": 1}, {"learning_rate": 2}, {"learning_rate": 3.0}]
+  close = tmp_path / "close.py"
+  close.write_text("from tiny_config import get_config\n"
+                   "def sweep():\n  return [{'learning_rate': 512 ** -0.5}, "
+                   "{'learning_rate': 0.0441942}]\n")
+  with pytest.raises(sweeps.SweepError, match=(
+      r"differ only beyond the 6 significant digits of their names, which would share the "
+      r"workdir 'learning_rate=0.0441942'")):
+    sweeps.load_sweep(str(close))
+  # A list field: no --config flag sets one, so it is refused before anything runs.
+  listed = tmp_path / "listed.py"
+  listed.write_text("from tiny_config import get_config\n"
+                    "def sweep():\n  return [{'logical_axis_rules': [['batch', 'data']]}]\n")
+  with pytest.raises(sweeps.SweepError, match=(
+      r"logical_axis_rules is a list in get_config\(\), which no --config flag can set")):
+    sweeps.load_sweep(str(listed))
+  # The spread over seeds groups settings by exact value (1 and 1.0 one setting), not by the
+  # rounded names: two learning rates equal to 6 digits are two settings of one seed each.
+  rows = [{"learning_rate": lr, "seed": seed, "status": "done", "bleu": b}
+          for lr, seed, b in ((0.000123456, 1, 20.0), (0.0001234564, 2, 30.0),
+                              (1, 1, 10.0), (1.0, 2, 12.0))]
+  seeds = sweeps.seed_summary(rows, ["learning_rate", "seed"], "bleu")
+  assert sorted((r["learning_rate"], r["seeds"], r["n"]) for r in seeds) == [
+      (0.000123456, "1", 1), (0.0001234564, "2", 1), (1, "1 2", 2)]
+
+
 def test_report_plot_leaves_the_matplotlib_backend_alone(tmp_path):
   """One panel per swept field, 4 x 3.2 inches each at 100 dpi; numbers on a numeric axis (log
   where they are positive and span 10x), anything else as sorted labels; the backend as it was."""

@@ -22,7 +22,7 @@ from transformer_jax.run.early_stopping import stopped_at
 from transformer_jax.run.metrics import MAIN_METRICS, last_values
 from transformer_jax.run.workdir import EVAL, EVAL_LOG
 from transformer_jax.sweeps.runner import status
-from transformer_jax.sweeps.spec import Point, SweepError, point_dir, point_name
+from transformer_jax.sweeps.spec import Point, SweepError, point_dir, point_key, point_name
 
 
 def lower_is_better(metric: str) -> bool:
@@ -68,14 +68,17 @@ EVERY = Evaluations()   # every result: the default
 
 
 def collect(sweep_dir: str, points: list[Point], choice: Evaluations = EVERY,
-            passed: list[tuple[str, str]] | None = None) -> tuple[list[dict], list[str]]:
-  """One row per point: its fields, status and last metrics; and the swept field names."""
+            passed: list[tuple[str, str]] | None = None,
+            steps: Sequence[int | None] | None = None) -> tuple[list[dict], list[str]]:
+  """One row per point: its fields, status (done only where it trained the point's `steps`,
+  when given) and last metrics; and the swept field names."""
   fields: list[str] = []
   for p in points:
     fields += [k for k in p if k not in fields]
+  steps = list(steps) if steps is not None else [None] * len(points)
   rows = [run_row(point_dir(sweep_dir, p),
-                  {"name": point_name(p), **{k: p.get(k) for k in fields}},
-                  choice=choice, passed=passed) for p in points]
+                  {"name": point_name(p), **{k: p.get(k) for k in fields}}, n,
+                  choice=choice, passed=passed) for p, n in zip(points, steps)]
   return rows, fields
 
 
@@ -403,8 +406,9 @@ def seed_summary(rows: list[dict], fields: list[str], metric: str, lower: bool |
   others = [f for f in fields if f != seed_field]
   groups: dict[str, list[dict]] = {}
   for r in rows:
-    # Grouped as the workdirs are named, so learning_rate 1 and 1.0 are one setting.
-    groups.setdefault(point_name({f: r.get(f) for f in others}), []).append(r)
+    # Grouped by exact values, learning_rate 1 and 1.0 one setting (`point_key`); not by the
+    # workdirs' names, which round floats to 6 digits.
+    groups.setdefault(point_key({f: r.get(f) for f in others}), []).append(r)
 
   def counts(r):
     return r.get("status") == "done" and _number(r.get(metric))
@@ -497,6 +501,15 @@ def recorded_points(sweep_dir: str) -> list[Point]:
                      "workdirs of its points instead") from None
 
 
+def recorded_steps(sweep_dir: str) -> list[int | None]:
+  """Each point's num_train_steps as `sweep.json` records it (None: a sweep.json written before
+  2026-12-06, whose points count as done on any DONE marker), in the sweep's order."""
+  with open(os.path.join(sweep_dir, "sweep.json")) as f:
+    points = json.load(f)["points"]
+  return [p.get("num_train_steps") if isinstance(p.get("num_train_steps"), int) else None
+          for p in points]
+
+
 def tables(rows: list[dict], fields: list[str], metric: str, lower: bool | None = None,
            out_prefix: str | None = None) -> tuple[str, list[dict], list[str]]:
   """The Markdown of `rows` (sorted) and, where a setting has several seeds, of
@@ -533,7 +546,8 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None,
   if paired:
     paired_split(metric)   # before reading every point
   passed: list[tuple[str, str]] = []
-  rows, fields = collect(sweep_dir, recorded_points(sweep_dir), choice, passed)
+  rows, fields = collect(sweep_dir, recorded_points(sweep_dir), choice, passed,
+                         recorded_steps(sweep_dir))
   warning = check_metric(rows, fields, metric, "point", choice, passed)
   warnings = [line for _, line in passed]
   if paired:

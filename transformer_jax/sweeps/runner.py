@@ -354,7 +354,8 @@ class Runner:
         {"config": self.config_spec, "config_file": self.sweep.path, "config_arg": self.sweep.arg,
          "extra_flags": self.extra_flags,
          "overrides": _as_json(self.overrides),
-         "points": [{"index": i, "name": point_name(p), "overrides": p}
+         "points": [{"index": i, "name": point_name(p), "overrides": p,
+                     "num_train_steps": self.num_steps[i]}
                     for i, p in enumerate(self.points)]}, indent=1, default=str) + "\n")
 
   def differs_from_recorded(self) -> bool:
@@ -442,7 +443,8 @@ class Runner:
     """Run the points not yet done, `parallel` at a time; returns one status dict per point."""
     if not self.record:
       raise ValueError("a Runner made with record=False only looks; make one that records")
-    indices = list(range(len(self.points)) if indices is None else indices)
+    # A point named twice (`--point 0,0`) runs once: two trainings would share its workdir.
+    indices = list(dict.fromkeys(range(len(self.points)) if indices is None else indices))
     for i in indices:
       if not 0 <= i < len(self.points):
         raise SweepError(f"--point {i}: this sweep has points 0..{len(self.points) - 1} "

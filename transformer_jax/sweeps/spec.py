@@ -77,12 +77,27 @@ def cross(*groups: Iterable[Point]) -> list[Point]:
   return out
 
 
+def point_key(point: Mapping[str, Any]) -> str:
+  """What makes two points the same point: their fields and exact values, an int the same as
+  the float it equals (learning_rate 1 is 1.0, as `point_name` has them); tuples as lists."""
+  def canonical(v):
+    if isinstance(v, int) and not isinstance(v, bool):
+      return float(v)
+    if isinstance(v, (list, tuple)):
+      return [canonical(x) for x in v]
+    if isinstance(v, Mapping):
+      return {k: canonical(x) for k, x in v.items()}
+    return v
+  return json.dumps({k: canonical(v) for k, v in point.items()}, sort_keys=True, default=str)
+
+
 def chain(*groups: Iterable[Point]) -> list[Point]:
-  """Points of several sweeps one after another (duplicates removed, first kept)."""
+  """Points of several sweeps one after another (duplicates removed, first kept: 1 and 1.0 are
+  one value)."""
   out, seen = [], set()
   for group in groups:
     for point in group:
-      key = json.dumps(point, sort_keys=True, default=str)
+      key = point_key(point)
       if key not in seen:
         seen.add(key)
         out.append(dict(point))
@@ -252,14 +267,33 @@ def load_sweep(spec: str) -> Sweep:
   if not points:
     raise SweepError(f"{path}: sweep() returned no points")
   base = _call_with_arg(module.get_config, arg)
-  names = [point_name(p) for p in points]
-  duplicates = sorted({n for n in names if names.count(n) > 1})
-  if duplicates:
-    raise SweepError(f"{path}: sweep() returns the same point twice: {duplicates}")
+  keys = [point_key(p) for p in points]
+  twice = sorted({point_name(p) for p, k in zip(points, keys) if keys.count(k) > 1})
+  if twice:
+    raise SweepError(f"{path}: sweep() returns the same point twice: {twice}")
+  by_name: dict[str, list[Point]] = {}
+  for p in points:
+    by_name.setdefault(point_name(p), []).append(p)
+  for name, same in by_name.items():
+    if len(same) > 1:
+      # Names keep 6 significant digits (`point_name`): distinct values beyond them would share
+      # a workdir.
+      raise SweepError(f"{path}: sweep() returns points that differ only beyond the 6 "
+                       f"significant digits of their names, which would share the workdir "
+                       f"{name!r}: {same}; round the values so that they differ within 6 "
+                       "digits, or leave one out")
   for p in points:
     # A misspelt field, or a value no flag can carry, fails before anything runs.
     apply_overrides(base, p)
     override_flags(p)
+    for key in p:
+      target, leaf = _field_parent(base, key, p)
+      if isinstance(target[leaf], list):
+        raise SweepError(f"{path}: sweep point {dict(p)}: {key} is a list in get_config(), "
+                         "which no --config flag can set (ml_collections' flags override "
+                         "numbers, strings, booleans and tuples): make it a tuple in "
+                         "get_config(), or sweep a scalar field that get_config() builds it "
+                         "from")
   return Sweep(spec, os.path.abspath(path), arg, points, base)
 
 
