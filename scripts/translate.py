@@ -62,6 +62,7 @@ probabilities (docs/decoding.md).
 import itertools
 import json
 import logging
+import os
 import sys
 
 import _host_memory  # noqa: F401 (before jax: restarts with huge pages, see the module)
@@ -76,6 +77,7 @@ from transformer_jax.inference.flags import (
   refuse_ignored,
   translator_from_flags,
 )
+from transformer_jax.run.workdir import RunError
 
 
 def define(values):
@@ -158,6 +160,13 @@ def body(values, sentences):
                                           values.line_offset, top_p=values.top_p)
   if values.nbest:
     translator.check_nbest(values.nbest)
+  if (values.output != "-" and not sentences and values.input != "-"
+      and os.path.exists(values.output) and os.path.samefile(values.input, values.output)):
+    # Opening the output would empty the input, and the reader would go on into the
+    # translations written after it: without end.
+    raise RunError(f"--input and --output are the same file ({values.output}): writing the "
+                   "translations would overwrite the sentences being read; give --output "
+                   "another path")
   # Opened before translating: a bad path fails now, not after the whole search.
   out = sys.stdout if values.output == "-" else open_flag_output("output", values.output)
   if values.verbose:
@@ -176,7 +185,10 @@ def body(values, sentences):
         out.write(nbest_lines(part.translate_nbest(piece, values.nbest, names=piece_names),
                               values.line_offset + start))
       else:
-        out.write("".join(line + "\n" for line in part.translate(piece, names=piece_names)))
+        # One line a translation, whatever it holds: byte-fallback pieces can decode to a line
+        # break, which would shift every later line against the input (as evaluate.py does).
+        out.write("".join(" ".join(line.splitlines()) + "\n"
+                          for line in part.translate(piece, names=piece_names)))
       out.flush()
       if values.verbose and (start or len(piece) == size):  # more than one chunk, or may be
         print(f"translate: {end:,} lines written", file=sys.stderr, flush=True)

@@ -4,6 +4,7 @@ One tiny run is trained once for the module (steps 3 and 6 saved); the scripts' 
 are called in-process (one subprocess smoke test checks the command line itself).
 """
 import copy
+import hashlib
 import io
 import json
 import logging
@@ -891,6 +892,28 @@ def test_a_checkpoint_is_decoded_with_the_config_its_step_was_written_with(workd
     translator_lib.Translator(str(run))
 
 
+def test_translate_writes_one_line_a_translation_and_refuses_its_input_as_output(
+    workdir, tmp_path, capsys, monkeypatch):
+  """The output's lines stay aligned with the input's: a translation holding a line break (a
+  byte-fallback piece decodes to one) is written on one line; and the input named as the
+  output (which opening it would empty, the reader then reading the translations) is refused
+  with the input left as it was, also through another name for the file."""
+  source = tmp_path / "in.txt"
+  source.write_text("seven\ntwelve\n")
+  os.symlink(source, tmp_path / "link.txt")
+  for output in (source, tmp_path / "link.txt"):
+    rc, _, err = run_main(translate_script, ["--workdir", workdir, "--input", str(source),
+                                             "--output", str(output)], capsys)
+    assert rc == 1 and "--input and --output are the same file" in err, err
+    assert source.read_text() == "seven\ntwelve\n"
+  monkeypatch.setattr(translator_lib.Translator, "translate",
+                      lambda self, lines, names=None: ["a\nb", "c\r\nd\re"][:len(lines)])
+  out = tmp_path / "out.txt"
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--input", str(source),
+                                           "--output", str(out)], capsys)
+  assert rc == 0 and out.read_text() == "a b\nc d e\n", err
+
+
 def test_translate_nbest_writes_tab_separated_rows(workdir, tmp_path, capsys):
   out = tmp_path / "nbest.tsv"
   rc, _, err = run_main(translate_script, ["--workdir", workdir, "--beam_size", "3", "--nbest",
@@ -1120,6 +1143,11 @@ def test_an_ensemble_decodes_its_members_by_their_mean_probability(workdir, tran
     rc, _, err = run_main(translate_script, ["--workdir", workdir, "--ensemble",
                                              ",".join(members), "seven"], capsys)
     assert rc == 1 and message in err, (members, err)
+  # A later --step that is also a member: refused before the first step's search.
+  rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--step", "3,6", "--ensemble",
+                                            os.path.join(workdir, "checkpoints", "6")], capsys)
+  assert rc == 1 and not out and (
+      f"--step 6: {os.path.join(workdir, 'checkpoints', '6')} is also in --ensemble") in err, err
 
 
 def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, capsys):
@@ -1649,12 +1677,21 @@ def test_default_evaluation_directories(tmp_path):
       w, "eval", "averaged_last1_5")
   assert evaluation.default_output_dir(w, os.path.join(w, "best_bleu"), 5) == os.path.join(
       w, "eval", "best_bleu_5")
+  # Another directory's: its last two names and a digest of its path, so that two runs named
+  # alike in two places (a/run, b/run) keep their evaluations apart.
   other = str(tmp_path / "other run" / "checkpoints")
+  digest = hashlib.sha256(os.path.abspath(other).encode()).hexdigest()[:8]
   assert evaluation.default_output_dir(w, other, 7) == os.path.join(
-      w, "eval", "other_run.checkpoints_7")
+      w, "eval", f"other_run.checkpoints-{digest}_7")
+  assert evaluation.default_output_dir(w, str(tmp_path / "a" / "run"), 7) != (
+      evaluation.default_output_dir(w, str(tmp_path / "b" / "run"), 7))
   assert evaluation.search_tag(1, 0.6, 50) == "greedy"
   assert evaluation.search_tag(4, 0.6, 50) == "beam4.alpha0.6"
   assert evaluation.search_tag(1, 0.6, 10) == "greedy.margin10"
+  # Two alphas alike to 6 digits get two tags (two files); others keep their short tag.
+  assert evaluation.search_tag(4, 0.6000001, 50) == "beam4.alpha0.6000001"
+  assert evaluation.search_tag(4, 1 / 3, 50) == "beam4.alpha0.3333333333333333"
+  assert evaluation.search_tag(4, 1e-7, 50) == "beam4.alpha1e-07"
 
 
 def test_examples_are_a_seeded_draw_plus_the_worst_and_escape_table_cells():

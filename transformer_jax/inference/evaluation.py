@@ -170,7 +170,9 @@ def grid_table(split: str, results: Sequence[dict],
 
 def search_tag(beam_size: int, alpha: float, max_len_margin: int) -> str:
   """`greedy` or `beam4.alpha0.6`, plus `.margin20` when the margin is not the paper's 50."""
-  tag = "greedy" if beam_size == 1 else f"beam{beam_size}.alpha{alpha:g}"
+  # 6 significant digits, unless two alphas would then share a tag (and a file): all of them.
+  shown = f"{alpha:g}" if beam_size == 1 or float(f"{alpha:g}") == alpha else repr(alpha)
+  tag = "greedy" if beam_size == 1 else f"beam{beam_size}.alpha{shown}"
   return tag if max_len_margin == 50 else f"{tag}.margin{max_len_margin}"
 
 
@@ -188,8 +190,11 @@ def default_output_dir(workdir: str, checkpoint_dir: str, step: int,
   elif os.path.dirname(checkpoint_dir) == workdir:
     name = os.path.basename(checkpoint_dir)
   else:
+    # Named by its last two directories and a digest of its whole path: two runs' `run/`
+    # directories (a/run, b/run) must not write into one directory.
     parent, base = os.path.split(checkpoint_dir)
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{os.path.basename(parent)}.{base}")
+    digest = hashlib.sha256(checkpoint_dir.encode()).hexdigest()[:8]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{os.path.basename(parent)}.{base}") + f"-{digest}"
   if averaged is not None:
     name = f"{name}_last{averaged}"
   return os.path.join(workdir, EVAL, f"{name}_{step}")

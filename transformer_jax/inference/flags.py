@@ -4,6 +4,7 @@ flag; and the refusal of flags that another flag makes them ignore (evaluate.py'
 `check_evaluate_flags`)."""
 from __future__ import annotations
 
+import os
 from typing import Iterator, Sequence, TextIO
 
 from absl import flags
@@ -198,8 +199,15 @@ def translators_from_flags(values: flags.FlagValues,
   first, *rest = search_grid(values)
   translator = translator_from_flags(values, first, step=steps[0], **kwargs)
   searches = [translator] + [translator.with_search(b, a) for b, a in rest]
-  for step in steps[1:]:  # a missing step is an error before the first search
-    checkpointing.resolve_checkpoint(values.workdir, values.checkpoint, step, values.averaged)
+  members = {m["checkpoint"] for m in translator.members}
+  for step in steps[1:]:  # a missing step, or one also a member, is an error before any search
+    directory, found = checkpointing.resolve_checkpoint(values.workdir, values.checkpoint, step,
+                                                        values.averaged)
+    where = os.path.join(directory, str(found))
+    if where in members:
+      raise RunError(f"--step {step}: {where} is also in --ensemble: a model twice only weighs "
+                     "it double; leave that step out of --step, or that member out of "
+                     "--ensemble")
 
   def each() -> Iterator[Translator]:
     while searches:  # handed over, not kept: the next step's parameters replace these
