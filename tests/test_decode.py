@@ -468,8 +468,9 @@ def test_the_nucleus_is_the_fewest_best_tokens_reaching_p(top_p, kept):
   ties = np.asarray(search.nucleus(jnp.zeros((1, 8)), top_p))[0]
   assert (ties[:int(np.ceil(top_p * 8 - 1e-6))] == 0).all()
   assert np.isneginf(ties).sum() == 8 - int(np.ceil(top_p * 8 - 1e-6))
-  with pytest.raises(ValueError, match="top_p=0.0: must be above 0"):
-    search.sample_search(None, None, None, None, top_p=0.0)
+  for top_p in (0.0, 1.5):
+    with pytest.raises(ValueError, match=f"top_p={top_p}: must be above 0 and at most 1"):
+      search.sample_search(None, None, None, None, top_p=top_p)
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 3, 1.0), (1.0, 0, 0.7)])

@@ -175,9 +175,11 @@ def test_a_replaced_or_missing_tokenizer_is_refused_on_resume_and_by_the_tools(r
   get_data(config(data_dir, **{"data.vocab_model_type": "unigram"}).data, other)
   shutil.copy(spm, str(tmp_path / "own.model"))
   shutil.copy(os.path.join(other, "spm.model"), spm)         # the same 200 pieces, others
+  found = workdir_lib.tokenizer_record(spm)["sha256"]
   before = snapshot(run)
   resume = config(data_dir, num_train_steps=5)
-  for expected in (f"{spm} holds other bytes than the tokenizer the run was trained with",
+  for expected in (f"{spm} holds other bytes than the tokenizer the run was trained with "
+                   rf"\(sha256 {found[:12]}\.\.\., ",
                    f"{spm} is missing: "):
     with pytest.raises(workdir_lib.ConfigChangeRefused, match=expected) as refused:
       loop.train_and_evaluate(resume, run)
@@ -205,10 +207,14 @@ def test_a_replaced_or_missing_tokenizer_is_refused_on_resume_and_by_the_tools(r
                      match=f"{spm} has 300 pieces, but the run was trained with a vocabulary of"):
     workdir_lib.check_config(run, resume)
   # No checkpoint yet (a first command that failed before its first save): nothing reads the
-  # tokenizer's ids, so another one is taken, and recorded.
+  # tokenizer's ids, so another one is taken, and recorded; the same one leaves config.json
+  # as it was (not even written again).
   os.replace(spm + ".aside", spm)
   shutil.rmtree(os.path.join(run, "checkpoints"))
   edit_run_config(run, lambda stored: stored.update({workdir_lib.RESOLVED_TOKENIZER: record}))
+  inode = os.stat(os.path.join(run, workdir_lib.CONFIG)).st_ino
+  workdir_lib._refresh_tokenizer_record(run, workdir_lib.load_run_config(run))
+  assert os.stat(os.path.join(run, workdir_lib.CONFIG)).st_ino == inode
   shutil.copy(os.path.join(other, "spm.model"), spm)
   assert loop.train_and_evaluate(config(data_dir), run)["step"] == 3
   assert workdir_lib.load_run_config(run)[workdir_lib.RESOLVED_TOKENIZER] == (
