@@ -63,17 +63,19 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
     raise RunError(f"refusing to write the average into {source}: training resumes from there")
   # A run that trains meanwhile deletes its oldest checkpoint as it saves a new one (keep-N):
   # a chosen step gone before it was read is chosen again from the steps there are then.
-  for attempt in range(_ROTATION_RETRIES + 1):
+  deleted = 0
+  while True:
     chosen = _choose(workdir, source, last, log)
     try:
       params = average_params(_trees(source, chosen, last, log))
       break
     except _Rotated as gone:
-      if attempt == _ROTATION_RETRIES:
+      deleted += 1
+      if deleted > _ROTATION_RETRIES:
         raise RunError(
             f"checkpoint {gone.step} in {source} was deleted while the average read it, "
-            f"{attempt + 1} times: the run training there deletes its oldest checkpoint at "
-            f"each save (keep_checkpoints). Average once it has stopped, or let it keep more "
+            f"{deleted} times: the run training there deletes its oldest checkpoint at each "
+            f"save (keep_checkpoints). Average once it has stopped, or let it keep more "
             f"checkpoints than --last {last} (--config.keep_checkpoints)") from None
       log(f"step {gone.step} was deleted while it was read (the run training in {workdir} "
           f"keeps its last checkpoints only); choosing the last {last} again")
