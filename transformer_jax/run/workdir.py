@@ -199,9 +199,16 @@ def write_config(workdir: str, config, model_cfg, name: str = CONFIG) -> str:
   path = os.path.join(workdir, name)
   out = config_json(config, model_cfg)
   out[RESOLVED_TOKENIZER] = tokenizer_record(vocabulary_path(workdir, out))
+  _write_json(workdir, path, out)
+  return path
+
+
+def _write_json(workdir: str, path: str, content: dict) -> None:
+  """`content` written to `path` atomically (a temporary file, then a rename); a failed write
+  (a full disk) leaves no partial file and names the file it was writing."""
   try:
     with open(path + ".tmp", "w") as f:
-      json.dump(out, f, indent=2)
+      json.dump(content, f, indent=2)
     os.replace(path + ".tmp", path)
   except OSError as e:
     with contextlib.suppress(OSError):
@@ -209,7 +216,6 @@ def write_config(workdir: str, config, model_cfg, name: str = CONFIG) -> str:
     raise RunError(f"writing {path} failed: {e.strerror or e}. The run's checkpoints and its "
                    f"earlier configs are kept: free space in {workdir} and run the same command "
                    "again") from None
-  return path
 
 
 def load_run_config(workdir: str, step: int | None = None) -> dict:
@@ -660,9 +666,7 @@ def _refresh_tokenizer_record(workdir: str, stored: dict) -> None:
   if record is None or run.get(RESOLVED_TOKENIZER) == record:
     return
   run[RESOLVED_TOKENIZER] = record
-  with open(path + ".tmp", "w") as f:
-    json.dump(run, f, indent=2)
-  os.replace(path + ".tmp", path)
+  _write_json(workdir, path, run)
 
 
 def _check_tokenizer(workdir: str, config) -> None:

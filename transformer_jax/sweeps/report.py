@@ -492,22 +492,23 @@ def check_metric(rows: list[dict], fields: list[str], metric: str, what: str,
 def recorded_points(sweep_dir: str) -> list[Point]:
   """The points `sweep.json` in `sweep_dir` records (their overrides), in the sweep's order; a
   SweepError naming the file where it is not a sweep's record."""
+  return _recorded(sweep_dir)[0]
+
+
+def _recorded(sweep_dir: str) -> tuple[list[Point], list[int | None]]:
+  """(`recorded_points`, each point's num_train_steps as sweep.json records it: None for a
+  sweep.json written before 2026-12-06, whose points count as done on any DONE marker)."""
   path = os.path.join(sweep_dir, "sweep.json")
   try:
     with open(path) as f:
-      return [p["overrides"] for p in json.load(f)["points"]]
+      entries = json.load(f)["points"]
+    points = [p["overrides"] for p in entries]
   except (ValueError, KeyError, TypeError) as e:
     raise SweepError(f"{path} is not a sweep's record ({type(e).__name__}: {e}): pass the "
                      "workdirs of its points instead") from None
-
-
-def recorded_steps(sweep_dir: str) -> list[int | None]:
-  """Each point's num_train_steps as `sweep.json` records it (None: a sweep.json written before
-  2026-12-06, whose points count as done on any DONE marker), in the sweep's order."""
-  with open(os.path.join(sweep_dir, "sweep.json")) as f:
-    points = json.load(f)["points"]
-  return [p.get("num_train_steps") if isinstance(p.get("num_train_steps"), int) else None
-          for p in points]
+  steps = [p.get("num_train_steps") if isinstance(p.get("num_train_steps"), int) else None
+           for p in entries]
+  return points, steps
 
 
 def tables(rows: list[dict], fields: list[str], metric: str, lower: bool | None = None,
@@ -546,8 +547,8 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None,
   if paired:
     paired_split(metric)   # before reading every point
   passed: list[tuple[str, str]] = []
-  rows, fields = collect(sweep_dir, recorded_points(sweep_dir), choice, passed,
-                         recorded_steps(sweep_dir))
+  points, steps = _recorded(sweep_dir)
+  rows, fields = collect(sweep_dir, points, choice, passed, steps)
   warning = check_metric(rows, fields, metric, "point", choice, passed)
   warnings = [line for _, line in passed]
   if paired:

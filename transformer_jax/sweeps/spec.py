@@ -267,13 +267,15 @@ def load_sweep(spec: str) -> Sweep:
   if not points:
     raise SweepError(f"{path}: sweep() returned no points")
   base = _call_with_arg(module.get_config, arg)
-  keys = [point_key(p) for p in points]
-  twice = sorted({point_name(p) for p, k in zip(points, keys) if keys.count(k) > 1})
-  if twice:
-    raise SweepError(f"{path}: sweep() returns the same point twice: {twice}")
+  # Points equal by value (`point_key`) share a name too: one grouping by name finds both the
+  # same point twice and distinct points that would share a workdir.
   by_name: dict[str, list[Point]] = {}
   for p in points:
     by_name.setdefault(point_name(p), []).append(p)
+  twice = sorted(name for name, same in by_name.items()
+                 if len({point_key(p) for p in same}) < len(same))
+  if twice:
+    raise SweepError(f"{path}: sweep() returns the same point twice: {twice}")
   for name, same in by_name.items():
     if len(same) > 1:
       # Names keep 6 significant digits (`point_name`): distinct values beyond them would share
