@@ -47,7 +47,8 @@ def base_config(size: str = "small") -> ml_collections.ConfigDict:
   c.seed = 0                      # parameter init and dropout (the data order: data.shuffle_seed)
   c.num_train_steps = 2000        # optimizer updates
   # Learning rate: "rsqrt" is the paper's d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
-  # multiplied by learning_rate; "constant"/"cosine" use learning_rate as the peak after warmup.
+  # multiplied by learning_rate; "constant"/"cosine" use learning_rate as the peak after warmup,
+  # reached linearly from 0 (optax's schedules: with warmup, the first update's rate is 0).
   c.schedule = "rsqrt"
   c.learning_rate = 1.0
   c.warmup_steps = 4000
