@@ -21,6 +21,7 @@ import pytest
 from transformer_jax import batch as batch_lib
 from transformer_jax.run import checkpointing, distributed, metrics
 from transformer_jax.run.trainer import Trainer
+from transformer_jax.run.workdir import RunError
 
 import tiny_config as tiny_config_module
 import xla_env
@@ -138,7 +139,10 @@ def test_two_processes_train_and_checkpoint_together(tmp_path, mesh_flags, mesh_
   assert first["step"] == second["step"] == STEPS
   for key in ("train_loss", "eval_loss", "grad_norm"):
     assert first[key] == second[key], key
-  assert all("2 process(es)" in o and f"mesh {mesh_text}" in o for o in outputs)
+  # The run's lines come from process 0 alone (not a copy from every process).
+  assert "2 process(es)" in outputs[0] and f"mesh {mesh_text}" in outputs[0]
+  assert "transformer-jax:" in outputs[0] and f"step {STEPS}: " in outputs[0]
+  assert "transformer-jax:" not in outputs[1] and f"step {STEPS}: " not in outputs[1]
   logged = {m["step"]: m for m in metrics.read_metrics(str(workdir)) if "train_loss" in m}
   assert sorted(logged) == list(range(1, STEPS + 1))          # written once, by process 0
   assert round(logged[STEPS]["train_loss"], 4) == first["train_loss"]
@@ -232,11 +236,39 @@ def test_a_detected_cluster_is_said_before_jax_waits(monkeypatch, capsys):
   calls = []
   monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
   monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
-  monkeypatch.setenv("SLURM_NTASKS", "2")
+  for key, value in (("SLURM_NTASKS", "2"), ("SLURM_JOB_ID", "7"), ("SLURM_PROCID", "0"),
+                     ("SLURM_STEP_NODELIST", "node1"), ("SLURM_LOCALID", "0")):
+    monkeypatch.setenv(key, value)   # a task srun started
   c = tiny_config_module.get_config()
   distributed.initialize(c)
   assert calls == [((), {})]
   assert capsys.readouterr().err.startswith("joining a multi-process run that JAX detects ")
+
+
+def test_a_process_of_a_slurm_allocation_that_srun_did_not_start_is_told_so(monkeypatch):
+  """`python scripts/train.py` in an `salloc -n 2` shell, or in a batch script without srun:
+  SLURM_NTASKS > 1 but no step of tasks to join. JAX failed with "coordinator_address should
+  be defined"; the message now says what to run, and nothing waits."""
+  calls = []
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+  for key in distributed.SLURM_STEP_VARIABLES:
+    monkeypatch.delenv(key, raising=False)
+  monkeypatch.setenv("SLURM_NTASKS", "2")
+  monkeypatch.setenv("SLURM_JOB_ID", "7")
+  c = tiny_config_module.get_config()
+  with pytest.raises(RunError, match=r"SLURM_NTASKS=2: .* not started by srun "
+                     r"\(SLURM_STEP_NODELIST, SLURM_PROCID, SLURM_LOCALID unset\).*"
+                     r"`srun python scripts/train.py "
+                     r"\.\.\.`, or .* --config.distributed=off"):
+    distributed.initialize(c)
+  assert calls == []
+  # Inside srun's step: JAX is asked to find the rest.
+  for key, value in (("SLURM_STEP_NODELIST", "node1"), ("SLURM_PROCID", "1"),
+                     ("SLURM_LOCALID", "0")):
+    monkeypatch.setenv(key, value)
+  distributed.initialize(c)
+  assert calls == [((), {})]
 
 
 def test_the_collectives_as_process_0_of_two_sees_them(monkeypatch):

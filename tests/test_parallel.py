@@ -9,9 +9,11 @@ change to the model or the rules moves a parameter on purpose, regenerate and re
 import functools
 import json
 import os
+import re
 
 import flax.linen as nn
 import jax
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 import pytest
@@ -169,6 +171,36 @@ def _base_specs(mesh_spec: dict) -> dict:
         "shape": list(shape.shape),
         "spec": [list(a) if isinstance(a, tuple) else a for a in s.spec]}
   return {"mesh": dict(mesh.shape), "params": out}
+
+
+def test_misspelt_axis_rules_are_refused_before_anything_runs():
+  """Flax takes any name: a rule for "head" left the model's "heads" kernels whole on every
+  device without a word, and a mesh axis "tensr" failed as a bare KeyError inside the setup."""
+  c = experiment.base_config("base")
+  cfg = experiment.transformer_config(c, vocab_size=320)
+  boxed = jax.eval_shape(lambda x: tj.Transformer(cfg).init(jax.random.key(0), x, x)["params"],
+                         jax.ShapeDtypeStruct((1, 8), np.int32))
+  used = {name for spec in jax.tree.leaves(nn.get_partition_spec(boxed),
+                                           is_leaf=lambda x: isinstance(x, P))
+          for name in spec if name is not None}
+  assert used <= set(sharding.LOGICAL_AXES), used   # the list the check holds is the model's
+  default = [list(r) for r in c.logical_axis_rules]
+  renamed = [["head", r[1]] if r[0] == "heads" else r for r in default]
+  cases = {
+      "'head' is not a logical axis of the model": renamed,
+      "no rule for ['heads']": [r for r in default if r[0] != "heads"],
+      "the rule for 'heads' names ['tensr']": [["heads", "tensr"]] + default,
+      "the rule for 'batch' names ['dta']": [["batch", ["dta", "fsdp"]]] + default,
+      "['heads'] is not a rule": [["heads"]] + default,
+  }
+  for message, rules in cases.items():
+    c.logical_axis_rules = rules
+    with pytest.raises(ValueError, match=re.escape(f"config.logical_axis_rules: {message}")):
+      experiment.validate(c)
+    with pytest.raises(ValueError, match=re.escape(message)):
+      sharding.rules_from_config(rules)
+  c.logical_axis_rules = [["heads", None]] + default   # a rule first in priority: fine
+  experiment.validate(c)
 
 
 @pytest.mark.parametrize("filename,mesh_spec", [

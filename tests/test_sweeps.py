@@ -4,8 +4,10 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -281,6 +283,29 @@ def test_a_point_that_stopped_early_is_done_and_its_marker_says_where(tmp_path, 
   assert runner.run([0], log=lambda s: None)[0]["status"] == "skipped (done)"
   row = sweeps.report(sweep_dir, metric="train_loss")["rows"][0]
   assert (row["status"], row["step"], row["stopped_early"]) == ("done", 2, 2)
+
+
+def test_the_requeue_check_of_docs_scaling_md_ends_at_early_stopping(tmp_path, monkeypatch):
+  """The sbatch script in docs/scaling.md requeues a job until its run has ended. Its check was
+  the last step's checkpoint, which a run stopped early never writes: requeued forever. The
+  doc's command, run as written (but for the workdir and the step), on runs the fake trainer
+  left finished, stopped early, and stopped by a signal."""
+  doc = open(os.path.join(REPO, "docs", "scaling.md")).read()
+  check = re.search(r'(python -c "import sys; from transformer_jax[^"]*") \|\| scontrol requeue',
+                    doc).group(1)
+  assert "'runs/big', 300000" in check
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(FAKE_TRAIN)
+  runner = sweeps.Runner(TINY, str(tmp_path / "sweep"), str(fake), {"num_train_steps": 3})
+  for i, (stop_at, early, ended) in enumerate([(3, "", True), (2, "1", True), (2, "", False)]):
+    monkeypatch.setenv("FAKE_STOP_AT", str(stop_at))
+    monkeypatch.setenv("FAKE_STOPPED_EARLY", early)
+    runner.run([i], log=lambda s: None)
+    workdir = sweeps.point_dir(runner.sweep_dir, runner.points[i])
+    command = check.replace("'runs/big', 300000", f"{workdir!r}, 3")
+    proc = subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.returncode == (0 if ended else 1), (i, proc.stderr)
 
 
 def test_points_run_one_by_one_update_their_entries_of_status_json(tmp_path):
@@ -1422,6 +1447,41 @@ exit "${rc:-0}"
 """
 
 
+def test_a_submission_waited_for_records_its_job_as_soon_as_sbatch_accepts_it(tmp_path,
+                                                                            monkeypatch):
+  """`--submit --wait` recorded the job only once the whole array had ended: a wait cut short
+  (Ctrl-C, a closed session) left no record, and the next --submit sent every point again
+  beside the running array."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  # sbatch --wait: the id when accepted, then the wait (here until the test creates `ended`).
+  (bin_dir / "sbatch").write_text(
+      f"#!/bin/sh\necho 79\nwhile [ ! -e {tmp_path}/ended ]; do sleep 0.05; done\nexit 1\n")
+  (bin_dir / "squeue").write_text("#!/bin/sh\necho '  79_0  debug  sweep  me  R  0:05  1 node'\n")
+  for name in ("sbatch", "squeue"):
+    (bin_dir / name).chmod(0o755)
+  monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+  sweep_dir = str(tmp_path / "s")
+  runner = sweeps.Runner(TINY, sweep_dir, str(tmp_path / "train.py"))
+  record = os.path.join(sweep_dir, "slurm", "job_id")
+  waited = []
+  thread = threading.Thread(target=lambda: waited.append(sweeps.submit(runner, wait=True)))
+  thread.start()
+  try:
+    deadline = time.time() + 30
+    while not (os.path.exists(record) and open(record).read()) and time.time() < deadline:
+      time.sleep(0.05)
+    assert open(record).read() == "79\n" and thread.is_alive()   # recorded while it waits
+    assert os.path.exists(os.path.join(sweep_dir, "sweep.json"))
+    with pytest.raises(sweeps.SubmitError, match="job 79 of this sweep is still queued"):
+      sweeps.submit(runner)
+  finally:
+    (tmp_path / "ended").touch()
+    thread.join(30)
+  # The array's exit status (a point failed) is the caller's to read from the markers.
+  assert waited == [("79", [0, 1, 2, 3])]
+
+
 def test_slurm_submission_with_stand_ins_for_sbatch_and_squeue(tmp_path, monkeypatch):
   """What `submit` runs and reads, with scripts in place of sbatch and squeue on the PATH: the
   job id of `--parsable` (`id;cluster`), `--wait` only when asked, a refusal's message, no
@@ -1686,6 +1746,59 @@ def test_killing_the_driver_stops_its_points(tmp_path):
       driver.kill()
     if os.path.exists(pid_file) and not os.path.exists(os.path.join(point, "stopped")):
       os.kill(int(open(pid_file).read()), 9)  # this test's own orphan, on a failure
+
+
+@pytest.mark.parametrize("handles", [True, False], ids=["saves", "still_starting"])
+def test_a_signal_to_the_driver_waits_for_its_point_to_save(tmp_path, handles):
+  """SIGTERM to sweep.py (a SLURM array task's process, which SLURM signals with the point's):
+  the driver died at once, and SLURM then kills what is left of the task, cutting the point's
+  save short. Now it passes SIGTERM on, waits for the point, starts no other and records both;
+  a point killed by it before it could take it (still starting) is stopped, not failed."""
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(textwrap.dedent(f"""
+      import os, signal, sys, time
+      workdir = sys.argv[sys.argv.index("--workdir") + 1]
+      os.makedirs(workdir, exist_ok=True)
+      def stop(signum, frame):
+        time.sleep(1.0)   # the save
+        with open(os.path.join(workdir, "saved"), "w") as f:
+          f.write(signal.Signals(signum).name)
+        sys.exit(0)
+      if {handles}:
+        signal.signal(signal.SIGTERM, stop)
+      with open(os.path.join(workdir, "pid"), "w") as f:
+        f.write(str(os.getpid()))
+      time.sleep(120)
+  """))
+  sweep_dir = tmp_path / "sweep"
+  driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+      import sys; sys.path.insert(0, {REPO!r})
+      from transformer_jax import sweeps
+      print(sweeps.Runner({TINY!r}, {str(sweep_dir)!r}, {str(fake)!r}).run([0, 1], log=print))
+  """)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  points = [sweeps.point_dir(str(sweep_dir), p) for p in sweeps.load_sweep(TINY).points[:2]]
+  pid_file = os.path.join(points[0], "pid")
+  try:
+    deadline = time.time() + 60
+    while not os.path.exists(pid_file) or not open(pid_file).read():
+      assert time.time() < deadline and driver.poll() is None, "the point never started"
+      time.sleep(0.1)
+    driver.send_signal(signal.SIGTERM)
+    if handles:
+      time.sleep(0.5)
+      assert driver.poll() is None   # still there while its point saves
+    out = driver.communicate(timeout=30)[0]
+  finally:
+    if driver.poll() is None:
+      driver.kill()
+  assert driver.returncode == 0, out
+  assert "SIGTERM: stopping the 1 running point(s)" in out, out
+  if handles:
+    assert open(os.path.join(points[0], "saved")).read() == "SIGTERM"
+  assert not os.path.exists(os.path.join(points[0], sweeps.FAILED))
+  assert not os.path.exists(points[1])   # never started
+  recorded = json.load(open(os.path.join(sweep_dir, "status.json")))
+  assert [r["status"] for r in recorded] == ["stopped", "not started (SIGTERM)"], recorded
 
 
 def test_exit_text_names_the_signal():

@@ -14,7 +14,7 @@ import ml_collections
 from transformer_jax.config import TransformerConfig, model_config
 from transformer_jax.data import config as data_config
 from transformer_jax.optim import SCHEDULES, WEIGHT_DECAY_MASKS
-from transformer_jax.sharding import DEFAULT_RULES, MESH_AXES
+from transformer_jax.sharding import DEFAULT_RULES, MESH_AXES, rules_problem
 
 # `keep_best`'s metrics (names of metrics.jsonl) -> whether larger is better (run/best.py).
 BEST_METRICS = {"bleu": True, "eval_loss": False, "eval_nll": False, "eval_perplexity": False,
@@ -152,6 +152,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
   unknown_axes = sorted(set(c.mesh.keys()) - set(MESH_AXES))
   if unknown_axes:
     bad("mesh", dict(c.mesh), f"unknown axes {unknown_axes}; expected among {MESH_AXES}")
+  problem = rules_problem(c.logical_axis_rules)
+  if problem:
+    raise ValueError(f"config.logical_axis_rules: {problem}")
   if c.distributed not in ("auto", "on", "off"):
     bad("distributed", c.distributed, "expected 'auto', 'on' or 'off'")
   if c.coordinator_address and c.distributed != "off":

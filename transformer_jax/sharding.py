@@ -19,6 +19,8 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 MESH_AXES = ("data", "fsdp", "tensor")
+# The names the model gives its arrays' axes (layers.py, attention.py, model.py).
+LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab")
 
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", ("data", "fsdp")),
@@ -61,8 +63,35 @@ def make_mesh(spec: dict[str, int], devices: Sequence[jax.Device] | None = None)
   return Mesh(grid, MESH_AXES)
 
 
+def rules_problem(rules) -> str | None:
+  """Why `config.logical_axis_rules` cannot be used, or None. Flax takes any name: a misspelt
+  logical name ("head") leaves the model's "heads" without a rule, so those arrays are silently
+  whole on every device, and a misspelt mesh axis fails deep inside as a bare KeyError."""
+  named = set()
+  for rule in rules:
+    if not (isinstance(rule, (list, tuple)) and len(rule) == 2 and isinstance(rule[0], str)):
+      return f"{rule!r} is not a rule: each is [logical name, mesh axis or list of them or None]"
+    name, axes = rule
+    if name not in LOGICAL_AXES:
+      return f"{name!r} is not a logical axis of the model: they are {LOGICAL_AXES}"
+    listed = axes if isinstance(axes, (list, tuple)) else [axes]
+    unknown = [a for a in listed if a not in MESH_AXES and not (a is None and axes is None)]
+    if unknown:
+      return (f"the rule for {name!r} names {unknown}: mesh axes are {MESH_AXES} (or None to "
+              "keep the axis whole)")
+    named.add(name)
+  missing = [n for n in LOGICAL_AXES if n not in named]
+  if missing:
+    return (f"no rule for {missing}: give each logical axis one (e.g. [{missing[0]!r}, None] to "
+            "keep it whole on every device)")
+  return None
+
+
 def rules_from_config(rules) -> tuple[tuple[str, Any], ...]:
   """ConfigDict lists come back as lists; Flax wants tuples of (name, axis or tuple of axes)."""
+  problem = rules_problem(rules)
+  if problem:
+    raise ValueError(f"config.logical_axis_rules: {problem}")
   out = []
   for name, axes in rules:
     out.append((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes))

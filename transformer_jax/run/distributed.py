@@ -17,6 +17,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from transformer_jax.run.checkpointing import CheckpointError
+from transformer_jax.run.workdir import RunError
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,33 @@ def initialize(config) -> None:
                                process_id=config.process_id, **kwargs)
   elif (config.distributed == "on" or int(os.environ.get("SLURM_NTASKS", "1")) > 1
         or "TPU_WORKER_HOSTNAMES" in os.environ or "JAX_COORDINATOR_ADDRESS" in os.environ):
+    _check_slurm_step()
     # JAX finds SLURM, TPU pod (through the metadata server) and Kubernetes settings itself;
     # "on" is for clusters it detects but whose environment we cannot see (gcloud TPU VMs).
     print(f"joining a multi-process run that JAX detects ({waiting})", file=sys.stderr,
           flush=True)
     jax.distributed.initialize()
+
+
+# What JAX's SLURM detection reads (jax/_src/clusters/slurm_cluster.py): srun sets them for each
+# task of a step; a batch script or an `salloc` shell has SLURM_NTASKS without them.
+SLURM_STEP_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
+                        "SLURM_LOCALID")
+
+
+def _check_slurm_step() -> None:
+  """A multi-task SLURM allocation (SLURM_NTASKS > 1) seen from a process that srun did not
+  start: JAX would fail with "coordinator_address should be defined", which says nothing of
+  the cause. Only when no other cluster variable is present (TPU, an explicit coordinator)."""
+  if int(os.environ.get("SLURM_NTASKS", "1")) <= 1 or "JAX_COORDINATOR_ADDRESS" in os.environ:
+    return
+  missing = [v for v in SLURM_STEP_VARIABLES if v not in os.environ]
+  if missing and "TPU_WORKER_HOSTNAMES" not in os.environ:
+    raise RunError(
+        f"SLURM_NTASKS={os.environ['SLURM_NTASKS']}: this is an allocation of several tasks, "
+        f"but this process was not started by srun ({', '.join(missing)} unset), so it cannot "
+        "join them: start every task with `srun python scripts/train.py ...`, or train in this "
+        "one process with --config.distributed=off")
 
 
 def shutdown(linger_s: float = 1.0) -> None:

@@ -186,9 +186,13 @@ def read_metrics(workdir: str) -> list[dict]:
 
 
 class Progress:
-  """A tqdm bar over training steps showing loss, learning rate, tokens/s, MFU and the ETA."""
+  """A tqdm bar over training steps showing loss, learning rate, tokens/s, MFU and the ETA, and
+  the run's messages above it. Not `enabled` (every process of a multi-process run but the
+  first): neither, as every process would print the same lines (16 copies of each in one
+  SLURM output file for 2 nodes of 8 tasks)."""
 
   def __init__(self, total: int, initial: int, enabled: bool = True):
+    self.enabled = enabled
     self.bar = None
     if enabled:
       self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
@@ -209,10 +213,8 @@ class Progress:
   def write(self, text: str):
     """A line above the bar, on stderr as the bar (tqdm's own default is stdout, which would
     split a run's messages over two streams by whether it has a bar)."""
-    if self.bar is not None:
+    if self.enabled:
       self.bar.write(text, file=sys.stderr)
-    else:
-      print(text, file=sys.stderr)
 
   def close(self):
     if self.bar is not None:

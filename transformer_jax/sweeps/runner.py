@@ -209,6 +209,36 @@ def _stop_with(driver_pid: int) -> None:
       os.kill(os.getpid(), signal.SIGTERM)
 
 
+class _Stop:
+  """The sweep driver's SIGTERM and SIGINT, counted for its loop (`Runner._loop`) to act on.
+
+  The driver must outlive its points: under SLURM each array task is `srun sweep.py --point
+  i`, every process of the task gets the scheduler's SIGTERM, and once the task (the driver)
+  has exited SLURM kills what is left of it, so a driver that died at once cut short the
+  point's save on SIGTERM (it resumed from its last periodic checkpoint), and recorded
+  nothing. In any other thread than the main one, signals are left alone."""
+
+  def __init__(self):
+    self.signal, self.last, self.count = None, None, 0
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    self.signal = self.signal or signal.Signals(signum).name
+    self.last, self.count = signum, self.count + 1
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
 def exit_text(returncode: int) -> str:
   """`exit status 1`, or `killed by SIGKILL` for a negative return code."""
   if returncode >= 0:
@@ -413,10 +443,15 @@ class Runner:
                             preexec_fn=functools.partial(_stop_with, os.getpid()))
     return proc, log
 
-  def _finish(self, index: int, returncode: int, seconds: float) -> dict:
+  def _finish(self, index: int, returncode: int, seconds: float, stopped: bool = False) -> dict:
+    """`stopped`: the sweep passed a signal on to the point (`_loop`)."""
     d = point_dir(self.sweep_dir, self.points[index])
     name = point_name(self.points[index])
-    if returncode != 0:
+    if stopped and returncode in (-signal.SIGTERM, -signal.SIGINT):
+      # Killed by the signal passed on before train.py could take it (still starting, or a
+      # second Ctrl-C): nothing of it to fail on, and the next run resumes it.
+      outcome = "stopped"
+    elif returncode != 0:
       outcome = "failed"
     elif finished(d, self.num_steps[index]):
       outcome = "done"
@@ -469,8 +504,35 @@ class Runner:
     self.write_spec()
     running: dict[int, tuple] = {}   # slot -> (index, proc, log file, start time)
     free = list(range(parallel))
-    while todo or running:
-      while todo and free:
+    with _Stop() as stop:
+      self._loop(todo, running, free, parallel, devices_per_point, results, stop, log)
+    for i in todo:  # not started: a signal stopped the sweep first
+      results[i] = {"index": i, "name": point_name(self.points[i]),
+                    "status": f"not started ({stop.signal})"}
+    ordered = [results[i] for i in indices]
+    if self._main:
+      self._record(ordered)
+    return ordered
+
+  def _loop(self, todo, running, free, parallel, devices_per_point, results, stop, log):
+    """Start points as slots free up, until none is left or a signal stops the sweep: then
+    the running points get SIGTERM (each saves and stops) and are waited for."""
+    forwarded = 0
+    while (todo and not stop.signal) or running:
+      if stop.count > forwarded:
+        # The first signal, of either kind, is passed on as SIGTERM: a point that already has
+        # it from the terminal's Ctrl-C (the same process group) takes a SIGTERM after a
+        # SIGINT as nothing more. A second Ctrl-C is passed on as it is: it stops train.py at
+        # once, without saving.
+        sig = signal.SIGTERM if forwarded == 0 or stop.last != signal.SIGINT else signal.SIGINT
+        if forwarded == 0:
+          log(f"{stop.signal}: stopping the {len(running)} running point(s) (each saves and "
+              f"stops) and starting none of the {len(todo)} left; run the sweep again to go on")
+        for _, proc, _, _ in running.values():
+          if proc.poll() is None:
+            proc.send_signal(sig)
+        forwarded = stop.count
+      while todo and free and not stop.signal:
         slot, i = free.pop(0), todo.pop(0)
         proc, f = self._start(i, slot_env(slot, devices_per_point))
         running[slot] = (i, proc, f, time.time())
@@ -481,15 +543,12 @@ class Runner:
         if proc.poll() is None:
           continue
         f.close()
-        results[i] = self._finish(i, proc.returncode, time.time() - start)
+        results[i] = self._finish(i, proc.returncode, time.time() - start,
+                                  stopped=stop.signal is not None)
         log(f"[{i}] {results[i]['name']}: {results[i]['status']} "
             f"({exit_text(proc.returncode)}, {results[i]['seconds']} s)")
         del running[slot]
         free.append(slot)
-    ordered = [results[i] for i in indices]
-    if self._main:
-      self._record(ordered)
-    return ordered
 
   def _record(self, results: list[dict]) -> None:
     """Merge `results` into `status.json`. SLURM array tasks (`--point i` each) end at once: the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import tempfile
 from typing import Sequence
 
 from transformer_jax.run.workdir import RunError
@@ -119,15 +120,28 @@ def submit(runner: Runner, options: Sequence[str] = (), max_concurrent: int = 0,
     return None, []
   path = write_sbatch(runner, options, max_concurrent, indices)
   command = ["sbatch", "--parsable", *(["--wait"] if wait else []), path]
-  proc = subprocess.run(command, capture_output=True, text=True)
-  job_id = proc.stdout.strip().split(";")[0]   # --parsable: `<id>` or `<id>;<cluster>`
-  # --wait returns the array's exit status: non-zero when a point failed, which the caller
-  # reads from the points' markers; only a job that was never accepted is an error here, and a
-  # message on stdout (a wrapper's, a site's sbatch plugin) is no job id.
-  if not job_id.isdigit():
-    raise SubmitError(f"{' '.join(command)} failed (exit {proc.returncode}): "
-                      f"{proc.stderr.strip() or proc.stdout.strip()}")
-  with open(record, "w") as f:
-    f.write(job_id + "\n")
-  runner.write_spec()  # once the job is accepted: a refused submission changes nothing
+  with tempfile.TemporaryFile("w+") as errors:
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
+    # sbatch prints the id (--parsable: `<id>` or `<id>;<cluster>`) once the job is accepted,
+    # and with --wait goes on until the array has ended: the id is recorded at once, so a wait
+    # cut short (Ctrl-C, a closed session) still leaves it for the next --submit's check. A
+    # message on stdout (a wrapper's, a site's sbatch plugin) is no job id.
+    printed, job_id = [], ""
+    for line in proc.stdout:
+      printed.append(line.strip())
+      if line.strip().split(";")[0].isdigit():
+        job_id = line.strip().split(";")[0]
+        break
+    if job_id:
+      with open(record, "w") as f:
+        f.write(job_id + "\n")
+      runner.write_spec()  # once the job is accepted: a refused submission changes nothing
+    # --wait returns the array's exit status: non-zero when a point failed, which the caller
+    # reads from the points' markers; only a job that was never accepted is an error here.
+    printed += [line.strip() for line in proc.stdout]
+    proc.wait()
+    errors.seek(0)
+    if not job_id:
+      raise SubmitError(f"{' '.join(command)} failed (exit {proc.returncode}): "
+                        f"{errors.read().strip() or chr(10).join(p for p in printed if p)}")
   return job_id, indices
