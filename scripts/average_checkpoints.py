@@ -5,10 +5,12 @@
 
 The mean is taken elementwise in float32 over `<workdir>/checkpoints`' last N steps and saved
 into `<workdir>/averaged/<last step>/` (or `--output`), never into `<workdir>/checkpoints`,
-which training resumes from. The checkpoint holds `state` = {"params": ...}, the layout
-`checkpointing.load_params` reads, and `meta` = {"averaged_steps": [...], ...}; translate.py,
-evaluate.py and plot_attention.py load it with `--averaged` or `--checkpoint <dir>`; evaluate.py
-writes into `<workdir>/eval/averaged_last<N>_<step>/`. Keep enough checkpoints while training:
+which training resumes from: an `--output` that is any run's `checkpoints/` or
+`best_<metric>/`, or a directory holding checkpoints that are not averages, is refused. The
+checkpoint holds `state` = {"params": ...}, the layout `checkpointing.load_params` reads, and
+`meta` = {"averaged_steps": [...], ...}; translate.py, evaluate.py and plot_attention.py load it
+with `--averaged` or `--checkpoint <dir>`; evaluate.py writes into
+`<workdir>/eval/averaged_last<N>_<step>/`. Keep enough checkpoints while training:
 `--config.keep_checkpoints=N` (default 3). An average of one checkpoint (`--last 1`, or the
 default `average_last_checkpoints` of most configs) is a copy of it, with a warning.
 """

@@ -23,7 +23,7 @@ search only; `test_search` says which one each figure is of. `--paired` (with `-
 <split>_bleu`) adds each run's paired bootstrap p-value against the run with the highest BLEU
 on the same references (`<split>_p_vs_best`). Prints the Markdown table;
 `--out PREFIX` also writes PREFIX.csv (every metric, each run's workdir) and PREFIX.md (and
-PREFIX_seeds.csv/.md).
+PREFIX_seeds.csv/.md); a PREFIX that names a directory (`runs/`) is refused.
 """
 import sys
 

@@ -8,7 +8,9 @@ Six panels: train and validation loss, validation BLEU and the learning rate, ea
 step and against wall time (hours since the run's first record). Several runs are overlaid with
 a legend (labels: `--label`, one per run and no two alike; by default the workdir's name, with
 its parent directories where two names are alike: `a/run`, `b/run`). Works on a run still in
-progress and on a resumed run (one point per step). Default --out: <first workdir>/curves.png.
+progress and on a resumed run (one point per step). Default --out: <first workdir>/curves.png;
+its extension picks the format (.png, .pdf, .svg, ...; none: .png is added), and the JSON line
+printed names the file written.
 """
 import json
 import os
@@ -27,7 +29,8 @@ def define(values):
   flags.mark_flag_as_required("workdir", flag_values=values)
   flags.DEFINE_multi_string("label", [], "legend label per --workdir (default: its name)",
                             flag_values=values)
-  flags.DEFINE_string("out", None, "the PNG (default: <first workdir>/curves.png)",
+  flags.DEFINE_string("out", None, "the image, its format by its extension (default: "
+                      "<first workdir>/curves.png)",
                       flag_values=values)
   flags.DEFINE_string("title", "", "a title over the panels", flag_values=values)
 
@@ -41,6 +44,10 @@ def body(values, args):
     if label in labels[:i]:  # one curve would silently hide the other run
       raise RunError(f"two runs are labelled {label!r} ({workdirs[labels.index(label)]} and "
                      f"{workdirs[i]}): give each --workdir its own --label")
+  # Before anything is read or drawn: what it would write, or why not.
+  out = curves.output_path(values.out or os.path.join(workdirs[0], "curves.png"),
+                           [os.path.join(w, name) for w in workdirs
+                            for name in ("metrics.jsonl", workdir_lib.CONFIG)])
   runs = {}
   for label, workdir in zip(labels, workdirs):
     series = curves.load_series(workdir)
@@ -51,7 +58,6 @@ def body(values, args):
           f"{os.path.join(workdir, 'metrics.jsonl')} holds no metrics: is {workdir} the "
           "workdir of a training run (one that has logged a step)?"))
     runs[label] = series
-  out = values.out or os.path.join(workdirs[0], "curves.png")
   drawn = curves.plot_runs(runs, out, values.title)
   print(json.dumps({"out": out, "curves": drawn}), flush=True)
   return 0

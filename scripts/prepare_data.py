@@ -11,7 +11,8 @@ use; this only moves the wait ahead of time and lets several processes start fro
 The printed JSON has the split sizes and, for the corpora this codebase splits itself (numbers,
 locale, text), the train/test leakage figures (see docs/data.md).
 
-`--set FIELD=VALUE ...` (data fields) still works for one release; use --config.data.FIELD=VALUE.
+`--set FIELD=VALUE ...` (data fields) still works for one release, with the same checks; use
+--config.data.FIELD=VALUE.
 """
 import ast
 import json
@@ -54,16 +55,18 @@ def body(values, args):
   if len(extra) != len(args):
     print(f"error: unexpected arguments {[a for a in args if a not in extra]}", file=sys.stderr)
     return 2
-  c = values.config.data
+  config = values.config
   if values.set and not values["config"].present:
-    c = default_data_config()  # what `--set` changed before --config existed
+    with config.unlocked():
+      config.data = default_data_config()  # what `--set` changed before --config existed
+  c = config.data
   _apply_deprecated_set(c, list(values.set) + extra)
-  if not values.set:
-    # What train.py checks before it builds anything: a path for another dataset, a tokenizer
-    # from another corpus, a config an existing run in the workdir cannot take.
-    workdir.check_config(values.workdir, values.config)
-    # A fork's tokenizer is its init_from run's, as train.py would take it.
-    trainer.adopt_init_from_tokenizer(values.config, values.workdir)
+  # What train.py checks before it builds anything (with --set too: its data config is the
+  # one checked): a path for another dataset, a tokenizer from another corpus, a config an
+  # existing run in the workdir cannot take, a workdir inside another run.
+  workdir.check_config(values.workdir, config)
+  # A fork's tokenizer is its init_from run's, as train.py would take it.
+  trainer.adopt_init_from_tokenizer(config, values.workdir)
   data = get_data(c, values.workdir)
   splits = ("train", "validation", "test")
   result = {"dataset": c.dataset, "direction": f"{c.source_lang}->{c.target_lang}",

@@ -5,15 +5,18 @@ their metrics.jsonl, before the next sweep spends the steps.
         --patience 2,3,5 --min_delta 0,0.01
     python scripts/replay_early_stopping.py --patience 3 runs/sweep/*/   # a sweep's points
 
-Runs are the `--workdir` flags and the arguments. For each run, each patience and each
-min_delta (every combination), the count that `config.early_stopping_patience` keeps
-(run/early_stopping.py) is replayed over the run's recorded evaluations of `--metric`
-(default: the run's keep_best): the step where it would have stopped, the count's best then,
-the best evaluation of the whole run, and the steps it would have saved. Only a stop before
-the run's `num_train_steps` (its config now) counts, as in the training loop: at that step a
-run ends anyway. A run still training is replayed as far as it got ("trained to"). Nothing is
-trained or read but metrics.jsonl and config.json. Prints a Markdown table, then one JSON line
-per row.
+Runs are the `--workdir` flags and the arguments, each a run's workdir, a sweep's directory (its
+started points) or a directory of those, as compare_runs.py takes them (a run named twice counts
+once). One that has nothing to replay (no metrics yet, no evaluation of the metric, no run at
+all: a sweep's slurm/) is named in a warning on stderr; the others are replayed. For each run,
+each patience and each min_delta (every combination), the count that
+`config.early_stopping_patience` keeps (run/early_stopping.py) is replayed over the run's
+recorded evaluations of `--metric` (default: the run's keep_best): the step where it would have
+stopped, the count's best then, the best evaluation of the whole run, and the steps it would
+have saved. Only a stop before the run's `num_train_steps` (its config now) counts, as in the
+training loop: at that step a run ends anyway. A run still training is replayed as far as it
+got ("trained to"). Nothing is trained or read but metrics.jsonl and config.json. Prints a
+Markdown table, then one JSON line per row.
 """
 import json
 import os
@@ -27,6 +30,7 @@ from transformer_jax.run import early_stopping
 from transformer_jax.run import metrics as metrics_lib
 from transformer_jax.run import workdir as workdir_lib
 from transformer_jax.run.workdir import RunError
+from transformer_jax.sweeps.compare import find_runs
 
 
 def define(values):
@@ -58,25 +62,54 @@ def _metric(run: dict, workdir: str, metric: str | None) -> str:
     if metric is None:
       raise RunError(f"{workdir} was trained without keep_best: name the metric to replay, "
                      f"--metric (one of {sorted(BEST_METRICS)})")
+  _check_metric(metric)
+  return metric
+
+
+def _check_metric(metric: str) -> None:
   if metric not in BEST_METRICS:
     raise RunError(f"--metric={metric}: expected one of {sorted(BEST_METRICS)}")
-  return metric
+
+
+def _runs(paths: list[str], warnings: list[str]) -> list[str]:
+  """The runs `paths` name (`find_runs`: a run, a sweep's started points, a directory of
+  them), each once; a path that names none is a warning, so a glob over a sweep (`*/` takes
+  in its slurm/) still replays the rest."""
+  found, seen = [], set()
+  for path in paths:
+    path = path.rstrip("/") or path
+    try:
+      runs = find_runs([path], warnings)
+    except RunError as e:
+      warnings.append(workdir_lib.not_a_run(path) if not os.path.exists(path) else str(e))
+      continue
+    for run in runs:
+      if os.path.realpath(run) not in seen:
+        seen.add(os.path.realpath(run))
+        found.append(run)
+  return found
 
 
 def rows(workdir: str, metric: str | None, patiences: list[int],
          min_deltas: list[float]) -> list[dict]:
-  """One row per (patience, min_delta) for the run in `workdir`."""
+  """One row per (patience, min_delta) for the run in `workdir`; a RunError where it has
+  nothing to replay (yet)."""
   records = metrics_lib.read_metrics(workdir)
   if not records:
-    raise RunError(f"{os.path.join(workdir, 'metrics.jsonl')} holds no records: is {workdir} "
-                   "the workdir of a training run?")
-  run = workdir_lib.load_run_config(workdir)  # a training run's workdir, or a clear error
+    raise RunError(f"{workdir} has no metrics yet ({os.path.join(workdir, 'metrics.jsonl')} "
+                   "holds no step): nothing to replay until it has logged evaluations")
+  try:
+    run = workdir_lib.load_run_config(workdir)  # a training run's workdir, or a clear error
+  except ValueError as e:  # json.JSONDecodeError: a half-written or edited file
+    raise RunError(f"{workdir_lib.run_config_path(workdir)} is not valid JSON ({e}): mend or "
+                   "remove that file") from None
   metric = _metric(run, workdir, metric)
-  evaluations = [r for r in records if "step" in r and r.get(metric) is not None]
+  evaluations = [r for r in records if r.get(metric) is not None]
   if not evaluations:
-    raise RunError(f"{workdir}'s metrics.jsonl has no evaluation of {metric}: choose a metric "
-                   "it logged (bleu needs bleu_every_steps, the eval_ metrics eval_every_steps)")
-  trained = max(int(r["step"]) for r in records if "step" in r)
+    raise RunError(f"{workdir}'s metrics.jsonl has no evaluation of {metric} (yet): choose a "
+                   "metric it logged (bleu needs bleu_every_steps, the eval_ metrics "
+                   "eval_every_steps), or wait for a run still training to evaluate")
+  trained = max(r["step"] for r in records)
   # The loop stops early only before num_train_steps (the run's config now: a resume may have
   # changed it); at that step the run ends anyway.
   target = int(run["num_train_steps"])
@@ -121,12 +154,30 @@ def body(values, args):
   if not workdirs:
     raise RunError("no run to replay: give --workdir DIR (repeatable) or the runs' directories "
                    "as arguments")
-  all_rows = [row for w in workdirs
-              for row in rows(w.rstrip("/") or w, values.metric, patiences, min_deltas)]
+  if values.metric is not None:
+    _check_metric(values.metric)  # the same mistake for every run: one error
+  warnings: list[str] = []
+  all_rows = []
+  for workdir in _runs(workdirs, warnings):
+    try:
+      all_rows += rows(workdir, values.metric, patiences, min_deltas)
+    except RunError as e:
+      warnings.append(f"{e} (left out)")
+  if not all_rows:
+    if len(warnings) == 1:
+      raise RunError(warnings[0].removesuffix(" (left out)"))
+    _warn(warnings)
+    raise RunError(f"nothing to replay in {' '.join(workdirs)}: see the warnings above")
   print(table(all_rows))
   for row in all_rows:
     print(json.dumps(row), flush=True)
+  _warn(warnings)
   return 0
+
+
+def _warn(warnings: list[str]) -> None:
+  for warning in warnings:
+    print(f"replay_early_stopping: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def main(argv=None):

@@ -88,13 +88,14 @@ def test_bleu_interval_and_paired_bootstrap_are_sacrebleus(monkeypatch):
   p = bleu_lib.paired_bootstrap([good, bad, good], refs)
   assert p[0] is None and p[1] < 0.01 and p[2] == 1.0, p  # worse by far; the same system
   assert bleu_lib.paired_bootstrap([good], refs) == [None]
-  # The same score from other sentences is sacreBLEU's p, not 1: two sentences with the same
-  # reference trade their translations.
+  # A difference of 0 is never significant, whatever sentences it comes from: two sentences
+  # with the same reference trade their translations (sacreBLEU: about 0.5), or every
+  # sentence differs and both score 0 (sacreBLEU: 1/1001, its smallest p).
   dup_refs = refs + [refs[0], refs[0]]
   base = good + [refs[0], "the cat"]
   swapped = good + ["the cat", refs[0]]
-  (p_swap,) = bleu_lib.paired_bootstrap([base, swapped], dup_refs)[1:]
-  assert 0.001 < p_swap < 1.0, p_swap
+  assert bleu_lib.paired_bootstrap([base, swapped], dup_refs) == [None, 1.0]
+  assert bleu_lib.paired_bootstrap([["dog"] * 20, ["bird"] * 20], refs[:20]) == [None, 1.0]
   # Too many sentences to resample in memory: no interval, no p-values, said.
   monkeypatch.setattr(bleu_lib, "BOOTSTRAP_MAX_SENTENCES", 10)
   assert bleu_lib.bleu_interval(good, refs) == (None, "not computed: over 10 sentences")

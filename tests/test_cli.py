@@ -1,12 +1,17 @@
 """cli.py's error policy through scripts/train.py's `main`, the path every script takes: a config
 a user got wrong is one `error:` line, before any work and any write."""
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from scripts_under_test import load_script
+from transformer_jax import experiment
+from transformer_jax.run import workdir as workdir_lib
+
+from scripts_under_test import SCRIPTS, load_script
+import tiny_config
 
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_config.py")
 
@@ -322,3 +327,25 @@ def test_a_deprecated_flag_warns_at_its_callers_line(capsys):
   assert (caught[0].filename, caught[0].lineno) == (__file__, line)
   assert capsys.readouterr().err == ("warning: --old is deprecated and will be removed in the "
                                      "next release: use --new\n")
+
+
+def test_a_reader_gone_before_the_output_ends_quietly(tmp_path):
+  """`compare_runs.py runs/ | true`, `replay_early_stopping.py ... | true`: the closed pipe was
+  caught as an OSError of the user's ("error: [Errno 32] Broken pipe"), or, for output still
+  buffered at exit, reported by Python's own flush."""
+  c = tiny_config.get_config()
+  c.update(num_train_steps=4, keep_best="bleu")
+  run = tmp_path / "run"
+  run.mkdir()
+  workdir_lib.write_config(str(run), c, experiment.transformer_config(c, vocab_size=32))
+  (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "bleu": 1.0 / s}) + "\n"
+                                             for s in (2, 4)))
+  # Python's own buffering of a pipe, whatever the environment of the tests asks for.
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+  for argv in (["replay_early_stopping.py", "--patience", "1,2,3", str(run)],  # flushed a line
+               ["compare_runs.py", str(run)]):                                 # buffered to exit
+    proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, argv[0]), *argv[1:]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # long before the script, still importing, writes
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 1 and err == "", (argv, err)

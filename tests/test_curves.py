@@ -8,11 +8,16 @@ import sys
 from matplotlib import image
 import numpy as np
 
+from transformer_jax import experiment
 from transformer_jax.run import curves, metrics
+from transformer_jax.run import workdir as workdir_lib
 
 from scripts_under_test import SCRIPTS, load_script
+import tiny_config
 
 plot_metrics = load_script("plot_metrics")
+replay_script = load_script("replay_early_stopping")
+compare_script = load_script("compare_runs")
 
 
 def write_metrics(workdir, records):
@@ -123,6 +128,44 @@ def test_what_each_panel_draws_found_by_mutation_testing(tmp_path, monkeypatch):
   assert [ax.get_yscale() for ax in figures[0].axes] == ["linear"] * 6
 
 
+def _run_with_odd_lines(workdir):
+  """A 10-step run (a training config, keep_best bleu) whose metrics.jsonl also holds lines
+  training never writes: other bytes, JSON that is no object, steps that are no integer (True
+  is 1 to Python), no step, a cut line; and a time that is no number."""
+  c = tiny_config.get_config()
+  c.update(num_train_steps=10, keep_best="bleu")
+  os.makedirs(workdir)
+  workdir_lib.write_config(workdir, c, experiment.transformer_config(c, vocab_size=32))
+  good = run_records() + [{"step": 10, "time": "late", "train_loss": 0.4}]
+  odd = [b'{"step": 11, "bleu": 1.0, "note": "\xff"}', b"\x00\x00\x00", b"", b"[1, 2]", b'"x"',
+         b'{"step": "x", "bleu": 1.0}', b'{"step": null, "bleu": 1.0}',
+         b'{"step": true, "bleu": 1.0}', b'{"step": 12.0, "bleu": 1.0}', b'{"bleu": 1.0}']
+  with open(os.path.join(workdir, "metrics.jsonl"), "wb") as f:
+    f.writelines(json.dumps(r).encode() + b"\n" for r in good)
+    f.writelines(line + b"\n" for line in odd)
+    f.write(b'{"step": 14')  # cut short by a crash
+  return good
+
+
+def test_lines_training_never_writes_are_skipped_by_every_reader(tmp_path, capsys):
+  """Each gave a traceback in plot_metrics, replay_early_stopping and compare_runs."""
+  run = str(tmp_path / "run")
+  good = _run_with_odd_lines(run)
+  assert metrics.read_metrics(run) == good
+  series = curves.load_series(run)
+  steps, hours, values = series["train_loss"]
+  assert steps == list(range(1, 11)) and values[-1] == 0.4  # the last record of step 10 wins
+  assert hours[0] == 0.0 and np.isnan(hours[-1])  # no time to draw it at: by its step alone
+  assert series["bleu"][0] == [5, 10]
+  out = str(tmp_path / "c.png")
+  assert plot_metrics.main(["--workdir", run, "--out", out]) == 0, capsys.readouterr().err
+  assert json.loads(capsys.readouterr().out)["curves"]["loss"]["run"]["train_loss"] == 10
+  assert replay_script.main(["--patience", "1", run]) == 0, capsys.readouterr().err
+  assert json.loads(capsys.readouterr().out.splitlines()[-1])["trained_to"] == 10
+  assert compare_script.main([run]) == 0, capsys.readouterr().err
+  assert "| 10 |" in capsys.readouterr().out
+
+
 def test_plot_metrics_errors_are_one_line(tmp_path, capsys):
   # A missing workdir, one without metrics, a sweep, a directory of runs: each its own advice.
   assert plot_metrics.main(["--workdir", str(tmp_path / "none")]) == 1
@@ -152,6 +195,39 @@ def test_plot_metrics_errors_are_one_line(tmp_path, capsys):
   assert "2 --label for 1 --workdir" in capsys.readouterr().err
   assert plot_metrics.main(["--workdir", str(tmp_path / "a")]) == 0
   assert os.path.getsize(tmp_path / "a" / "curves.png") > 10_000
+
+
+def test_plot_metrics_writes_the_file_it_names_or_refuses_up_front(tmp_path, capsys):
+  """--out x.txt or a run's metrics.jsonl: matplotlib's traceback after the drawing; --out
+  curves or a folder: "curves" (the folder) printed, curves.png (folder.png) written."""
+  run = tmp_path / "run"
+  write_metrics(run, run_records())
+  metrics_file = str(run / "metrics.jsonl")
+  before = open(metrics_file).read()
+  (tmp_path / "folder").mkdir()
+  for out, error in [
+      (str(tmp_path / "x.txt"), f"error: --out {tmp_path}/x.txt: .txt is no image format "
+                                "matplotlib writes: end the name with one of "),
+      (metrics_file, f"error: --out {metrics_file} is metrics.jsonl of a --workdir it plots, "
+                     f"which it would overwrite: give the image's own file name, e.g. --out "
+                     f"{run}/curves.png\n"),
+      (str(tmp_path / "folder"), f"error: --out {tmp_path}/folder names a directory: give the "
+                                 f"image's file name, e.g. --out {tmp_path}/folder/curves.png\n"),
+      (f"{tmp_path}/new/", f"error: --out {tmp_path}/new/ names a directory")]:
+    assert plot_metrics.main(["--workdir", str(run), "--out", out]) == 1, out
+    out_, err = capsys.readouterr()
+    assert err.startswith(error) and out_ == "", err
+    assert ".txt" not in out or (".pdf, " in err and ".png, " in err and ".svg, " in err), err
+  assert open(metrics_file).read() == before
+  assert sorted(os.listdir(tmp_path)) == ["folder", "run"] and not os.listdir(tmp_path / "folder")
+  # No extension: .png, and the file written is the one printed; another format by its own.
+  for out, written in [(tmp_path / "mycurves", tmp_path / "mycurves.png"),
+                       (tmp_path / "c.PDF", tmp_path / "c.PDF"),
+                       (tmp_path / "folder" / "c.svg", tmp_path / "folder" / "c.svg")]:
+    assert plot_metrics.main(["--workdir", str(run), "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["out"] == str(written)
+    assert os.path.getsize(written) > 1000
+  assert open(tmp_path / "c.PDF", "rb").read(4) == b"%PDF"
 
 
 def test_runs_with_the_same_name_are_told_apart_or_refused(tmp_path, capsys):

@@ -273,6 +273,13 @@ def test_missing_and_unwritable_files_name_their_flag(workdir, tmp_path, capsys)
   assert rc == 1 and out == "", err
   assert err.startswith(f"error: every line of --source {tsv} holds a tab: a TSV of pairs?"), err
   assert f"`cut -f1 {tsv} > source.txt`" in err
+  # Empty files: named, before the model is loaded (not "the src split is empty").
+  empty = tmp_path / "empty.en"
+  empty.write_text("")
+  rc, out, err = run_main(evaluate_script, ["--workdir", workdir, "--source", str(empty),
+                                            "--reference", str(empty)], capsys)
+  assert rc == 1 and out == "", err
+  assert err.startswith(f"error: --source {empty} and --reference {empty} are empty: "), err
   unwritable = tmp_path / "nonexistent" / "x.txt"
   rc, out, err = run_main(translate_script, ["--workdir", workdir, "--output", str(unwritable),
                                              "seven"], capsys)
@@ -1069,6 +1076,15 @@ def test_score_pairs_of_ones_own(workdir, tmp_path, capsys):
   rc, _, err = run_main(score_script, ["--workdir", run, "--source", str(src), "--target",
                                        str(tgt)], capsys)
   assert rc == 1 and f"--source {src} has 4 lines but --target {tgt} has 1" in err
+  # Two empty files: named, not "the e split is empty" (a split named after the target file).
+  empty_src, empty_tgt = tmp_path / "none.en", tmp_path / "e.de"
+  empty_src.write_text("")
+  empty_tgt.write_text("")
+  rc, _, err = run_main(score_script, ["--workdir", run, "--source", str(empty_src),
+                                       "--target", str(empty_tgt)], capsys)
+  assert rc == 1 and err == (f"error: --source {empty_src} and --target {empty_tgt} are empty: "
+                             "nothing to score. Give the sources and their targets, one "
+                             "sentence a line, line-aligned\n"), err
 
 
 def test_an_ensemble_decodes_its_members_by_their_mean_probability(workdir, translator, tmp_path,
@@ -1853,6 +1869,42 @@ def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
     averaging.average_checkpoints(workdir, 0)
 
 
+def test_an_average_is_never_written_where_a_run_reads_its_own_checkpoints(workdir, capsys,
+                                                                          tmp_path):
+  """--output into another run's checkpoints/ or best_<metric>/, or among trained checkpoints,
+  made that run (or that directory's reader) take the average for its own checkpoint."""
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  other = tmp_path / "other"
+  for name in ("checkpoints", "best_bleu"):
+    (other / name).mkdir(parents=True)
+  shutil.copy(os.path.join(workdir, "config.json"), other / "config.json")
+  os.symlink(other / "checkpoints", tmp_path / "link")
+  loose = str(tmp_path / "loose")  # trained checkpoints, no run around them
+  shutil.copytree(os.path.join(workdir, "checkpoints", "6"), os.path.join(loose, "6"))
+  for output, says in (
+      (str(other / "checkpoints"), f"is the checkpoints/ directory of the run {other}, which "
+                                   "that run resumes from"),
+      (str(tmp_path / "link"), f"is the checkpoints/ directory of the run {other}"),
+      (str(other / "checkpoints" / "12"), f"is inside the checkpoints/ directory of the run "
+                                          f"{other}"),
+      (str(other / "best_bleu"), "is the best_bleu/ directory of the run "),
+      (os.path.join(run, "checkpoints", "..", "checkpoints"), "refusing to write the average "
+                                                               "into"),
+      (loose, "holds checkpoints that are not averages (step(s) [6])")):
+    rc, out, err = run_main(average_script, ["--workdir", run, "--last", "2", "--output", output],
+                            capsys)
+    assert rc == 1 and says in err and out == "", (output, err)
+  assert os.listdir(other / "checkpoints") == [] and os.listdir(other / "best_bleu") == []
+  assert os.listdir(loose) == ["6"]
+  assert checkpointing.checkpoint_steps(os.path.join(run, "checkpoints")) == [3, 6]
+  # A new directory is fine, and so is one of averages.
+  for output in [str(tmp_path / "averages")] * 2:
+    rc, out, err = run_main(average_script, ["--workdir", run, "--last", "2", "--output", output],
+                            capsys)
+    assert rc == 0 and json.loads(out)["averaged_steps"] == [3, 6], err
+
+
 def test_an_average_of_one_checkpoint_is_warned_about(workdir, capsys, tmp_path):
   run = str(tmp_path / "run")
   shutil.copytree(workdir, run)
@@ -2002,16 +2054,33 @@ def test_attention_rows_sum_to_one(translator):
 
 
 def test_attention_maps_cut_a_long_target_and_plot_what_each_kind_attends(translator, tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch, capsys):
   """Found by mutation testing: a target past max_len, the decoder's input pieces, each kind's
   axes, the colour scale, the grid of heads, the summary's mean over heads (read from the
-  figures themselves; how they look, sizes and fonts, is left to the eye)."""
+  figures themselves; how they look, sizes and fonts, is left to the eye). A target past
+  max_len was cut silently, even with sinusoidal positions, which read it whole: it is
+  treated as --source is, with a warning."""
   long_target = " ".join(["einhundertzwei"] * 40)
-  maps = attention_maps.attention_maps(translator, "one hundred and two", long_target)
+  pieces = len(translator.tokenizer.encode(long_target))
   max_len = translator.config.max_len
+  assert translator.config.position_encoding == "sinusoidal" and pieces > max_len
+  maps = attention_maps.attention_maps(translator, "one hundred and two", long_target)
+  assert len(maps["target_pieces"]) == pieces + 1 and maps["target_pieces"][-1] == "</s>"
+  assert maps["cross"][0].shape[1:] == (pieces + 1, len(maps["source_pieces"]))
+  assert capsys.readouterr().err == (
+      f"warning: --target: {pieces} pieces, more than the {max_len - 1} (max_len {max_len} - 1 "
+      "for eos) the model was built for: read whole, as sinusoidal positions extend past "
+      "max_len\n")
+  monkeypatch.setattr(translator, "_truncate", True)  # as with a learned position table
+  maps = attention_maps.attention_maps(translator, "one hundred and two", long_target)
+  monkeypatch.undo()
   assert len(maps["target_pieces"]) == max_len and maps["target_pieces"][-1] == "</s>"
   assert maps["decoder_input_pieces"] == ["<s>"] + maps["target_pieces"][:-1]
   assert maps["cross"][0].shape[1:] == (max_len, len(maps["source_pieces"]))
+  assert capsys.readouterr().err == (
+      f"warning: --target: {pieces} pieces, more than the model's maximum of {max_len - 1} "
+      f"(max_len {max_len} - 1 for eos; its learned position table ends there): truncated to "
+      f"{max_len - 1} pieces, the plot shows those\n")
   src, tgt, dec = ["a", "b", "</s>"], ["x", "y", "z", "</s>"], ["<s>", "x", "y", "z"]
   rng = np.random.default_rng(0)
   def weights(queries, keys, heads=6):

@@ -36,6 +36,7 @@ from scripts_under_test import load_script
 import tiny_config
 
 replay_script = load_script("replay_early_stopping")
+compare_script = load_script("compare_runs")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = [sys.executable, os.path.join(REPO, "scripts", "train.py"), "--config",
@@ -639,9 +640,31 @@ def test_prepare_data_checks_what_train_checks(tmp_path, data_dir, capsys):
           "--config.data.vocab_size=100"]
   assert prepare.main(argv + text) == 0
   assert os.path.exists(work / "spm.model")
+  before = workdir_lib.tokenizer_record(str(work / "spm.model"))
   capsys.readouterr()
   assert prepare.main(argv + text[:2] + ["--config.data.vocab_size=120"]) == 1
   assert "data.vocab_size: 100 -> 120" in capsys.readouterr().err
+  # The deprecated --set gets the same checks (it skipped them all and trained a new one).
+  with pytest.warns(DeprecationWarning):
+    assert prepare.main(argv + text[:2] + ["--set", "vocab_size=120"]) == 1
+  assert "data.vocab_size: 100 -> 120" in capsys.readouterr().err
+  assert workdir_lib.tokenizer_record(str(work / "spm.model")) == before
+
+
+def test_prepare_data_with_set_refuses_a_workdir_inside_a_run_and_warns_once(tmp_path):
+  """`--set` skipped the workdir checks; its deprecation was printed twice (our line, and
+  Python's own display of the DeprecationWarning raised in the script)."""
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "config.json").write_text("{}")
+  inside = run / "checkpoints" / "new"
+  proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "prepare_data.py"),
+                         "--workdir", str(inside), "--set", "vocab_size=300"],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1, proc.stderr
+  assert proc.stderr.count("is deprecated") == 1, proc.stderr
+  assert f"error: --workdir {inside} is inside the run {run} (its checkpoints/)" in proc.stderr
+  assert os.listdir(run / "checkpoints") == []
 
 
 def _relative_corpus(tmp_path, monkeypatch):
@@ -1000,9 +1023,9 @@ def test_replaying_early_stopping_over_a_finished_runs_metrics(tmp_path, capsys)
   assert (rows[0]["metric"], rows[0]["run_best_step"], rows[0]["run_best_value"],
           rows[0]["num_train_steps"], rows[0]["trained_to"]) == ("bleu", 6, 12.5, 10, 10)
   assert "| 2 | 0 | does not stop | 10 (10) | 12.5000 (6) | 12.5000 (6) |" in out  # 10: the end
-  assert replay_script.main(["--metric", "eval_loss", "--patience", "1", run, run]) == 0
+  assert replay_script.main(["--metric", "eval_loss", "--patience", "1", run, run + "/"]) == 0
   lines = capsys.readouterr().out.splitlines()  # runs as arguments too (a sweep's points)
-  assert [json.loads(line)["stop_step"] for line in lines[-2:]] == [None, None]
+  assert [json.loads(line)["stop_step"] for line in lines if line.startswith("{")] == [None]
   assert replay_script.main(["--patience", "1"]) == 1
   assert "no run to replay" in capsys.readouterr().err
   for flags, message in [(["--patience", "0"], "--patience=0: expected comma-separated integers"),
@@ -1016,8 +1039,86 @@ def test_replaying_early_stopping_over_a_finished_runs_metrics(tmp_path, capsys)
   workdir_lib.write_config(run, c, experiment.transformer_config(c, vocab_size=32))
   assert replay_script.main(["--workdir", run, "--patience", "2"]) == 1
   assert "trained without keep_best: name the metric" in capsys.readouterr().err
-  assert replay_script.main(["--workdir", str(tmp_path), "--patience", "2"]) == 1
-  assert "holds no records" in capsys.readouterr().err
+  os.makedirs(tmp_path / "empty")
+  assert replay_script.main(["--workdir", str(tmp_path / "empty"), "--patience", "2"]) == 1
+  assert "empty holds no training run: no config.json in it" in capsys.readouterr().err
+
+
+def test_replaying_a_sweeps_points_warns_of_those_with_nothing_to_replay(tmp_path, capsys):
+  """`replay_early_stopping.py runs/sweep/*/`: the sweep's slurm/, a point that has not logged
+  a step, one not evaluated yet, a folder gone, or the sweep named too, each ended the table."""
+  c = tiny_config.get_config()
+  c.update(num_train_steps=10, keep_best="bleu")
+  sweep = tmp_path / "sweep"
+  for name, records in [("a", [{"step": 2, "bleu": 10.0}, {"step": 4, "bleu": 9.0}]),
+                        ("started", None), ("training", [{"step": 1, "train_loss": 2.0}])]:
+    os.makedirs(sweep / name)
+    workdir_lib.write_config(str(sweep / name), c, experiment.transformer_config(c, vocab_size=32))
+    if records:
+      with open(sweep / name / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+  os.makedirs(sweep / "slurm")
+  args = [f"{sweep / n}/" for n in ("a", "slurm", "started", "training")]
+  assert replay_script.main(["--patience", "1", *args, str(sweep), str(tmp_path / "gone")]) == 0
+  out, err = capsys.readouterr()
+  rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+  assert [(r["workdir"], r["stop_step"], r["trained_to"]) for r in rows] == [
+      (str(sweep / "a"), 4, 4)], out  # once, though named twice
+  assert err.splitlines() == [
+      f"replay_early_stopping: warning: {sweep}/slurm holds no training run: no config.json "
+      "in it or in the directories directly under it. Pass the workdirs of training runs (each "
+      "holds config.json), sweep directories, or a directory of them",
+      f"replay_early_stopping: warning: --workdir {tmp_path}/gone does not exist: pass the "
+      "directory of a training run",
+      f"replay_early_stopping: warning: {sweep}/started has no metrics yet ({sweep}/started/"
+      "metrics.jsonl holds no step): nothing to replay until it has logged evaluations (left "
+      "out)",
+      f"replay_early_stopping: warning: {sweep}/training's metrics.jsonl has no evaluation of "
+      "bleu (yet): choose a metric it logged (bleu needs bleu_every_steps, the eval_ metrics "
+      "eval_every_steps), or wait for a run still training to evaluate (left out)"], err
+  # Nothing to replay anywhere: an error after the warnings.
+  assert replay_script.main(["--patience", "1", *args[1:]]) == 1
+  err = capsys.readouterr().err
+  assert err.count("warning:") == 3 and err.splitlines()[-1].startswith(
+      "error: nothing to replay in "), err
+
+
+def test_compare_runs_says_how_to_get_a_test_score_and_refuses_a_directory_as_out(tmp_path,
+                                                                                  capsys):
+  """--metric test_bleu of runs without evaluate.py results suggested 'bleu' (training's
+  validation BLEU); --out DIR/ wrote the hidden DIR/.csv and DIR/.md."""
+  c = tiny_config.get_config()
+  run = str(tmp_path / "run")
+  os.makedirs(run)
+  workdir_lib.write_config(run, c, experiment.transformer_config(c, vocab_size=32))
+  with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+    f.write(json.dumps({"step": 2, "bleu": 10.0, "best_bleu": 10.0, "eval_loss": 2.0}) + "\n")
+  for metric, command in [
+      ("test_bleu", "--split test"), ("validation_chrf", "--split validation"),
+      ("newstest_bleu", "--source SRC --reference REF --name newstest"),
+      ("tset_bleu", "--source SRC --reference REF --name tset")]:
+    assert compare_script.main([run, "--metric", metric]) == 1
+    err = capsys.readouterr().err
+    split = metric.rsplit("_", 1)[0]
+    assert err.startswith(f"error: --metric {metric}: no run has an evaluate.py result for the "
+                          f"{split} split ({metric} is evaluate.py's score, not one training "
+                          "logs; training's own validation BLEU is --metric bleu): run "
+                          f"scripts/evaluate.py --workdir W {command} for each run W first"), err
+    assert "did you mean 'bleu'" not in err, err
+  assert "; or did you mean --metric test_bleu?" in err  # tset_bleu
+  # A metric training logs is still told apart from its misspelling.
+  assert compare_script.main([run, "--metric", "blue"]) == 1
+  assert "no run logged it; did you mean 'bleu'?" in capsys.readouterr().err
+  (tmp_path / "tables").mkdir()
+  for out in (str(tmp_path / "tables"), f"{tmp_path}/new/"):
+    assert compare_script.main([run, "--out", out]) == 1
+    assert capsys.readouterr().err == (
+        f"error: --out {out} names a directory: --out takes the start of the files' names "
+        f"(PREFIX.csv, PREFIX.md): give e.g. --out {os.path.join(out, 'compare')} for "
+        f"{os.path.join(out, 'compare')}.csv and {os.path.join(out, 'compare')}.md\n")
+  assert os.listdir(tmp_path / "tables") == [] and not os.path.exists(tmp_path / "new")
+  assert compare_script.main([run, "--out", str(tmp_path / "tables" / "t")]) == 0
+  assert sorted(os.listdir(tmp_path / "tables")) == ["t.csv", "t.md"]
 
 
 def test_a_stop_record_counts_only_as_the_runs_last_word(tmp_path):

@@ -71,11 +71,13 @@ def paired_bootstrap(systems: list[list[str]], references: list[str],
   if len(references) > BOOTSTRAP_MAX_SENTENCES:
     return [None] * len(systems)
   _, results = _bootstrap(systems, references, samples)
-  # sacreBLEU counts resampled differences strictly above the observed one, so a system with
-  # the same translation of every sentence as the first (two searches that agree everywhere)
-  # gets its smallest p-value, 1/(samples + 1): "significant". No difference is none: p = 1.
-  return [None] + [1.0 if list(h) == list(systems[0]) else float(r.p_value)
-                   for h, r in zip(systems[1:], results[1:])]
+  # The p-value is the chance of a difference at least as large as the observed one; every
+  # difference is at least 0, so an observed 0 has p = 1. sacreBLEU's p is (1 + the number of
+  # centred resampled differences strictly above the observed one) / (samples + 1): about 0.5
+  # for an observed 0, and its floor, 1/(samples + 1), "significant", where every resample
+  # differs by 0 too (the same translations, or other ones that all score the same).
+  baseline = results[0].score
+  return [None] + [1.0 if r.score == baseline else float(r.p_value) for r in results[1:]]
 
 
 def corpus_chrf(hypotheses: list[str], references: list[str]) -> tuple[float, str]:

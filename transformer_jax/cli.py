@@ -58,7 +58,11 @@ def run(body: Callable[[flags.FlagValues, list[str]], int | None],
   `absl_level`: the read-only tools pass ERROR to hide Orbax's notices.
   """
   try:
-    return _run(body, argv, doc, define, config, config_help, positional, absl_level)
+    code = _run(body, argv, doc, define, config, config_help, positional, absl_level)
+    # What is still buffered is written here, where a reader gone is handled below, not by
+    # Python's flush at exit ("Exception ignored ... BrokenPipeError", exit 120).
+    sys.stdout.flush()
+    return code
   except BrokenPipeError:  # the reader went away (`--help | head`): nothing left to say
     # Python flushes stdout again at exit: pointed at /dev/null, that flush cannot fail too.
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -141,6 +145,8 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
   logging.getLogger("absl").setLevel(absl_level)  # Orbax's and TFDS's notices
   try:
     return int(body(values, rest[1:]) or 0)
+  except BrokenPipeError:  # an OSError, but no error of the user's: `run` ends quietly
+    raise
   except USER_ERRORS as e:
     print(f"error: {e}{_where(e)}", file=sys.stderr)
     return 1
@@ -287,7 +293,12 @@ def evaluations(values: flags.FlagValues):
 
 
 def deprecated(old: str, new: str) -> None:
-  """A renamed flag keeps its old spelling for one release, with this warning."""
+  """A renamed flag keeps its old spelling for one release, with this warning: one line on
+  stderr, and a DeprecationWarning at the caller's line for code that records warnings."""
   message = f"{old} is deprecated and will be removed in the next release: use {new}"
-  warnings.warn(message, DeprecationWarning, stacklevel=2)
+  caller = sys._getframe(1)
+  # Filed under this module's name: Python's default filters show a DeprecationWarning raised
+  # in __main__ (a script's own line), which printed the message a second time.
+  warnings.warn_explicit(message, DeprecationWarning, caller.f_code.co_filename,
+                         caller.f_lineno, module=__name__)
   print(f"warning: {message}", file=sys.stderr)

@@ -46,8 +46,8 @@ def attention_maps(translator: Translator, source: str, target: str | None = Non
     if not out:  # e.g. an empty shell variable: a plot of eos alone would look like a result
       raise RunError("the target sentence is empty: pass the translation to teacher-force, or "
                      "leave --target out to plot the model's own")
-  # The decoder reads at most max_len positions; the cut keeps eos for the plot's last row.
-  tgt = list(out)[:translator.config.max_len - 1] + [translator.config.eos_id]
+  tgt = _with_eos(translator, out, "--target" if target is not None else
+                  "the model's translation")
   model = Transformer(translator.config.replace(deterministic=True, decode=False))
   _, variables = _teacher_forced(model, translator.params, np.asarray([src], np.int32),
                                  np.asarray([tgt], np.int32))
@@ -68,6 +68,26 @@ def attention_maps(translator: Translator, source: str, target: str | None = Non
                      f"{translator.config.attention_impl!r} must be 'xla' to expose them")
     maps[kind] = [layers[i] for i in sorted(layers)]
   return maps
+
+
+def _with_eos(translator: Translator, ids, name: str) -> list[int]:
+  """The target `ids` with eos, to teacher-force. Past max_len - 1 pieces it is treated as
+  `Translator.encode` treats --source, with a warning naming it: cut where the model has a
+  learned position table (or truncation was asked for), the cut keeping eos for the plot's
+  last row; read whole with sinusoidal positions, which extend past max_len."""
+  cfg, limit = translator.config, translator.max_source_pieces  # max_len - 1: eos is appended
+  ids = list(ids)
+  if len(ids) > limit:
+    if translator.truncate:
+      warn_stderr(f"{name}: {len(ids)} pieces, more than the model's maximum of {limit} "
+                  f"(max_len {cfg.max_len} - 1 for eos; its learned position table ends "
+                  f"there): truncated to {limit} pieces, the plot shows those")
+      ids = ids[:limit]
+    else:
+      warn_stderr(f"{name}: {len(ids)} pieces, more than the {limit} (max_len {cfg.max_len} - "
+                  "1 for eos) the model was built for: read whole, as sinusoidal positions "
+                  "extend past max_len")
+  return ids + [cfg.eos_id]
 
 
 def _teacher_forced(model, params, inputs, targets):

@@ -171,7 +171,7 @@ def grid_table(split: str, results: Sequence[dict],
 def search_tag(beam_size: int, alpha: float, max_len_margin: int) -> str:
   """`greedy` or `beam4.alpha0.6`, plus `.margin20` when the margin is not the paper's 50."""
   # 6 significant digits, unless two alphas would then share a tag (and a file): all of them.
-  shown = f"{alpha:g}" if beam_size == 1 or float(f"{alpha:g}") == alpha else repr(alpha)
+  shown = f"{alpha:g}" if float(f"{alpha:g}") == alpha else repr(alpha)
   tag = "greedy" if beam_size == 1 else f"beam{beam_size}.alpha{shown}"
   return tag if max_len_margin == 50 else f"{tag}.margin{max_len_margin}"
 
@@ -331,6 +331,10 @@ def own_test_set(source: str | None, reference: str | None, name: str | None = N
     raise RunError(f"{given} must be letters, digits, '_', '.' or '-': pass another with "
                    "--name")
   pairs = file_pairs(source, reference, target_flag)
+  if not pairs:  # said before a model is loaded, naming the files, not a "split"
+    raise RunError(f"--source {source} and --{target_flag} {reference} are empty: nothing to "
+                   "score. Give the sources and their targets, one sentence a line, "
+                   "line-aligned")
   return (name, pairs,
           {"source_file": os.path.abspath(source),
            f"{target_flag}_file": os.path.abspath(reference)},

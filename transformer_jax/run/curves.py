@@ -16,6 +16,7 @@ import os
 from matplotlib.figure import Figure
 
 from transformer_jax.run.metrics import read_metrics
+from transformer_jax.run.workdir import RunError
 
 # Panels: (title, [(metric, curve label)]); each is drawn against step and against wall time.
 PANELS = (("loss", [("train_loss", "train"), ("eval_loss", "validation")]),
@@ -31,19 +32,27 @@ def load_series(workdir: str) -> Series:
   records = read_metrics(workdir)
   if not records:
     return {}
-  start = min(r.get("time", 0.0) for r in records)
+  # A record with no number for its time (one not written by training) is drawn against its
+  # step only: the wall-time panels have no place for it.
+  times = [r["time"] for r in records if _number(r.get("time"))]
+  start = min(times, default=0.0)
   points: dict[str, dict[int, tuple[float, float]]] = {m: {} for m in METRICS}
   for r in records:
+    hours = (r["time"] - start) / 3600 if _number(r.get("time")) else float("nan")
     for metric in METRICS:
       value = r.get(metric)
-      if isinstance(value, (int, float)) and not isinstance(value, bool):
-        points[metric][int(r["step"])] = ((r.get("time", start) - start) / 3600, float(value))
+      if _number(value):
+        points[metric][r["step"]] = (hours, float(value))
   out = {}
   for metric, by_step in points.items():
     if by_step:
       steps = sorted(by_step)
       out[metric] = (steps, [by_step[s][0] for s in steps], [by_step[s][1] for s in steps])
   return out
+
+
+def _number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def default_labels(workdirs: list[str]) -> list[str]:
@@ -60,6 +69,28 @@ def default_labels(workdirs: list[str]) -> list[str]:
       return labels
     for i in grow:
       depth[i] += 1
+
+
+def output_path(out: str, inputs: list[str]) -> str:
+  """The file `plot_runs` is to write for `--out out`, checked before anything is drawn:
+  `.png` added where it has no extension (matplotlib would add it unasked, and the path
+  printed would not be the file written); a RunError for a directory, one of the files the
+  plot reads (`inputs`), or a format matplotlib cannot write (its traceback came after the
+  drawing)."""
+  path = out if os.path.splitext(out)[1] else out + ".png"
+  if out.endswith(os.sep) or os.path.isdir(out) or os.path.isdir(path):
+    raise RunError(f"--out {out} names a directory: give the image's file name, e.g. --out "
+                   f"{os.path.join(out, 'curves.png')}")
+  if os.path.realpath(path) in {os.path.realpath(p) for p in inputs}:
+    raise RunError(f"--out {out} is {os.path.basename(path)} of a --workdir it plots, which it "
+                   f"would overwrite: give the image's own file name, e.g. --out "
+                   f"{os.path.join(os.path.dirname(path), 'curves.png')}")
+  extension = os.path.splitext(path)[1][1:].lower()
+  formats = sorted(Figure().canvas.get_supported_filetypes())
+  if extension not in formats:
+    raise RunError(f"--out {out}: .{extension} is no image format matplotlib writes: end the "
+                   f"name with one of {', '.join('.' + f for f in formats)} (.png by default)")
+  return path
 
 
 def plot_runs(runs: dict[str, Series], path: str, title: str = "") -> dict:

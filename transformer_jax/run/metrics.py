@@ -122,22 +122,28 @@ def _plain(v):
 
 
 def _truncate(workdir: str, last_step: int) -> None:
-  """Rewrite metrics.jsonl (atomically) without records after `last_step` or cut lines.
-
-  The kept records are written back as `write` wrote them (`json.dumps` of what `read_metrics`
-  parsed gives the same line), so the parsing rules stay `read_metrics`' alone.
-  """
+  """Rewrite metrics.jsonl (atomically) without the records after `last_step` (they are run
+  again) and without a last line cut short by a crash (the next record would be appended to
+  it). Every other line stays as it was, a line no reader takes (`_record`: a note added by
+  hand, other bytes) included: nothing a resume need not remove is lost."""
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return
-  text = "".join(json.dumps(r) + "\n" for r in read_metrics(workdir)
-                 if int(r.get("step", 0)) <= last_step)
-  with open(path) as f:
-    if f.read() == text:
-      return
+  with open(path, "rb") as f:
+    old = f.read()
+  kept = []
+  for line in old.splitlines(keepends=True):
+    record = _record(line)
+    if record is None and not line.endswith(b"\n"):
+      continue
+    if record is None or record["step"] <= last_step:
+      kept.append(line if line.endswith(b"\n") else line + b"\n")
+  new = b"".join(kept)
+  if new == old:
+    return
   tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
+  with open(tmp, "wb") as f:
+    f.write(new)
   os.replace(tmp, path)
 
 
@@ -169,20 +175,29 @@ def last_values(workdir: str) -> dict:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  """The records of `<workdir>/metrics.jsonl`; a line cut short by a crash is skipped."""
+  """The records of `<workdir>/metrics.jsonl`, each with an integer "step" (`_record`): a line
+  cut short by a crash is skipped, and so is any line training never writes, so every reader,
+  training's resume included, can rely on `record["step"]`."""
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return []
-  records = []
-  with open(path) as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-      except ValueError:
-        continue
-      if isinstance(record, dict):
-        records.append(record)
-  return records
+  # Bytes, decoded line by line: one line of other bytes (a disk error, a hand edit) would end
+  # the reading of the whole file with a UnicodeDecodeError.
+  with open(path, "rb") as f:
+    return [r for r in map(_record, f) if r is not None]
+
+
+def _record(line: bytes) -> dict | None:
+  """The record a line of metrics.jsonl holds, or None where it holds none: not UTF-8, not a
+  JSON object, a "step" that is missing or no integer."""
+  try:
+    record = json.loads(line.decode("utf-8"))
+  except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+    return None
+  step = record.get("step") if isinstance(record, dict) else None
+  if isinstance(step, int) and not isinstance(step, bool):  # True is 1 to Python
+    return record
+  return None
 
 
 class Progress:

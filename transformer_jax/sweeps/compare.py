@@ -27,6 +27,7 @@ from transformer_jax.sweeps.report import (
     EVERY,
     Evaluations,
     check_metric,
+    check_out_prefix,
     paired_split,
     paired_tests,
     recorded_points,
@@ -152,6 +153,8 @@ def compare(paths: Sequence[str], metric: str = "bleu", lower: bool | None = Non
   results none of which `choice` takes, one that cannot be tested paired)."""
   if paired:
     paired_split(metric)   # before reading every run
+  if out_prefix:
+    check_out_prefix(out_prefix)  # and before the table is made, only to be refused
   known = field_defaults()
   for flag, names in (("--field", show), ("--ignore", ignore)):
     for field in names:

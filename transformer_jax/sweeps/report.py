@@ -67,15 +67,15 @@ class Evaluations:
 EVERY = Evaluations()   # every result: the default
 
 
-def collect(sweep_dir: str, points: list[Point], choice: Evaluations = EVERY,
-            passed: list[tuple[str, str]] | None = None,
-            steps: Sequence[int | None] | None = None) -> tuple[list[dict], list[str]]:
-  """One row per point: its fields, status (done only where it trained the point's `steps`,
-  when given) and last metrics; and the swept field names."""
+def collect(sweep_dir: str, points: list[Point], steps: Sequence[int | None],
+            choice: Evaluations = EVERY, passed: list[tuple[str, str]] | None = None
+            ) -> tuple[list[dict], list[str]]:
+  """One row per point: its fields, status and last metrics; and the swept field names.
+  `steps`: each point's num_train_steps as sweep.json records it (`_recorded`), which a point
+  must have trained to be done (None: any DONE marker counts)."""
   fields: list[str] = []
   for p in points:
     fields += [k for k in p if k not in fields]
-  steps = list(steps) if steps is not None else [None] * len(points)
   rows = [run_row(point_dir(sweep_dir, p),
                   {"name": point_name(p), **{k: p.get(k) for k in fields}}, n,
                   choice=choice, passed=passed) for p, n in zip(points, steps)]
@@ -474,8 +474,14 @@ def check_metric(rows: list[dict], fields: list[str], metric: str, what: str,
   if logged and metric not in logged and lines:
     raise SweepError(f"--metric {metric}: no {what} has an evaluate.py score of "
                      f"{choice.describe()}; {len(lines)} have others, e.g. {lines[0]}")
+  close = difflib.get_close_matches(metric, logged, n=1)
+  scored = {_split_of(k) for k in logged} - {None, "best"}  # keep_best's best_bleu is no split
+  if (logged and metric not in logged and split and split.group(1) != "best"
+      and split.group(1) not in scored and not (close and _split_of(close[0]) in scored)):
+    # An evaluate.py score of a split no run was evaluated on (not a misspelt score a run
+    # has): "did you mean 'bleu'" would offer training's validation BLEU for a test set's.
+    raise SweepError(_not_evaluated(metric, split.group(1), what))
   if logged and metric not in logged:  # a misspelt metric: no column, no plot, no word
-    close = difflib.get_close_matches(metric, logged, n=1)
     raise SweepError(f"--metric {metric}: no {what} logged it"
                      + (f"; did you mean {close[0]!r}?" if close else ".")
                      + f" The {what}s logged: {', '.join(logged)}")
@@ -487,6 +493,30 @@ def check_metric(rows: list[dict], fields: list[str], metric: str, what: str,
             f"the trainer logs {', '.join(MAIN_METRICS)} and more"
             + (f"; did you mean {close[0]!r}?" if close else ""))
   return None
+
+
+# scripts/evaluate.py's --split choices (inference.evaluation.SPLITS, which sweeps/ does not
+# import); any other <name>_bleu is of a test set of one's own, evaluate.py --name <name>.
+_RUN_SPLITS = ("validation", "test")
+
+
+def _split_of(name: str) -> str | None:
+  """The split of an evaluate.py score's name (`test_bleu`: test), else None."""
+  match = _EVALUATED.fullmatch(name)
+  return match.group(1) if match else None
+
+
+def _not_evaluated(metric: str, split: str, what: str) -> str:
+  """Why --metric `metric`, an evaluate.py score of `split`, has no column, and the command
+  that makes one."""
+  command = (f"scripts/evaluate.py --workdir W --split {split}" if split in _RUN_SPLITS else
+             f"scripts/evaluate.py --workdir W --source SRC --reference REF --name {split}")
+  close = difflib.get_close_matches(split, _RUN_SPLITS, n=1) if split not in _RUN_SPLITS else []
+  misspelt = f"; or did you mean --metric {close[0]}{metric[len(split):]}?" if close else ""
+  return (f"--metric {metric}: no {what} has an evaluate.py result for the {split} split "
+          f"({metric} is evaluate.py's score, not one training logs; training's own "
+          f"validation BLEU is --metric bleu): run {command} for each {what} W first"
+          + misspelt)
 
 
 def recorded_points(sweep_dir: str) -> list[Point]:
@@ -509,6 +539,17 @@ def _recorded(sweep_dir: str) -> tuple[list[Point], list[int | None]]:
   steps = [p.get("num_train_steps") if isinstance(p.get("num_train_steps"), int) else None
            for p in entries]
   return points, steps
+
+
+def check_out_prefix(prefix: str) -> None:
+  """A SweepError for a `--out` prefix that names a directory (`runs/`, or one that exists):
+  the files would be `runs/.csv` and `runs/.md`, hidden, or sit beside the directory as
+  `runs.csv`, where `runs/...` was meant."""
+  if prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
+    example = os.path.join(prefix, "compare")
+    raise SweepError(f"--out {prefix} names a directory: --out takes the start of the files' "
+                     f"names (PREFIX.csv, PREFIX.md): give e.g. --out {example} for "
+                     f"{example}.csv and {example}.md")
 
 
 def tables(rows: list[dict], fields: list[str], metric: str, lower: bool | None = None,
@@ -548,7 +589,7 @@ def report(sweep_dir: str, metric: str = "bleu", lower: bool | None = None,
     paired_split(metric)   # before reading every point
   passed: list[tuple[str, str]] = []
   points, steps = _recorded(sweep_dir)
-  rows, fields = collect(sweep_dir, points, choice, passed, steps)
+  rows, fields = collect(sweep_dir, points, steps, choice, passed)
   warning = check_metric(rows, fields, metric, "point", choice, passed)
   warnings = [line for _, line in passed]
   if paired:
