@@ -252,8 +252,8 @@ def test_a_process_of_a_slurm_allocation_that_srun_did_not_start_is_told_so(monk
   calls = []
   monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
   monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
-  for key in distributed.SLURM_STEP_VARIABLES:
-    monkeypatch.delenv(key, raising=False)
+  for key in distributed.SLURM_STEP_VARIABLES + distributed.OTHER_LAUNCHERS:
+    monkeypatch.delenv(key, raising=False)   # (a test machine may run in Kubernetes)
   monkeypatch.setenv("SLURM_NTASKS", "2")
   monkeypatch.setenv("SLURM_JOB_ID", "7")
   c = tiny_config_module.get_config()
@@ -263,6 +263,14 @@ def test_a_process_of_a_slurm_allocation_that_srun_did_not_start_is_told_so(monk
                      r"\.\.\.`, or .* --config.distributed=off"):
     distributed.initialize(c)
   assert calls == []
+  # Another launcher that JAX finds (mpirun inside `sbatch -n 2`, whose ranks have the batch
+  # script's SLURM_NTASKS), or an explicit coordinator: JAX is asked, as before.
+  for launcher in ("OMPI_MCA_orte_hnp_uri", "JAX_COORDINATOR_ADDRESS"):
+    monkeypatch.setenv(launcher, "1531576320.0;tcp://10.0.0.1:34911")
+    distributed.initialize(c)
+    monkeypatch.delenv(launcher)
+  assert calls == [((), {})] * 2
+  calls.clear()
   # Inside srun's step: JAX is asked to find the rest.
   for key, value in (("SLURM_STEP_NODELIST", "node1"), ("SLURM_PROCID", "1"),
                      ("SLURM_LOCALID", "0")):

@@ -1,6 +1,7 @@
 """Sweeps: point helpers, names, skip/fail/resume bookkeeping, SLURM script, report, end to end."""
 import csv
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -291,8 +292,8 @@ def test_the_requeue_check_of_docs_scaling_md_ends_at_early_stopping(tmp_path, m
   doc's command, run as written (but for the workdir and the step), on runs the fake trainer
   left finished, stopped early, and stopped by a signal."""
   doc = open(os.path.join(REPO, "docs", "scaling.md")).read()
-  check = re.search(r'(python -c "import sys; from transformer_jax[^"]*") \|\| scontrol requeue',
-                    doc).group(1)
+  check = re.search(r'(python -c "import sys; from transformer_jax[^"]*")\n'
+                    r'if \[ \$\? -eq 3 \]; then scontrol requeue', doc).group(1)
   assert "'runs/big', 300000" in check
   fake = tmp_path / "fake_train.py"
   fake.write_text(FAKE_TRAIN)
@@ -305,7 +306,15 @@ def test_the_requeue_check_of_docs_scaling_md_ends_at_early_stopping(tmp_path, m
     command = check.replace("'runs/big', 300000", f"{workdir!r}, 3")
     proc = subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=REPO))
-    assert proc.returncode == (0 if ended else 1), (i, proc.stderr)
+    assert proc.returncode == (0 if ended else 3), (i, proc.stderr)
+  # The check failing itself (here an import that fails): not 3, so the job is not requeued
+  # for ever.
+  broken = tmp_path / "broken" / "transformer_jax"
+  broken.mkdir(parents=True)
+  (broken / "__init__.py").write_text("raise ImportError('not this checkout')\n")
+  proc = subprocess.run(["bash", "-c", command], cwd=str(tmp_path), capture_output=True,
+                        text=True, env=dict(os.environ, PYTHONPATH=str(broken.parent)))
+  assert proc.returncode == 1 and "not this checkout" in proc.stderr, proc.stderr
 
 
 def test_points_run_one_by_one_update_their_entries_of_status_json(tmp_path):
@@ -1799,6 +1808,36 @@ def test_a_signal_to_the_driver_waits_for_its_point_to_save(tmp_path, handles):
   assert not os.path.exists(points[1])   # never started
   recorded = json.load(open(os.path.join(sweep_dir, "status.json")))
   assert [r["status"] for r in recorded] == ["stopped", "not started (SIGTERM)"], recorded
+
+
+def test_the_drivers_signal_handling_in_its_parts():
+  """What a driver passes on (`_passed_on`): SIGTERM first, a second Ctrl-C as it is, SIGKILL
+  at the third signal (a point stuck where Python's handlers never run kept the driver waiting
+  for ever). A SIGINT ignored from the start (`sweep.py &`) stays ignored. A point's process
+  before exec has the driver's handlers: `_stop_with` must not have its SIGTERM swallowed."""
+  stop = sweeps.runner._Stop()
+  passed = []
+  for signum in (signal.SIGINT, signal.SIGINT, signal.SIGTERM):
+    forwarded = stop.count
+    stop._handle(signum, None)
+    passed.append(sweeps.runner._passed_on(stop, forwarded))
+  assert passed == [signal.SIGTERM, signal.SIGINT, signal.SIGKILL]
+  stop = sweeps.runner._Stop()
+  stop._handle(signal.SIGTERM, None)
+  stop._handle(signal.SIGTERM, None)
+  assert sweeps.runner._passed_on(stop, 1) == signal.SIGTERM   # a second TERM: TERM again
+  before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    with sweeps.runner._Stop() as stop:
+      assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+      assert signal.getsignal(signal.SIGTERM) == stop._handle
+      # The driver "died" before the point's prctl (its parent is not the pid given): the
+      # point sends itself SIGTERM, which must end it before it runs anything.
+      proc = subprocess.Popen([sys.executable, "-c", "pass"],
+                              preexec_fn=functools.partial(sweeps.runner._stop_with, -1))
+      assert proc.wait(timeout=60) == -signal.SIGTERM
+  finally:
+    signal.signal(signal.SIGINT, before)
 
 
 def test_exit_text_names_the_signal():

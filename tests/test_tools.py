@@ -1871,12 +1871,13 @@ def test_average_is_elementwise_mean_and_loadable(workdir, capsys, monkeypatch):
 
 def test_an_average_is_never_written_where_a_run_reads_its_own_checkpoints(workdir, capsys,
                                                                           tmp_path):
-  """--output into another run's checkpoints/ or best_<metric>/, or among trained checkpoints,
-  made that run (or that directory's reader) take the average for its own checkpoint."""
+  """--output into another run's checkpoints/, averaged/, best_<metric>/ or eval/, or among
+  trained checkpoints, made that run (or that directory's reader) take the average for its
+  own model."""
   run = str(tmp_path / "run")
   shutil.copytree(workdir, run)
   other = tmp_path / "other"
-  for name in ("checkpoints", "best_bleu"):
+  for name in ("checkpoints", "best_bleu", "averaged", "eval"):
     (other / name).mkdir(parents=True)
   shutil.copy(os.path.join(workdir, "config.json"), other / "config.json")
   os.symlink(other / "checkpoints", tmp_path / "link")
@@ -1884,7 +1885,9 @@ def test_an_average_is_never_written_where_a_run_reads_its_own_checkpoints(workd
   shutil.copytree(os.path.join(workdir, "checkpoints", "6"), os.path.join(loose, "6"))
   for output, says in (
       (str(other / "checkpoints"), f"is the checkpoints/ directory of the run {other}, which "
-                                   "that run resumes from"),
+                                   "that run reads as its own"),
+      (str(other / "averaged"), f"is the averaged/ directory of the run {other}"),
+      (str(other / "eval"), f"is the eval/ directory of the run {other}"),
       (str(tmp_path / "link"), f"is the checkpoints/ directory of the run {other}"),
       (str(other / "checkpoints" / "12"), f"is inside the checkpoints/ directory of the run "
                                           f"{other}"),
@@ -1895,11 +1898,12 @@ def test_an_average_is_never_written_where_a_run_reads_its_own_checkpoints(workd
     rc, out, err = run_main(average_script, ["--workdir", run, "--last", "2", "--output", output],
                             capsys)
     assert rc == 1 and says in err and out == "", (output, err)
-  assert os.listdir(other / "checkpoints") == [] and os.listdir(other / "best_bleu") == []
+  assert all(os.listdir(other / name) == [] for name in ("checkpoints", "best_bleu",
+                                                         "averaged", "eval"))
   assert os.listdir(loose) == ["6"]
   assert checkpointing.checkpoint_steps(os.path.join(run, "checkpoints")) == [3, 6]
-  # A new directory is fine, and so is one of averages.
-  for output in [str(tmp_path / "averages")] * 2:
+  # A new directory is fine, and so is one of averages, and the run's own averaged/ named.
+  for output in [str(tmp_path / "averages")] * 2 + [os.path.join(run, "averaged")]:
     rc, out, err = run_main(average_script, ["--workdir", run, "--last", "2", "--output", output],
                             capsys)
     assert rc == 0 and json.loads(out)["averaged_steps"] == [3, 6], err

@@ -71,23 +71,11 @@ def attention_maps(translator: Translator, source: str, target: str | None = Non
 
 
 def _with_eos(translator: Translator, ids, name: str) -> list[int]:
-  """The target `ids` with eos, to teacher-force. Past max_len - 1 pieces it is treated as
-  `Translator.encode` treats --source, with a warning naming it: cut where the model has a
-  learned position table (or truncation was asked for), the cut keeping eos for the plot's
-  last row; read whole with sinusoidal positions, which extend past max_len."""
-  cfg, limit = translator.config, translator.max_source_pieces  # max_len - 1: eos is appended
-  ids = list(ids)
-  if len(ids) > limit:
-    if translator.truncate:
-      warn_stderr(f"{name}: {len(ids)} pieces, more than the model's maximum of {limit} "
-                  f"(max_len {cfg.max_len} - 1 for eos; its learned position table ends "
-                  f"there): truncated to {limit} pieces, the plot shows those")
-      ids = ids[:limit]
-    else:
-      warn_stderr(f"{name}: {len(ids)} pieces, more than the {limit} (max_len {cfg.max_len} - "
-                  "1 for eos) the model was built for: read whole, as sinusoidal positions "
-                  "extend past max_len")
-  return ids + [cfg.eos_id]
+  """The target `ids` with eos, to teacher-force, past max_len - 1 pieces treated as
+  `Translator.encode` treats --source (`Translator.fit`): the cut keeps eos for the plot's last
+  row."""
+  return (translator.fit(ids, name, cut_note=", the plot shows those")
+          + [translator.config.eos_id])
 
 
 def _teacher_forced(model, params, inputs, targets):

@@ -508,21 +508,30 @@ class Translator:
       if not line or not pieces:
         out.append([])
         continue
-      if len(pieces) > self.max_source_pieces:
-        name = names[i] if names else f"line {i + 1}"
-        if self.truncate:
-          warn(f"{name}: {len(pieces)} pieces, more than the model's maximum of "
-               f"{self.max_source_pieces} (max_len {self.config.max_len} - 1 for eos; its "
-               f"learned position table ends there): truncated to {self.max_source_pieces} "
-               "pieces")
-          pieces = pieces[:self.max_source_pieces]
-        else:
-          warn(f"{name}: {len(pieces)} pieces, more than the {self.max_source_pieces} (max_len "
-               f"{self.config.max_len} - 1 for eos) the model was built for: read whole, as "
-               "sinusoidal positions extend past max_len, but its translation stops at "
-               f"{self.config.max_len} tokens")
-      out.append(list(pieces) + [self.tokenizer.eos_id])
+      pieces = self.fit(pieces, names[i] if names else f"line {i + 1}", warn,
+                        whole_note=f", but its translation stops at {self.config.max_len} "
+                        "tokens")
+      out.append(pieces + [self.tokenizer.eos_id])
     return out
+
+  def fit(self, pieces: Sequence[int], name: str, warn: Callable[[str], None] = warn_stderr,
+          cut_note: str = "", whole_note: str = "") -> list[int]:
+    """`pieces` (a sentence's, before its eos) as the model reads them: longer than
+    `max_len - 1`, a warning naming them (`name`, then `cut_note` or `whole_note`), and cut to
+    that length when truncating (`self.truncate`: a learned position table ends there), read
+    whole otherwise (sinusoidal positions extend past max_len)."""
+    limit, pieces = self.max_source_pieces, list(pieces)
+    if len(pieces) <= limit:
+      return pieces
+    if self.truncate:
+      warn(f"{name}: {len(pieces)} pieces, more than the model's maximum of {limit} (max_len "
+           f"{self.config.max_len} - 1 for eos; its learned position table ends there): "
+           f"truncated to {limit} pieces{cut_note}")
+      return pieces[:limit]
+    warn(f"{name}: {len(pieces)} pieces, more than the {limit} (max_len {self.config.max_len} - "
+         "1 for eos) the model was built for: read whole, as sinusoidal positions extend past "
+         f"max_len{whole_note}")
+    return pieces
 
   def detokenize(self, ids: Sequence[int]) -> str:
     return self.tokenizer.detokenize(ids)

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from transformer_jax.run import checkpointing
-from transformer_jax.run.workdir import AVERAGED, CHECKPOINTS, CONFIG, RunError, train_hint
+from transformer_jax.run.workdir import AVERAGED, RunError, owning_run, train_hint
 
 
 def average_params(trees: Iterable[tuple[str, object]]) -> object:
@@ -59,7 +59,7 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
   if last < 1:
     raise RunError(f"--last {last}: must be >= 1")
   output = os.path.abspath(output or os.path.join(workdir, AVERAGED))
-  _refuse_output(output, source)
+  _refuse_output(output, workdir, source)
   # A run that trains meanwhile deletes its oldest checkpoint as it saves a new one (keep-N):
   # a chosen step gone before it was read is chosen again from the steps there are then.
   deleted = 0
@@ -86,29 +86,25 @@ def average_checkpoints(workdir: str, last: int, output: str | None = None,
   return output, step, chosen
 
 
-def _refuse_output(output: str, source: str) -> None:
-  """Refuse an output directory a run reads as its own: this run's checkpoints, any run's
-  checkpoints/ or best_<metric>/ (that run would resume from, or evaluate as its best, the
-  average), or a directory holding checkpoints that are not averages. Compared by realpath,
-  so a link or `..` does not slip past."""
+def _refuse_output(output: str, workdir: str, source: str) -> None:
+  """Refuse an output directory a run reads as its own: this run's checkpoints, a directory
+  of any other run's (`owning_run`: its checkpoints/, averaged/, best_<metric>/ or eval/, which
+  that run would resume from, evaluate or compare as its own), or a directory holding
+  checkpoints that are not averages. The run's own `averaged/` is the default. Compared by
+  realpath, so a link or `..` does not slip past."""
   real = os.path.realpath(output)
   if real == os.path.realpath(source):
     raise RunError(f"refusing to write the average into {source}: training resumes from there; "
                    "leave out --output (the average goes into <workdir>/averaged) or pass a "
                    "directory of its own")
-  path = real
-  while os.path.dirname(path) != path:  # the directory itself, or one inside it
-    run, name = os.path.split(path)
-    if ((name == CHECKPOINTS or name.startswith("best_"))
-        and os.path.exists(os.path.join(run, CONFIG))):
-      use = "resumes from" if name == CHECKPOINTS else "takes as its best model"
-      where = "" if path == real else "inside "
-      raise RunError(f"--output {output} is {where}the {name}/ directory of the run {run}, "
-                     f"which that run {use}: the average would pass for one of its own "
-                     f"checkpoints. Pass a directory of its own (e.g. "
-                     f"{os.path.join(run, AVERAGED)}), or leave out --output for "
-                     "<workdir>/averaged")
-    path = run
+  found = owning_run(real)
+  if found and real != os.path.join(os.path.realpath(workdir), AVERAGED):
+    run, name = found
+    where = "" if real == os.path.join(run, name) else "inside "
+    raise RunError(f"--output {output} is {where}the {name}/ directory of the run {run}, "
+                   f"which that run reads as its own: the average would pass for one of its "
+                   "models. Pass a directory outside every run's (e.g. runs/averages/<name>), "
+                   "or leave out --output for <workdir>/averaged")
   trained = [s for s in checkpointing.checkpoint_steps(output)
              if averaged_steps(output, s) is None]
   if trained:

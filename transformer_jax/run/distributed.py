@@ -53,16 +53,22 @@ def initialize(config) -> None:
 # task of a step; a batch script or an `salloc` shell has SLURM_NTASKS without them.
 SLURM_STEP_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
                         "SLURM_LOCALID")
+# What shows another launcher JAX detects (an explicit coordinator; Open MPI's mpirun, which JAX
+# looks for before SLURM, e.g. `mpirun -np 2` inside `sbatch -n 2`; a TPU pod; Kubernetes):
+# such a process has its own way to join, and SLURM_NTASKS is only the allocation's.
+OTHER_LAUNCHERS = ("JAX_COORDINATOR_ADDRESS", "OMPI_MCA_orte_hnp_uri", "TPU_WORKER_HOSTNAMES",
+                   "KUBERNETES_SERVICE_HOST")
 
 
 def _check_slurm_step() -> None:
   """A multi-task SLURM allocation (SLURM_NTASKS > 1) seen from a process that srun did not
-  start: JAX would fail with "coordinator_address should be defined", which says nothing of
-  the cause. Only when no other cluster variable is present (TPU, an explicit coordinator)."""
-  if int(os.environ.get("SLURM_NTASKS", "1")) <= 1 or "JAX_COORDINATOR_ADDRESS" in os.environ:
+  start, and no other launcher (`OTHER_LAUNCHERS`): JAX would fail with "coordinator_address
+  should be defined", which says nothing of the cause."""
+  if (int(os.environ.get("SLURM_NTASKS", "1")) <= 1
+      or any(v in os.environ for v in OTHER_LAUNCHERS)):
     return
   missing = [v for v in SLURM_STEP_VARIABLES if v not in os.environ]
-  if missing and "TPU_WORKER_HOSTNAMES" not in os.environ:
+  if missing:
     raise RunError(
         f"SLURM_NTASKS={os.environ['SLURM_NTASKS']}: this is an allocation of several tasks, "
         f"but this process was not started by srun ({', '.join(missing)} unset), so it cannot "

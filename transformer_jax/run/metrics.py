@@ -6,6 +6,7 @@ so averages over several steps and devices are exact token-weighted means.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -132,7 +133,9 @@ def _truncate(workdir: str, last_step: int) -> None:
   with open(path, "rb") as f:
     old = f.read()
   kept = []
-  for line in old.splitlines(keepends=True):
+  # Lines end at "\n" alone, as `read_metrics` reads them (bytes.splitlines would also end
+  # one at a "\r" inside a line of other bytes, and drop its first part).
+  for line in io.BytesIO(old).readlines():
     record = _record(line)
     if record is None and not line.endswith(b"\n"):
       continue

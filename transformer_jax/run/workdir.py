@@ -486,21 +486,32 @@ def refusal(field: str, old, new, stored: dict, *, has_checkpoint: bool,
   return None
 
 
-def inside_another_run(workdir: str) -> str | None:
-  """Why `workdir` is no place for a new run: it is (inside) another run's checkpoints,
-  averaged, best_<metric> or eval directory, which that run rotates and rewrites."""
-  path = os.path.abspath(workdir)
+def owning_run(path: str) -> tuple[str, str] | None:
+  """(the run, the name of its directory) where `path` is or is inside a directory a run owns:
+  its checkpoints, averaged, best_<metric> or eval directory (the run's parent holds its
+  config.json), which that run reads as its own, rotates and rewrites; else None."""
+  path = os.path.abspath(path)
   while os.path.dirname(path) != path:
     parent, name = os.path.split(path)
     if ((name in (CHECKPOINTS, AVERAGED, EVAL) or name.startswith("best_"))
         and os.path.exists(os.path.join(parent, CONFIG))):
-      return (f"--workdir {workdir} is inside the run {parent} (its {name}/), not a workdir of "
-              f"its own: a run trained there would go when {parent} rotates its {name}/. To "
-              f"resume that run pass --workdir {shlex.quote(parent)}; to start from its "
-              f"parameters, a new --workdir outside it with --config.init_from="
-              f"{shlex.quote(os.path.join(parent, CHECKPOINTS))}")
+      return parent, name
     path = parent
   return None
+
+
+def inside_another_run(workdir: str) -> str | None:
+  """Why `workdir` is no place for a new run: it is (inside) another run's directory
+  (`owning_run`)."""
+  found = owning_run(workdir)
+  if found is None:
+    return None
+  parent, name = found
+  return (f"--workdir {workdir} is inside the run {parent} (its {name}/), not a workdir of "
+          f"its own: a run trained there would go when {parent} rotates its {name}/. To "
+          f"resume that run pass --workdir {shlex.quote(parent)}; to start from its "
+          f"parameters, a new --workdir outside it with --config.init_from="
+          f"{shlex.quote(os.path.join(parent, CHECKPOINTS))}")
 
 
 def refuse_inside_another_run(workdir: str) -> None:

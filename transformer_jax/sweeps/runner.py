@@ -203,10 +203,28 @@ def _stop_with(driver_pid: int) -> None:
   it dies (kill -9 included), so the point saves and stops as it does for a scheduler's
   SIGTERM, instead of training on, orphaned, holding its workdir's lock against the sweep's
   next run. (The driver starts its points from its main thread, which lives as long as it.)"""
+  # The driver's own handlers (`_Stop`) live on in this forked copy until exec: they would
+  # swallow the SIGTERMs below, and the point would train on, orphaned.
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
   if _LIBC is not None:
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != driver_pid:  # the driver died before the line above
       os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _passed_on(stop: "_Stop", forwarded: int) -> int:
+  """The signal the driver passes on to its points after `stop.count` signals, `forwarded` of
+  them passed on already. The first, of either kind, as SIGTERM (each point saves and stops; a
+  point that has the terminal's Ctrl-C too, in the same process group, takes a SIGTERM after
+  a SIGINT as nothing more). A second Ctrl-C as it is: train.py stops at once, without saving.
+  A third signal of any kind: SIGKILL, for a point stuck where Python's handlers never run (in
+  a collective, in XLA), which would keep the driver waiting for ever."""
+  if stop.count >= 3:
+    return signal.SIGKILL
+  if forwarded == 0 or stop.last != signal.SIGINT:
+    return signal.SIGTERM
+  return signal.SIGINT
 
 
 class _Stop:
@@ -224,6 +242,10 @@ class _Stop:
 
   def __enter__(self):
     for sig in (signal.SIGTERM, signal.SIGINT):
+      # A SIGINT ignored from the start (`sweep.py &` in a script) stays ignored: a Ctrl-C
+      # meant for the foreground must not stop the sweep.
+      if signal.getsignal(sig) == signal.SIG_IGN:
+        continue
       try:
         self._previous[sig] = signal.signal(sig, self._handle)
       except ValueError:
@@ -520,17 +542,12 @@ class Runner:
     forwarded = 0
     while (todo and not stop.signal) or running:
       if stop.count > forwarded:
-        # The first signal, of either kind, is passed on as SIGTERM: a point that already has
-        # it from the terminal's Ctrl-C (the same process group) takes a SIGTERM after a
-        # SIGINT as nothing more. A second Ctrl-C is passed on as it is: it stops train.py at
-        # once, without saving.
-        sig = signal.SIGTERM if forwarded == 0 or stop.last != signal.SIGINT else signal.SIGINT
         if forwarded == 0:
           log(f"{stop.signal}: stopping the {len(running)} running point(s) (each saves and "
               f"stops) and starting none of the {len(todo)} left; run the sweep again to go on")
         for _, proc, _, _ in running.values():
           if proc.poll() is None:
-            proc.send_signal(sig)
+            proc.send_signal(_passed_on(stop, forwarded))
         forwarded = stop.count
       while todo and free and not stop.signal:
         slot, i = free.pop(0), todo.pop(0)
@@ -549,6 +566,9 @@ class Runner:
             f"({exit_text(proc.returncode)}, {results[i]['seconds']} s)")
         del running[slot]
         free.append(slot)
+    if stop.signal and forwarded == 0:  # it came as the last point ended: none to pass it on to
+      log(f"{stop.signal}: starting none of the {len(todo)} point(s) left; run the sweep again "
+          "to go on")
 
   def _record(self, results: list[dict]) -> None:
     """Merge `results` into `status.json`. SLURM array tasks (`--point i` each) end at once: the
