@@ -1175,7 +1175,7 @@ def test_early_stopping_ends_the_run_resumes_to_the_same_step_and_trains_on_with
   assert early_stopping.stop_record(run) == record
   # Finished for a sweep: done, and its report row shows where it stopped and its best.
   assert runner_lib.finished(run, 12) and runner_lib.status(run, 12) == "done"
-  row = report_rows(str(tmp_path), [point])[0][0]
+  row = report_rows(str(tmp_path), [point], [None])[0][0]
   assert (row["status"], row["step"], row["stopped_early"], row["best_eval_loss_step"]) == \
       ("done", 4, 4, 3)
   # Killed during step 4's evaluation, after its save: the resume runs the evaluation, and it
