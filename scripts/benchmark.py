@@ -11,8 +11,9 @@ r"""Throughput benchmarks; each prints a table and one JSON line (docs/benchmark
 search; `kernels`: the search's costliest small operations before and after their changes;
 `data`: the input pipeline (transformer_jax/bench/). `--config` and `--config.*` apply to
 train, decode and kernels (its sizes), `--sweep`/`--sweep_config` (a curve:
-curve.csv/.md/.png) to train and decode. Only `data`
-and `--batches real` load tensorflow-datasets and grain.
+curve.csv/.md/.png) to train and decode; every other flag's help names the modes it applies to,
+and giving it with another `--what` is an error. Only `data` and `--batches real` load
+tensorflow-datasets and grain.
 """
 import functools
 import json
@@ -22,9 +23,23 @@ import _host_memory  # noqa: F401 (before jax: restarts with huge pages, see the
 from absl import flags
 
 from transformer_jax import cli, sweeps
-from transformer_jax.bench import curve, data, decode, kernels, train
+from transformer_jax.bench import common, curve, data, decode, kernels, train
 
 TRAIN, DECODE, DATA = train.TrainOptions, decode.DecodeOptions, data.DataOptions
+# The modes each flag applies to; given with another --what it would be ignored, so it is refused.
+MODES = {**dict.fromkeys(("datasets", "batching", "batch_size", "max_len", "seconds", "data_dir"),
+                         ("data",)),
+         **dict.fromkeys(("warmup", "batches", "num_batches", "matmul_n", "matmul_seconds",
+                          "profile_dir"), ("train",)),
+         **dict.fromkeys(("beams", "decode_rows", "decode_len"), ("decode", "kernels")),
+         **dict.fromkeys(("sweep", "sweep_config", "curve_dir"), ("train", "decode")),
+         "ensemble_size": ("decode",), "steps": ("train", "decode", "kernels"),
+         "workdir": ("data", "train", "decode")}
+# The config fields the other modes read instead of a data-mode flag.
+CONFIG_FIELDS = {"batch_size": "data.batch_size (or data.batch_tokens)",
+                 "max_len": "data.max_source_len and data.max_target_len",
+                 "datasets": "data.dataset", "batching": "data.batching",
+                 "data_dir": "data.data_dir"}
 
 
 def define(values):
@@ -45,42 +60,59 @@ def define(values):
   enum("batches", TRAIN.batches, list(train.BATCHES),
        "train: random tokens without padding, or the dataset's batches")
   integer("num_batches", TRAIN.num_batches, "train: distinct batches cycled", lower_bound=1)
-  integer("matmul_n", TRAIN.matmul_n, "CPU peak: matmul size")
-  number("matmul_seconds", TRAIN.matmul_seconds, "CPU peak: at least this long measuring it")
+  integer("matmul_n", TRAIN.matmul_n, "train: the CPU peak's matmul size",
+          lower_bound=train.MIN_MATMUL_N)
+  number("matmul_seconds", TRAIN.matmul_seconds, "train: at least this long measuring the CPU "
+         "peak", lower_bound=0)
   string("profile_dir", TRAIN.profile_dir, "train: after timing, trace 3 steps with "
          "jax.profiler into this directory and print device time per kernel and category")
   string("beams", ",".join(map(str, DECODE.beams)), "decode: comma-separated beam sizes; "
          "kernels: the largest above 1 (4 if none)")
   integer("decode_rows", DECODE.rows, "decode, kernels: sentences per batch "
-          "(0: data.batch_size)")
+          "(0: a training batch's rows: data.batch_size, or data.batch_tokens // the longest "
+          "row)", lower_bound=0)
   integer("decode_len", DECODE.decode_len, "decode: output length limit; kernels: "
-          "its stages give the cached slots (0: max_target_len)")
+          "its stages give the cached slots (0: max_target_len)", lower_bound=0)
   integer("ensemble_size", DECODE.ensemble_size, "decode: models searched together (an "
           "ensemble of random ones; 1: one model)", lower_bound=1)
-  flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2: a curve (repeatable: the product)",
-                            flag_values=values)
-  flags.DEFINE_bool("sweep_config", False, "a curve over the config's sweep()", flag_values=values)
-  string("curve_dir", "runs/bench_curve", "where a curve's table, plot and points go")
+  flags.DEFINE_multi_string("sweep", [], "train, decode: FIELD=V1,V2: a curve (repeatable: the "
+                            "product)", flag_values=values)
+  flags.DEFINE_bool("sweep_config", False, "train, decode: a curve over the config's sweep()",
+                    flag_values=values)
+  string("curve_dir", "runs/bench_curve", "train, decode: where a curve's table, plot and "
+         "points go")
   flags.register_validator("seconds", lambda s: s > 0, "must be > 0", flag_values=values)
   flags.register_validator("beams", lambda s: all(b.isdigit() and int(b) for b in s.split(",")),
                            "must be beam sizes >= 1, e.g. 1,4", flag_values=values)
 
 
-def body(v, args):
+def refused(v) -> str | None:
+  """Why these flags cannot run together (None: they can): one given for another mode, or a
+  combination in which one of them would do nothing."""
   configured = [f"--{n}" for n in v if n.startswith("config") and v[n].present]
   if v.what == "data" and configured:
-    print(f"error: {', '.join(configured)} apply to --what train and decode, not data",
-          file=sys.stderr)
-    return 2
-  if v.what in ("data", "kernels") and (v.sweep or v.sweep_config):
-    print(f"error: --sweep and --sweep_config apply to --what train and decode, not {v.what}",
-          file=sys.stderr)
-    return 2
+    return f"{', '.join(configured)} apply to --what train, decode and kernels, not data"
+  for name, modes in MODES.items():
+    if v[name].present and v.what not in modes:
+      listed = " and ".join(filter(None, (", ".join(modes[:-1]), modes[-1])))
+      why = f"--{name} applies to --what {listed}, not {v.what}"
+      if name in CONFIG_FIELDS:
+        why += f": --what {v.what} reads --config.{CONFIG_FIELDS[name]}"
+      return why
   if v.sweep and v.sweep_config:
-    print("error: pass --sweep or --sweep_config, not both", file=sys.stderr)
-    return 2
-  if v["ensemble_size"].present and v.what != "decode":
-    print(f"error: --ensemble_size applies to --what decode, not {v.what}", file=sys.stderr)
+    return "pass --sweep or --sweep_config, not both"
+  if v["curve_dir"].present and not (v.sweep or v.sweep_config):
+    return "--curve_dir is where a curve goes: add --sweep or --sweep_config, or drop it"
+  if v.what == "train" and v.workdir and v.batches != "real":
+    return ("--workdir keeps the dataset's tokenizer for --batches real; synthetic batches "
+            "need none: add --batches real, or drop --workdir")
+  return None
+
+
+def body(v, args):
+  why = refused(v)
+  if why:
+    print(f"error: {why}", file=sys.stderr)
     return 2
   if v.ensemble_size > 1 and v.workdir:
     print(f"error: --ensemble_size {v.ensemble_size} searches models of random parameters, "
@@ -89,7 +121,8 @@ def body(v, args):
     return 2
   try:
     return _measure(v)
-  except sweeps.SweepError as e:  # a curve the user got wrong: its fields or values
+  # A curve the user got wrong (its fields or values); sizes the model cannot take.
+  except (sweeps.SweepError, common.BenchError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
 
@@ -107,8 +140,9 @@ def _measure(v):
   elif v.sweep or v.sweep_config:
     points = (sweeps.load_sweep(v["config"].config_filename).points if v.sweep_config
               else curve.points_from_flags(v.sweep))
+    fixed = [n[len("config."):] for n in v if n.startswith("config.") and v[n].present]
     result = curve.run_curve(v.config, points, v.what, _options(v), v.curve_dir,
-                             log=lambda m: print(m, file=sys.stderr, flush=True))
+                             log=lambda m: print(m, file=sys.stderr, flush=True), fixed=fixed)
   else:
     result = (train.run if v.what == "train" else decode.run)(v.config, _options(v))
   print(json.dumps(result), flush=True)

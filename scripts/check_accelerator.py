@@ -17,22 +17,31 @@ import sys
 from absl import flags
 
 from transformer_jax import cli
-from transformer_jax.bench.accelerator import run_checks
+from transformer_jax.bench.accelerator import MIN_LENGTH, PACKED_SENTENCES, run_checks
+from transformer_jax.bench.common import FIRST_TOKEN
+from transformer_jax.config import SIZES
 
 
 def define(values):
   string, integer, number = (functools.partial(d, flag_values=values) for d in (
       flags.DEFINE_string, flags.DEFINE_integer, flags.DEFINE_float))
-  string("size", "base", "model size for the checks (tiny, small, base, big)")
-  integer("batch", 8, "rows for the attention checks")
-  integer("length", 256, "query length (keys: 5/4 of it for cross-attention)")
-  integer("model_rows", 8, "rows of the whole-model check")
-  integer("vocab", 8000, "vocabulary of the whole-model check")
+  flags.DEFINE_enum("size", "base", list(SIZES), "model size for the checks",
+                    flag_values=values)
+  integer("batch", 8, "rows for the attention checks", lower_bound=1)
+  integer("length", 256, f"query length (keys: 5/4 of it for cross-attention; >= {MIN_LENGTH})")
+  integer("model_rows", 8, "rows of the whole-model check", lower_bound=1)
+  integer("vocab", 8000, "vocabulary of the whole-model check (its random tokens are ids "
+          f"{FIRST_TOKEN} and up)", lower_bound=FIRST_TOKEN + 1)
   number("tolerance", 1e-2, "relative error a kernel check passes below (model logits: 5x, "
          "gradients: 10x)")
   integer("seed", 0, "seed of the random inputs")
   flags.DEFINE_bool("skip_model", False, "only the attention-kernel checks", flag_values=values)
   string("json", "", "also write the results to this file")
+  flags.register_validator("tolerance", lambda t: t > 0, "must be > 0", flag_values=values)
+  flags.register_validator(
+      "length", lambda n: n >= MIN_LENGTH, f"must be >= {MIN_LENGTH}: the packed checks put "
+      f"{PACKED_SENTENCES} sentences in every row, which need {MIN_LENGTH} positions or more",
+      flag_values=values)
 
 
 def body(v, args):

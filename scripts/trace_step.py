@@ -7,13 +7,13 @@ r"""Print the jaxpr of a config's jitted train step: did a refactor change the p
     cmp /tmp/now.txt /tmp/before.txt && echo "same program"
 
 Traces `steps.TrainSetup(config, model).train_step` (or `.eval_step`: the jitted steps
-training runs) on abstract batches of the config's shape (rows `data.batch_size`, lengths
-`data.max_source_len` / `data.max_target_len`) with the keys the training loop hands that step
-(every key of the batch schema for `data.batching="pack"`; `inputs` and `targets` alone for the
-unpacked batchings and for evaluation) and the config's `data.vocab_size`: nothing is
-compiled, run or read from disk, so it takes seconds. The same jaxpr means the same operations
-on the same values in the same order; a run made at one commit then stands for the other
-(docs/results.md uses it).
+training runs) on abstract batches of the config's shape (a training batch's rows:
+`data.batch_size`, or `data.batch_tokens` // the longest row; lengths `data.max_source_len` /
+`data.max_target_len`) with the keys the training loop hands that step (every key of the batch
+schema for `data.batching="pack"`; `inputs` and `targets` alone for the unpacked batchings and
+for evaluation) and the config's `data.vocab_size`: nothing is compiled, run or read from disk,
+so it takes seconds. The same jaxpr means the same operations on the same values in the same
+order; a run made at one commit then stands for the other (docs/results.md uses it).
 `--what eval` prints the evaluation step instead.
 """
 import sys
@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from transformer_jax import batch as batch_lib
 from transformer_jax import cli, steps
+from transformer_jax.data.config import global_rows
 from transformer_jax.experiment import transformer_config
 from transformer_jax.run.workdir import RunError
 
@@ -34,15 +35,21 @@ def define(values):
                     flag_values=values)
 
 
-def step_jaxpr(config, what: str = "train") -> str:
-  """The jaxpr of the config's train (or eval) step, as text."""
-  setup = steps.TrainSetup(config, transformer_config(config, config.data.vocab_size))
+def abstract_batch(config, what: str = "train") -> dict:
+  """The batch the loop hands the step, as shapes: a training batch's rows (`global_rows`, as
+  run/trainer.py), every key of the schema for packed training batches."""
   d = config.data
   lengths = {"inputs": d.max_source_len, "targets": d.max_target_len}
   packed = what == "train" and batch_lib.packs(d.batching)   # as the loop (run/trainer.py)
   keys = {side: batch_lib.side_keys(side) if packed else (side,) for side in lengths}
-  batch = {key: jax.ShapeDtypeStruct((d.batch_size, lengths[side]), jnp.int32)
-           for side in lengths for key in keys[side]}
+  return {key: jax.ShapeDtypeStruct((global_rows(d), lengths[side]), jnp.int32)
+          for side in lengths for key in keys[side]}
+
+
+def step_jaxpr(config, what: str = "train") -> str:
+  """The jaxpr of the config's train (or eval) step, as text."""
+  setup = steps.TrainSetup(config, transformer_config(config, config.data.vocab_size))
+  batch = abstract_batch(config, what)
   with setup.context():
     if what == "train":
       return str(setup.train_step.trace(setup.state_shapes, batch).jaxpr)

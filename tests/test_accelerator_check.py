@@ -14,6 +14,8 @@ from transformer_jax.attention import LengthMask
 from transformer_jax.bench import accelerator as acc
 from transformer_jax.config import model_config
 
+from scripts_under_test import load_script
+
 
 def test_packed_segments_are_whole_sentences_and_positions_restart_in_each():
   seg = acc.packed_segments(np.random.default_rng(0), 4, 20, max_segments=5)
@@ -297,3 +299,21 @@ def test_a_gpus_model_check_needs_cudnns_kernel_where_cudnn_was_asked_for():
       ("model tiny (padded): bf16, cuDNN, lengths", False, False)]
   for r in rows:  # the loss per real target token: about ln(32) for an untrained model
     assert 2.5 < r["reference_loss"] < 5.0 and r["shape"] == [2, 8], r
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--size", "huge"], "--size=huge: value should be one of <tiny|small|base|big>"),
+    (["--length", "6"], f"--length=6: must be >= {acc.MIN_LENGTH}: the packed checks put 6 "
+     "sentences in every row"),
+    (["--batch", "0"], "--batch=0"),
+    (["--vocab", "4"], "--vocab=4"),
+    (["--tolerance", "0"], "--tolerance=0.0: must be > 0"),
+])
+def test_check_accelerator_refuses_what_its_checks_cannot_run(argv, message, capsys):
+  assert load_script("check_accelerator").main(argv) == 2
+  err = capsys.readouterr().err
+  assert message in err and "Traceback" not in err, err
+  # The shortest length it accepts runs: every packed row holds its sentences.
+  assert acc.MIN_LENGTH == acc.PACKED_SENTENCES + 1
+  segments = acc.packed_segments(np.random.default_rng(0), 2, acc.MIN_LENGTH)
+  assert all(set(row[row > 0]) == set(range(1, 7)) for row in segments[::2])

@@ -286,16 +286,28 @@ def test_train_benchmark_figures_and_table_are_the_arithmetic_of_the_times():
       ("compilations of the step", "1")]
 
 
-def test_benchmark_table_load_average_memory_and_random_tokens(monkeypatch, capsys):
+def test_benchmark_table_load_average_memory_and_random_tokens(monkeypatch, capsys, tmp_path):
   bench_common.print_table("title", [("a", "1"), ("longer key", "2")])
   rule = "-" * (len("longer key") + 24)
   assert capsys.readouterr().out == f"\ntitle\n{rule}\na           1\nlonger key  2\n{rule}\n"
   monkeypatch.setattr(bench_common.os, "getloadavg", lambda: (1.23456, 0.5, 2.0))
   assert bench_common.load_average() == [1.23, 0.5, 2.0]
-  # On CPU the allocator keeps no statistics: the process's peak RSS, in KiB on Linux.
+  # On CPU the allocator keeps no statistics: the process's peak RSS, VmHWM (kB) from
+  # /proc/self/status; of this run after a reset, the process's so far without one.
+  status, clear_refs = tmp_path / "status", tmp_path / "clear_refs"
+  status.write_text("Name:\tpython\nVmHWM:\t    1000 kB\nVmRSS:\t     900 kB\n")
+  monkeypatch.setattr(bench_common, "STATUS", str(status))
+  monkeypatch.setattr(bench_common, "CLEAR_REFS", str(clear_refs))
+  assert bench_common.reset_peak_memory() and clear_refs.read_text() == "5"
+  assert bench_common.peak_memory(True) == (1024000, "peak RSS of this run (CPU)")
+  assert bench_common.peak_memory() == (1024000, "process peak RSS so far (CPU)")
+  # No reset where clear_refs cannot be written; ru_maxrss (KiB on Linux) without VmHWM.
+  monkeypatch.setattr(bench_common, "CLEAR_REFS", str(tmp_path / "none" / "clear_refs"))
+  assert not bench_common.reset_peak_memory()
+  status.write_text("Name:\tpython\n")
   monkeypatch.setattr(bench_common.resource, "getrusage",
-                      lambda who: types.SimpleNamespace(ru_maxrss=1000))
-  assert bench_common.peak_memory() == (1024000, "process peak RSS (CPU)")
+                      lambda who: types.SimpleNamespace(ru_maxrss=2000))
+  assert bench_common.peak_memory(True) == (2048000, "process peak RSS so far (CPU)")
   # Random real tokens: ids 4 (the first after the special ids) to vocab_size - 1.
   c = tiny_config_with()
   (b,) = bench_common.synthetic_batches(c, 6, 1)
@@ -332,9 +344,21 @@ class FakeSetup:
     return contextlib.nullcontext()
 
   def train_step(self, state, batch):
-    self.calls.append(batch)
+    self.calls.append(batch.name)
     self.clock.sleep(len(self.calls) / 1000)
     return Pending(self.clock, 0.010), {"loss": np.float32(6.0), "tokens": np.float32(4.0)}
+
+
+class NamedBatch(dict):
+  """A batch of `shapes` (zeros) that FakeSetup's step records by its name."""
+
+  def __init__(self, name, **shapes):
+    super().__init__({k: np.zeros(shape, np.int32) for k, shape in shapes.items()})
+    self.name = name
+
+
+def named_batches(*names, shape=(8, 32)) -> list:
+  return [NamedBatch(name, inputs=shape, targets=shape) for name in names]
 
 
 def test_train_benchmark_cycles_the_batches_and_times_each_step(monkeypatch):
@@ -342,7 +366,7 @@ def test_train_benchmark_cycles_the_batches_and_times_each_step(monkeypatch):
   monkeypatch.setattr(bench_train, "time", clock)
   setup = FakeSetup(clock)
   options = bench_train.TrainOptions(steps=4, warmup=3, matmul_n=64, matmul_seconds=0)
-  t = bench_train._timed(setup, 0, ["b0", "b1", "b2"], options)
+  t = bench_train._timed(setup, 0, named_batches("b0", "b1", "b2"), options)
   # Warm-up (the first call compiles), the timed steps one by one, then back to back.
   assert setup.calls == ["b0", "b1", "b2"] + ["b0", "b1", "b2", "b0"] * 2
   assert t["used"] == [0, 1, 2, 0] and t["loss"] == 1.5
@@ -353,6 +377,21 @@ def test_train_benchmark_cycles_the_batches_and_times_each_step(monkeypatch):
   assert t["times"] == pytest.approx([0.014, 0.015, 0.016, 0.017])
   assert t["back_to_back"] == pytest.approx((0.008 + 0.009 + 0.010 + 0.011 + 0.010) / 4)
   assert t["peak"][0] > 0 and t["peak"][1].startswith("measured")
+
+
+def test_the_train_benchmark_warms_up_on_every_batch_shape_before_timing(monkeypatch):
+  # Bucketed real batches come in several shapes, each compiling its own program: the first
+  # batch of each shape gets one untimed step, so that no timed step compiles.
+  clock = FakeClock()
+  monkeypatch.setattr(bench_train, "time", clock)
+  setup = FakeSetup(clock)
+  batches = [*named_batches("a0"), *named_batches("b0", shape=(16, 16)), *named_batches("a1"),
+             NamedBatch("c0", inputs=(8, 32), targets=(8, 24))]
+  assert bench_train.first_of_each_shape(batches) == [0, 1, 3]
+  options = bench_train.TrainOptions(steps=4, warmup=2, matmul_n=64, matmul_seconds=0)
+  t = bench_train._timed(setup, 0, batches, options)
+  assert setup.calls[:4] == ["a0", "b0", "c0", "b0"]   # the shapes', then warm-up step 2
+  assert setup.calls[4:8] == ["a0", "b0", "a1", "c0"] and t["used"] == [0, 1, 2, 3]
 
 
 def test_benchmark_profile_summary(tmp_path):
@@ -445,21 +484,33 @@ def test_an_mfu_above_100_percent_on_a_small_measured_matmul_is_explained(monkey
                       lambda dtype, n, **kw: (1e6, f"measured {dtype} {n}x{n} matmul"))
 
   class Recompiling(bench_train.TrainSetup):
-    """A step that reports two compilations, as one given batches of two shapes would."""
+    """A step that reports three compilations, one more than its batches' two shapes need."""
 
     def __init__(self, *args):
       super().__init__(*args)
       step = self.train_step
       self.train_step = lambda *a: step(*a)
-      self.train_step._cache_size = lambda: 2
+      self.train_step._cache_size = lambda: 3
 
   monkeypatch.setattr(bench_train, "TrainSetup", Recompiling)
+  # Batches of two shapes (as bucketed real batches are): each is named in the table.
+  real = bench_train._model_and_batches
+
+  def two_shapes(config, options):
+    model_cfg, batches = real(config, options)
+    return model_cfg, batches + [{k: v[:, :16] for k, v in batches[0].items()}]
+
+  monkeypatch.setattr(bench_train, "_model_and_batches", two_shapes)
   options = bench_train.TrainOptions(steps=1, warmup=2, matmul_n=256, matmul_seconds=0)
   result = bench_train.run(tiny_config_with(), options)
-  assert result["figures"]["mfu"] > 1 and result["figures"]["compilations"] == 2
+  assert result["figures"]["mfu"] > 1 and result["figures"]["compilations"] == 3
   out, err = capsys.readouterr()
-  assert err == "WARNING: the train step compiled 2 times\n"
-  assert "\nwarm-up (untimed)         2 steps, the first compiles\n" in out
+  assert err == "WARNING: the train step compiled 3 times for 2 batch shapes\n"
+  assert ("\nwarm-up (untimed)         2 steps, the first compiles; 1 more on the other batch "
+          "shape\n") in out
+  shapes = [{"inputs": [8, n], "targets": [8, n]} for n in (32, 16)]
+  assert result["shapes"] == shapes[0] and result["distinct_shapes"] == shapes
+  assert f"\nbatch shapes              {shapes[0]}; {shapes[1]}\n" in out
   notes = [line for line in out.splitlines() if line.startswith("note:")]
   assert len(notes) == 1 and "(measured float32 256x256 matmul) is below the CPU's" in notes[0]
   assert "default 2048" in notes[0]
@@ -616,8 +667,29 @@ def test_the_kernels_loop_runs_each_step_once_an_iteration_on_shifted_inputs():
     (["--what", "train", "--config", TINY, "--sweep", "data.batch_size=8,16",
       "--sweep_config"], "pass --sweep or --sweep_config, not both"),
     (["--what", "data", "--config.model.d_model=8"], "--config.model.d_model apply to --what"),
-    (["--what", "data", "--config", TINY], "--config apply to --what train and decode"),
+    (["--what", "data", "--config", TINY], "--config apply to --what train, decode and kernels"),
     (["--what", "train", "--warmup", "0"], "--warmup=0"),
+    # A flag of another mode would be ignored: refused, naming the modes it applies to.
+    (["--what", "decode", "--profile_dir", "x"], "--profile_dir applies to --what train, not "
+     "decode"),
+    (["--what", "kernels", "--warmup", "2"], "--warmup applies to --what train, not kernels"),
+    (["--what", "decode", "--batches", "real"], "--batches applies to --what train, not decode"),
+    (["--what", "kernels", "--num_batches", "2"], "--num_batches applies to --what train"),
+    (["--what", "decode", "--matmul_n", "64"], "--matmul_n applies to --what train, not decode"),
+    (["--what", "train", "--decode_rows", "2"], "--decode_rows applies to --what decode and "
+     "kernels, not train"),
+    (["--what", "data", "--steps", "3"], "--steps applies to --what train, decode and kernels, "
+     "not data"),
+    (["--what", "train", "--batch_size", "4"], "--batch_size applies to --what data, not train: "
+     "--what train reads --config.data.batch_size"),
+    (["--what", "kernels", "--workdir", "x"], "--workdir applies to --what data, train and "
+     "decode, not kernels"),
+    (["--what", "train", "--workdir", "x"], "add --batches real, or drop --workdir"),
+    (["--what", "train", "--curve_dir", "x"], "add --sweep or --sweep_config, or drop it"),
+    # Numbers no run can take.
+    (["--what", "train", "--matmul_n", "0"], "--matmul_n=0: 0 is not integer >= 16"),
+    (["--what", "decode", "--decode_rows", "-2"], "--decode_rows=-2"),
+    (["--what", "decode", "--decode_len", "-1"], "--decode_len=-1"),
     (["--what", "decode", "--beams", "1,0"], "--beams=1,0: must be beam sizes >= 1"),
     (["--what", "train", "--ensemble_size", "2"], "--ensemble_size applies to --what decode"),
     (["--what", "decode", "--ensemble_size", "2", "--workdir", "runs/x"],
@@ -627,6 +699,28 @@ def test_the_kernels_loop_runs_each_step_once_an_iteration_on_shifted_inputs():
 def test_benchmark_rejects_bad_flags(argv, message, capsys):
   assert benchmark.main(argv) == 2
   assert message in capsys.readouterr().err
+
+
+def test_the_documented_benchmark_command_lines_pass_the_flag_checks(monkeypatch):
+  # docs/benchmarks.md's, README.md's and scripts/benchmark_gpu.sh's (without measuring).
+  measured = []
+  monkeypatch.setattr(benchmark, "_measure", lambda v: measured.append(v.what) or 0)
+  config = os.path.join(REPO, "configs", "cpu_reference.py")
+  gpu = os.path.join(REPO, "configs", "wmt14_ende.py") + ":base"
+  for argv in (
+      ["--what", "train", "--config", config, "--steps", "30"],
+      ["--what", "train", "--config", config, "--sweep", "data.batch_size=8,16,32,64", "--sweep",
+       "model.fused_qkv=False,True", "--curve_dir", "runs/curve"],
+      ["--what", "train", "--config", gpu, "--steps", "3", "--warmup", "5",
+       "--config.model.fused_qkv=True", "--profile_dir", "x"],
+      ["--what", "decode", "--config", config, "--beams", "1,4", "--steps", "7",
+       "--decode_rows", "16", "--decode_len", "63", "--config.data.max_source_len=32"],
+      ["--what", "decode", "--config", config, "--beams", "1,4", "--steps", "10",
+       "--ensemble_size", "2"],
+      ["--what", "kernels", "--config", config],
+      ["--what", "data", "--datasets", "numbers", "--batching", "pack", "--seconds", "20"]):
+    assert benchmark.main(argv) == 0, argv
+  assert measured == ["train"] * 3 + ["decode"] * 2 + ["kernels", "data"]
 
 
 def test_benchmark_options_check_their_ranges():
@@ -786,6 +880,81 @@ def test_a_throughput_curve_runs_every_point_and_writes_table_plot_and_points(tm
   assert not bad.exists()
 
 
+def test_the_benchmarks_take_a_training_batchs_rows_also_from_batch_tokens():
+  # Training steps data.batch_tokens // the longest row rows when batch_tokens > 0
+  # (data.config.global_rows): 384 // 32 = 12 here, not data.batch_size's 8, which
+  # grad_accum_steps=3 could not even split.
+  c = tiny_config_with()
+  c.data.batch_tokens, c.grad_accum_steps = 384, 3
+  (b,) = bench_common.synthetic_batches(c, 200, 1)
+  assert b["inputs"].shape == b["targets"].shape == (12, 32)
+  assert bench_decode.sizes(c, bench_decode.DecodeOptions()) == (12, 32)
+  assert bench_decode.sizes(c, bench_decode.DecodeOptions(rows=3, decode_len=5)) == (3, 5)
+  assert bench_kernels.shapes(c, bench_kernels.KernelOptions())["rows"] == 12
+  batch = load_script("trace_step").abstract_batch(c)
+  assert len(batch) == 6 and {v.shape for v in batch.values()} == {(12, 32)}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--what", "decode", "--decode_rows", "2", "--sweep", "data.batch_size=4,8"],
+     "sweeps data.batch_size, which would change nothing measured: --decode_rows 2 sets every "
+     "point's rows"),
+    (["--what", "decode", "--decode_len", "4", "--sweep", "data.max_target_len=16,32"],
+     "--decode_len 4 sets every point's output length"),
+    (["--what", "decode", "--workdir", "runs/x", "--sweep", "model.d_model=32,64"],
+     "--workdir's trained run gives every point its model and vocabulary"),
+    (["--what", "decode", "--sweep", "learning_rate=0.1,0.2"], "--what decode reads only model.*"),
+    (["--what", "train", "--sweep", "data.batching=pack,pad"],
+     "synthetic batches are unpacked rows of random tokens"),
+    (["--what", "train", "--sweep", "data.batch_size=8,16", "--config.data.batch_size=4"],
+     "--config.data.batch_size sets a field the curve varies"),
+    # Points that would run twice, or write one file, as training sweeps refuse them.
+    (["--what", "train", "--sweep", "data.batch_size=8,8"],
+     "the curve has the point data.batch_size=8 twice"),
+    (["--what", "train", "--sweep", "model.dropout_rate=0.1,0.1000001"],
+     "differ only beyond the 6 significant digits of their names and would share the file "
+     "points/model.dropout_rate=0.1.json"),
+    # A learned position table shorter than the output: a point's, or a run's.
+    (["--what", "decode", "--decode_len", "40", "--config.model.position_encoding=learned",
+      "--sweep", "data.batch_size=2,4"], "--decode_len 40 is longer than the learned position "
+     "table's model.max_len=32 rows (model.position_encoding='learned'): pass --decode_len 32"),
+    (["--what", "decode", "--decode_len", "40", "--config.model.position_encoding=learned"],
+     "--decode_len 40 is longer than the learned position table's model.max_len=32 rows"),
+])
+def test_a_benchmark_that_would_not_measure_what_it_names_is_refused_first(argv, message,
+                                                                         tmp_path, capsys):
+  curve_dir = ["--curve_dir", str(tmp_path / "c")] * ("--sweep" in argv)
+  assert benchmark.main(["--config", TINY, "--steps", "1", *argv, *curve_dir]) == 1
+  out, err = capsys.readouterr()
+  assert err.startswith("error: ") and message in err and "Traceback" not in err, err
+  assert out == "" and not (tmp_path / "c").exists()
+
+
+def test_each_curve_point_reports_its_own_peak_memory_on_cpu(tmp_path, monkeypatch):
+  # The process's peak RSS is reset before each point: a small point after a big one reports
+  # its own peak, not the big one's (points of one shape: one compilation).
+  if not bench_common.reset_peak_memory():
+    pytest.skip("no resettable peak RSS here (/proc/self/clear_refs)")
+  timed, calls = bench_decode._time_search, []
+
+  def big_first(*args):
+    calls.append(args)
+    if len(calls) == 1:
+      block = np.ones(50_000_000)  # 400 MB, every page written, freed before the next point
+      del block
+    return timed(*args)
+
+  monkeypatch.setattr(bench_decode, "_time_search", big_first)
+  options = bench_decode.DecodeOptions(beams=(1,), steps=1, rows=2, decode_len=2)
+  points = [{"seed": 0}, {"seed": 1}]
+  curve.run_curve(tiny_config_with(), points, "decode", options, str(tmp_path), log=print)
+  figures = [json.loads((tmp_path / "points" / f"seed={i}.json").read_text())["figures"]
+             for i in (0, 1)]
+  assert all(f["peak_memory_of_run"] for f in figures)
+  assert all(f["peak_memory_source"] == "peak RSS of this run (CPU)" for f in figures)
+  assert figures[0]["peak_memory_bytes"] - figures[1]["peak_memory_bytes"] > 300e6, figures
+
+
 def test_a_curves_columns_log_and_plot(tmp_path, monkeypatch):
   """Without benchmarking (the runs are stand-ins): each search's columns of a decode curve,
   the Markdown units, the log line of each point, a second curve into the same directory, and
@@ -803,11 +972,15 @@ def test_a_curves_columns_log_and_plot(tmp_path, monkeypatch):
   points = [{"data.batch_size": b, "model.fused_qkv": f} for b in (8, 16) for f in (False, True)]
   logs = []
   for _ in range(2):   # the second into the directory of the first
-    out = curve.run_curve(tiny_config.get_config(), points, "train", None,
+    out = curve.run_curve(tiny_config.get_config(), points, "train", bench_train.TrainOptions(),
                           str(tmp_path / "c"), log=logs.append)
   assert logs[:4] == [f"curve point {i}/4: data.batch_size={b},model.fused_qkv={f}"
                       for i, (b, f) in enumerate([(8, False), (8, True), (16, False),
                                                   (16, True)], 1)]
+  # A peak memory that is not each point's own (an accelerator's: no reset) says so.
+  assert out["rows"][0]["process peak memory so far (bytes)"] == train_figures[
+      "peak_memory_bytes"] and "peak memory (bytes)" not in out["rows"][0]
+  assert "| process peak memory so far |" in (tmp_path / "c" / "curve.md").read_text()
   with open(out["files"][-1], "rb") as f:
     head = f.read(24)
   assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (990, 360)

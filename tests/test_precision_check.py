@@ -109,12 +109,20 @@ def test_arrays_that_are_not_batch_slash_key_are_named(tmp_path):
 
 def test_a_batches_file_of_another_shape_than_the_configs_is_refused(tmp_path):
   import ml_collections
-  config = ml_collections.ConfigDict({"data": {"batch_size": 2, "max_source_len": 6,
-                                               "max_target_len": 5}})
+  config = ml_collections.ConfigDict({"data": {"batch_size": 2, "batch_tokens": 0,
+                                               "max_source_len": 6, "max_target_len": 5}})
   path = str(tmp_path / "b.npz")
   precision.save(path, [{"inputs": np.zeros((2, 6), np.int32),
                          "targets": np.zeros((2, 5), np.int32)}], IDS)
   assert len(precision.load(path, 1, config)[0]) == 1
+  # With data.batch_tokens, training's rows are batch_tokens // the longest row (12 // 6 = 2),
+  # whatever data.batch_size says.
+  by_tokens = ml_collections.ConfigDict(config.to_dict())
+  by_tokens.data.update(batch_size=7, batch_tokens=12)
+  assert len(precision.load(path, 1, by_tokens)[0]) == 1
+  by_tokens.data.batch_tokens = 18
+  with pytest.raises(precision.BatchesFileError, match=r"the config's are \{'inputs': \(3, 6\)"):
+    precision.load(path, 1, by_tokens)
   for field, value in (("batch_size", 3), ("max_source_len", 7), ("max_target_len", 4)):
     other = ml_collections.ConfigDict(config.to_dict())
     other.data[field] = value

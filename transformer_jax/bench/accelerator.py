@@ -41,6 +41,10 @@ CUDNN_KERNEL = "__cudnn$fmha"
 # Logits pass through every layer and the gradient through all of them twice: bfloat16's 8-bit
 # mantissa compounds, so the whole model's logits get 5x and its gradient 10x the kernel tolerance.
 LOGITS_FACTOR, GRAD_FACTOR = 5, 10
+# Sentences packed into each row of the packed checks, and so the shortest length they run at:
+# a row of n sentences needs n - 1 cuts between positions 1..length - 1, plus its end.
+PACKED_SENTENCES = 6
+MIN_LENGTH = PACKED_SENTENCES + 1
 HEADER = (f"{'check':<42} {'cuDNN':>5} {'output err':>11} {'grad err':>10} "
           f"{'XLA bf16 out/grad':>20}  ok")
 
@@ -62,7 +66,7 @@ def tree_rel_err(out, ref) -> float:
   return float(np.sqrt(num / max(den, 1e-30)))
 
 
-def packed_segments(rng, rows: int, length: int, max_segments: int = 6):
+def packed_segments(rng, rows: int, length: int, max_segments: int = PACKED_SENTENCES):
   """Segment ids `[rows, length]` (`length` > `max_segments`): 1..max_segments for as many
   random-length sentences in every row, every other row then padded (0)."""
   out = np.zeros((rows, length), np.int32)

@@ -1,5 +1,6 @@
 """What every benchmark reports beside its figures: the environment, the load average, the peak
-memory, the config; the printed table; and batches of random tokens in the batch schema."""
+memory (reset per run where the platform allows), the config; the printed table; batches of
+random tokens in the batch schema; and `BenchError`, options a benchmark cannot run with."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import jax
 import numpy as np
 
 from transformer_jax import batch as batch_lib
+from transformer_jax.data.config import global_rows
 
 # The first id after the special ones (padding, <unk>, BOS, EOS: transformer_jax/data/tokenizer.py).
 FIRST_TOKEN = 4
@@ -60,13 +62,59 @@ def load_average() -> list[float]:
   return [round(x, 2) for x in os.getloadavg()]
 
 
-def peak_memory() -> tuple[int | None, str]:
-  """(bytes, what they are): the device allocator's peak, or the process's peak RSS on CPU."""
+class BenchError(ValueError):
+  """Options a benchmark cannot run with (the message names the flag and what to pass);
+  scripts/benchmark.py prints it as `error: ...`."""
+
+
+# Linux: writing "5" here resets the process's peak RSS (VmHWM in /proc/self/status) to its
+# current RSS (proc(5), clear_refs).
+CLEAR_REFS, STATUS = "/proc/self/clear_refs", "/proc/self/status"
+
+
+def reset_peak_memory() -> bool:
+  """Start the process's peak RSS anew (Linux, CPU), so that `peak_memory(True)` is what ran
+  since: a curve's point after a bigger one would report the bigger one's peak otherwise.
+  False where it cannot: no writable clear_refs or no VmHWM, or an accelerator, whose
+  allocator peak (`memory_stats()["peak_bytes_in_use"]`) jax offers no way to reset."""
   stats = jax.devices()[0].memory_stats() or {}
   if "peak_bytes_in_use" in stats:
-    return int(stats["peak_bytes_in_use"]), "device peak_bytes_in_use"
-  # ru_maxrss is in KiB on Linux; it includes the compiler and Python, not only the step.
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS (CPU)"
+    return False
+  try:
+    with open(CLEAR_REFS, "w") as f:
+      f.write("5")
+  except OSError:
+    return False
+  return _vm_hwm() is not None
+
+
+def _vm_hwm() -> int | None:
+  """The process's peak RSS in bytes from /proc/self/status (VmHWM, in kB), None without it."""
+  try:
+    with open(STATUS) as f:
+      for status_line in f:
+        if status_line.startswith("VmHWM:"):
+          return int(status_line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  return None
+
+
+def peak_memory(since_reset: bool = False) -> tuple[int | None, str]:
+  """(bytes, what they are): the device allocator's peak, or the process's peak RSS on CPU;
+  the peak since `reset_peak_memory` where it returned True (`since_reset`), else the
+  process's so far (the compiler, Python and earlier runs included)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    return int(stats["peak_bytes_in_use"]), "device peak_bytes_in_use, the process's so far"
+  hwm = _vm_hwm()
+  if hwm is not None and since_reset:
+    return hwm, "peak RSS of this run (CPU)"
+  if hwm is not None:
+    return hwm, "process peak RSS so far (CPU)"
+  # ru_maxrss is in KiB on Linux.
+  return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+          "process peak RSS so far (CPU)")
 
 
 def print_table(title: str, rows: list[tuple[str, str]]) -> None:
@@ -88,8 +136,8 @@ def synthetic_batches(config, vocab_size: int, count: int, seed: int = 0) -> lis
   Unpacked rows, so only the schema's required keys (`batch.REQUIRED`)."""
   rng = np.random.default_rng(seed)
   d = config.data
-  shapes = {"inputs": (d.batch_size, d.max_source_len),
-            "targets": (d.batch_size, d.max_target_len)}
+  rows = global_rows(d)  # as training's: data.batch_size, or data.batch_tokens' rows
+  shapes = {"inputs": (rows, d.max_source_len), "targets": (rows, d.max_target_len)}
   return [{k: random_tokens(rng, vocab_size, shapes[k]) for k in batch_lib.REQUIRED}
           for _ in range(count)]
 

@@ -7,7 +7,14 @@ A point is a dict of dotted config overrides, as in training sweeps (`transforme
 so a config's `sweep()` serves as well. The first field is the x axis of the plot; every
 combination of the other fields is one line. Points run one after another in this process (each
 compiles its own step), so compare them only within one curve: the machine's speed moves between
-minutes.
+minutes. A curve whose points would not differ in what is measured is refused before any point
+runs: the same point twice, points whose names collide, a field the mode does not read or that an
+option (or a `--config.` flag, `fixed`) sets for every point (`check_points`).
+
+Peak memory: on CPU each point's own (each run resets the process's peak RSS first,
+`common.reset_peak_memory`); on an accelerator the allocator's peak cannot be reset, so the
+column is named for what it is, the process's peak so far (`PEAK_SO_FAR`): a point after a
+bigger one shows the bigger one's.
 """
 from __future__ import annotations
 
@@ -20,7 +27,14 @@ from matplotlib.figure import Figure
 from transformer_jax.bench import decode, train
 from transformer_jax.run.workdir import RunError
 from transformer_jax.sweeps.report import write_rows
-from transformer_jax.sweeps.spec import Point, point_name, product, validated_configs
+from transformer_jax.sweeps.spec import (
+  Point,
+  SweepError,
+  clashes,
+  point_name,
+  product,
+  validated_configs,
+)
 
 # The figures a curve shows, per mode: (key in the result, column name).
 FIGURES = {
@@ -31,6 +45,10 @@ FIGURES = {
               ("peak_memory_bytes", "peak memory (bytes)")),
     "decode": (("sentences_per_s", "sentences/s"), ("target_tokens_per_s", "target tokens/s")),
 }
+
+
+# The peak memory column where it is not each point's own (an accelerator's: no reset).
+PEAK_SO_FAR = "process peak memory so far (bytes)"
 
 
 def _count(v):
@@ -45,7 +63,17 @@ MD_CELLS = {
     "peak FLOP/s": ("peak TFLOP/s", lambda v: f"{v / 1e12:.3f}"),
     "step time (s)": ("step", lambda v: f"{v * 1e3:,.0f} ms"),
     "peak memory (bytes)": ("peak memory", lambda v: f"{v / 1e9:.2f} GB"),
+    PEAK_SO_FAR: ("process peak memory so far", lambda v: f"{v / 1e9:.2f} GB"),
 }
+
+# The config fields a decode point reads (prefixes end in "."): another field would change
+# nothing measured.
+DECODE_FIELDS = ("model.", "seed", "data.vocab_size", "data.max_source_len",
+                 "data.max_target_len", "data.batch_size", "data.batch_tokens")
+# The data fields synthetic train batches read: their shape, their vocabulary.
+SYNTHETIC_DATA_FIELDS = ("data.vocab_size", "data.max_source_len", "data.max_target_len",
+                         "data.batch_size", "data.batch_tokens")
+ROW_FIELDS = ("data.batch_size", "data.batch_tokens")
 
 
 def _md_cells(columns: list[str]) -> dict:
@@ -62,7 +90,10 @@ def _md_cells(columns: list[str]) -> dict:
 def _figures(what: str, result: dict) -> dict:
   figures = result["figures"]
   if what == "train":
-    return {name: figures[key] for key, name in FIGURES["train"]}
+    out = {name: figures[key] for key, name in FIGURES["train"]}
+    if not figures.get("peak_memory_of_run", False):
+      out[PEAK_SO_FAR] = out.pop("peak memory (bytes)")
+    return out
   out = {}
   for search, values in figures.items():  # "greedy", "beam 4": one column each
     if isinstance(values, dict):
@@ -70,17 +101,71 @@ def _figures(what: str, result: dict) -> dict:
   return out
 
 
+def _matches(field: str, names) -> bool:
+  return any(field == n or (n.endswith(".") and field.startswith(n)) for n in names)
+
+
+def unused_reason(field: str, what: str, options) -> str | None:
+  """Why swept `field` would change nothing that `what` measures with `options` (None: it
+  does), as the end of an error message."""
+  if what == "decode":
+    if options.rows and field in ROW_FIELDS:
+      return (f"--decode_rows {options.rows} sets every point's rows: drop --decode_rows to "
+              f"sweep {field}")
+    if options.decode_len and field == "data.max_target_len":
+      return (f"--decode_len {options.decode_len} sets every point's output length: drop "
+              "--decode_len to sweep data.max_target_len")
+    if options.workdir and _matches(field, ("model.", "seed", "data.vocab_size")):
+      return (f"--workdir's trained run gives every point its model and vocabulary: drop "
+              f"--workdir to sweep {field} on random parameters")
+    if not _matches(field, DECODE_FIELDS):
+      read = ", ".join(f + "*" if f.endswith(".") else f for f in DECODE_FIELDS)
+      return f"--what decode reads only {read}"
+  elif options.batches == "synthetic" and field.startswith("data.") and (
+      field not in SYNTHETIC_DATA_FIELDS):
+    return ("synthetic batches are unpacked rows of random tokens, the same whatever it says: "
+            "add --batches real to step the dataset's own batches")
+  return None
+
+
+def check_points(points: list[Point], what: str, options, fixed=()) -> None:
+  """A SweepError, before anything runs, for a curve that would not measure what it names: the
+  same point twice or two whose names (and so files) collide, as `sweeps.load_sweep` refuses
+  them; a field `unused_reason` finds unused; or one in `fixed` (`--config.` flags, which the
+  points would override without a word)."""
+  twice, colliding = clashes(points)
+  if twice:
+    raise SweepError(f"the curve has the point {twice[0]} twice: give each value once")
+  for name, same in colliding.items():
+    raise SweepError(f"curve points {same} differ only beyond the 6 significant digits of "
+                     f"their names and would share the file points/{name}.json: round the "
+                     "values so that they differ within 6 digits, or leave one out")
+  for field in dict.fromkeys(k for p in points for k in p):
+    if field in fixed:
+      raise SweepError(f"--config.{field} sets a field the curve varies: each point would "
+                       f"replace it; drop the flag, or change the sweep")
+    reason = unused_reason(field, what, options)
+    if reason:
+      raise SweepError(f"the curve sweeps {field}, which would change nothing measured: "
+                       f"{reason}")
+
+
 def run_curve(config, points: list[Point], what: str, options, out_dir: str,
-              log=print) -> dict:
+              log=print, fixed=()) -> dict:
   """Benchmark every point; writes `<out_dir>/points/<name>.json`, `curve.csv`, `curve.md` and
-  `curve.png`; returns {"rows", "fields", "files"}."""
+  `curve.png`; returns {"rows", "fields", "files"}. `fixed`: the config fields set on the
+  command line, which no point may sweep (`check_points`)."""
   if what not in FIGURES:
     raise ValueError(f"a throughput curve measures {tuple(FIGURES)}, not {what!r}")
   if not points:
     raise ValueError("a curve needs at least one point")
   fields = list(dict.fromkeys(k for p in points for k in p))
-  # A bad last point fails now, not after the others ran.
+  # A bad last point fails now, not after the others ran (a misspelt field first).
   configs = validated_configs(config, points, label="curve point", first=1)
+  check_points(points, what, options, fixed)
+  if what == "decode":
+    for c in configs:  # a learned position table too short for a point's output length
+      decode.check_point(c, options)
   os.makedirs(os.path.join(out_dir, "points"), exist_ok=True)
   rows = []
   for i, (point, c) in enumerate(zip(points, configs)):

@@ -1,15 +1,17 @@
 """Throughput of greedy and beam search: `run(config, DecodeOptions(...)) -> dict`.
 
 `search.search_batch` on rows of `data.max_source_len` random token ids (not the dataset's
-sentences, also with a trained run's parameters), `rows` at a time, compiled once then timed
-`steps` times: sentences/s and output tokens/s. With random parameters (no `workdir`) the output
-length is forced: EOS is set to the padding id, which the search never emits, so every sentence
-runs to its limit of `decode_len` tokens (default `data.max_target_len`) and the figures are of
-that many steps. With `workdir` holding a training run, its latest parameters and model config
-are used and sentences stop at EOS as usual (tokens/s counts what was produced; on random
-sources the output lengths are not those of real translations). `ensemble_size` M > 1 searches
-an ensemble (`search.Ensemble`) of M models initialised with M seeds (random parameters only:
-evaluate.py --ensemble decodes trained runs together).
+sentences, also with a trained run's parameters), `rows` at a time (default: a training batch's
+rows, `data.config.global_rows`), compiled once then timed `steps` times: sentences/s and
+output tokens/s. With random parameters (no `workdir`) the output length is forced: EOS is set
+to the padding id, which the search never emits, so every sentence runs to its limit of
+`decode_len` tokens (default `data.max_target_len`; with learned positions at most
+`model.max_len`) and the figures are of that many steps. With `workdir` holding a training run,
+its latest parameters and model config are used and sentences stop at EOS as usual (tokens/s
+counts what was produced; on random sources the output lengths are not those of real
+translations). `ensemble_size` M > 1 searches an ensemble (`search.Ensemble`) of M models
+initialised with M seeds (random parameters only: evaluate.py --ensemble decodes trained runs
+together).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import jax
 import numpy as np
 
 from transformer_jax.bench import common
+from transformer_jax.data.config import global_rows
 from transformer_jax.experiment import transformer_config
 from transformer_jax.inference.translator import model_config_from
 from transformer_jax.model import Transformer
@@ -33,7 +36,7 @@ from transformer_jax.search import Ensemble, search_batch
 class DecodeOptions:
   beams: tuple[int, ...] = (1, 4)  # beam sizes; 1 is greedy search
   steps: int = 20                  # timed calls per beam size; the median is reported
-  rows: int = 0                    # sentences per batch (0: data.batch_size)
+  rows: int = 0                    # sentences per batch (0: a training batch's rows)
   decode_len: int = 0              # output length limit (0: data.max_target_len)
   workdir: str | None = None       # a training run whose latest parameters to use
   ensemble_size: int = 1           # models decoded together (random parameters only)
@@ -41,6 +44,9 @@ class DecodeOptions:
   def __post_init__(self):
     if self.steps < 1:
       raise ValueError(f"steps={self.steps}: must be >= 1")
+    if self.rows < 0 or self.decode_len < 0:
+      raise ValueError(f"rows={self.rows}, decode_len={self.decode_len}: must be >= 0 (0: the "
+                       "config's)")
     if self.ensemble_size < 1:
       raise ValueError(f"ensemble_size={self.ensemble_size}: must be >= 1")
     if self.ensemble_size > 1 and self.workdir:
@@ -58,6 +64,34 @@ def trained_run(workdir: str):
   model_cfg = model_config_from(load_run_config(workdir), run_config_path(workdir))
   step, params = checkpointing.load_params(workdir)
   return model_cfg.replace(deterministic=True, decode=False), jax.device_put(params), step
+
+
+def sizes(config, options: DecodeOptions) -> tuple[int, int]:
+  """(sentences per batch, output length limit): the options', else the config's (a training
+  batch's rows, `data.config.global_rows`; `data.max_target_len`)."""
+  return (options.rows or global_rows(config.data),
+          options.decode_len or config.data.max_target_len)
+
+
+def check_length(model_cfg, decode_len: int, options: DecodeOptions) -> None:
+  """A common.BenchError if a learned position table (`model_cfg.max_len` rows) cannot cover
+  `decode_len` output positions: sinusoidal positions extend (`run` raises max_len), a table's
+  parameters do not."""
+  if model_cfg.position_encoding != "learned" or decode_len <= model_cfg.max_len:
+    return
+  given = (f"--decode_len {decode_len}" if options.decode_len
+           else f"data.max_target_len={decode_len} (the default of --decode_len)")
+  raise common.BenchError(
+      f"{given} is longer than the learned position table's model.max_len={model_cfg.max_len} "
+      f"rows (model.position_encoding='learned'): pass --decode_len {model_cfg.max_len} or less")
+
+
+def check_point(config, options: DecodeOptions) -> None:
+  """`check_length` for random parameters of `config` (a curve's point), before anything runs:
+  a trained run's table (`workdir`) is checked once its config is read."""
+  if not options.workdir:
+    check_length(transformer_config(config, config.data.vocab_size), sizes(config, options)[1],
+                 options)
 
 
 def _time_search(search_cfg, params, inputs, beam: int, decode_len: int, calls: int):
@@ -82,15 +116,18 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
   """Time the search on `config`'s model; prints a table and returns the figures with the
   config, shapes, model, environment and load average."""
   load_start = common.load_average()
+  # The peak memory of this run alone, where it can be reset (CPU): not an earlier one's.
+  fresh_peak = common.reset_peak_memory()
   d = config.data
-  rows = options.rows or d.batch_size
-  decode_len = options.decode_len or d.max_target_len
+  rows, decode_len = sizes(config, options)
   if options.workdir:
     model_cfg, params, ckpt_step = trained_run(options.workdir)
+    check_length(model_cfg, decode_len, options)
     source = f"trained parameters of {options.workdir} (step {ckpt_step}); stops at EOS"
     search_cfg = model_cfg
   else:
     model_cfg = transformer_config(config, d.vocab_size).replace(deterministic=True)
+    check_length(model_cfg, decode_len, options)
     init = jax.jit(Transformer(model_cfg).init)
     seeds = [config.seed + m for m in range(options.ensemble_size)]
     members = [init(jax.random.key(seed), np.ones((1, 8), np.int32),
@@ -121,7 +158,7 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
   table.append(("load average (start)", str(load_start)))
   common.print_table(f"decode: {rows} sources x {d.max_source_len} tokens, up to {decode_len} "
                      f"output tokens, {model_cfg.dtype}", table)
-  memory, memory_source = common.peak_memory()
+  memory, memory_source = common.peak_memory(fresh_peak)
   return {"what": "decode", "parameters": source, "sources": sources,
           "shapes": {"inputs": [rows, d.max_source_len], "max_output_len": decode_len},
           "ensemble_size": options.ensemble_size,
@@ -129,7 +166,7 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
           **common.environment(model_cfg), "load_average_start": load_start,
           "load_average_end": common.load_average(),
           "figures": {**results, "peak_memory_bytes": memory,
-                      "peak_memory_source": memory_source}}
+                      "peak_memory_source": memory_source, "peak_memory_of_run": fresh_peak}}
 
 
 def search_figures(rows: int, first_s: float, times: list[float], produced: list[int]) -> dict:

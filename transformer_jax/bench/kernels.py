@@ -28,11 +28,12 @@ import numpy as np
 
 from transformer_jax import search
 from transformer_jax.bench import common
+from transformer_jax.data.config import global_rows
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelOptions:
-  rows: int = 0           # sentences (0: data.batch_size)
+  rows: int = 0           # sentences (0: a training batch's rows, data.config.global_rows)
   beam: int = 4
   decode_len: int = 0     # output positions, whose stages give the slots (0: max_target_len)
   iterations: int = 50    # loop iterations per call
@@ -43,6 +44,9 @@ class KernelOptions:
     for name in ("beam", "iterations", "calls", "repeats"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+    if self.rows < 0 or self.decode_len < 0:
+      raise ValueError(f"rows={self.rows}, decode_len={self.decode_len}: must be >= 0 (0: the "
+                       "config's)")
 
 
 def _loop(step, iterations: int):
@@ -105,7 +109,7 @@ def shapes(config, options: KernelOptions) -> dict:
   """The sizes the pairs run at: the config's, `options`' rows and beam, and the cached slots of
   each stage of the search's cache (`search.stage_ends` of the output length, times the beam)."""
   decode_len = options.decode_len or config.data.max_target_len
-  return dict(rows=options.rows or config.data.batch_size, beam=options.beam,
+  return dict(rows=options.rows or global_rows(config.data), beam=options.beam,
               vocab=config.data.vocab_size, d_model=config.model.d_model,
               heads=config.model.num_heads,
               slots=[end * options.beam for end in search.stage_ends(decode_len)])

@@ -27,6 +27,7 @@ import numpy as np
 
 from transformer_jax import sharding
 from transformer_jax.bench.accelerator import tree_rel_err
+from transformer_jax.data.config import global_rows
 from transformer_jax.experiment import transformer_config
 from transformer_jax.steps import TrainSetup
 from transformer_jax.sweeps.spec import validated_configs
@@ -71,7 +72,8 @@ def save(path: str, batches: list[dict], ids: dict) -> None:
 def load(path: str, count: int, config=None) -> tuple[list[dict], dict]:
   """Batches saved by `save`; a BatchesFileError naming the file if it is not such a file, holds
   fewer than `count` batches, or (with `config`) holds batches of another shape than the
-  config's `data.batch_size` rows of `max_source_len` / `max_target_len` tokens."""
+  config's: a training batch's rows (`data.config.global_rows`: data.batch_size, or
+  data.batch_tokens // the longest row) of `max_source_len` / `max_target_len` tokens."""
   try:
     with np.load(path) as f:
       arrays = {name: f[name] for name in f.keys()}
@@ -98,14 +100,15 @@ def load(path: str, count: int, config=None) -> tuple[list[dict], dict]:
       batches[int(i)][key] = array
   if config is not None:
     d = config.data
-    want = {"inputs": (d.batch_size, d.max_source_len), "targets": (d.batch_size, d.max_target_len)}
+    rows = global_rows(d)
+    want = {"inputs": (rows, d.max_source_len), "targets": (rows, d.max_target_len)}
     for i, batch in enumerate(batches):
       have = {k: tuple(batch[k].shape) for k in want if k in batch}
       if have != want:
         raise BatchesFileError(
             f"{path} holds batches of {have} (batch {i}), the config's are {want} "
-            "(data.batch_size, max_source_len, max_target_len): save them again with this "
-            "config, or pass the config they were saved with")
+            "(data.batch_size or data.batch_tokens, max_source_len, max_target_len): save them "
+            "again with this config, or pass the config they were saved with")
   return batches, ids
 
 

@@ -1,15 +1,17 @@
 """Throughput of the compiled train step: `run(config, TrainOptions(...)) -> dict`.
 
 The step is the training loop's own (`steps.TrainSetup`: forward, backward, Adam update, the
-state donated) on batches of the config's shape, `config.data.batch_size` rows of
+state donated) on batches of the config's shape, as many rows as training takes
+(`data.config.global_rows`: `data.batch_size`, or `data.batch_tokens` // the longest row) of
 `data.max_source_len` source and `data.max_target_len` target tokens: random tokens without
-padding (`batches="synthetic"`) or the first batches of the configured dataset (`"real"`).
-After `warmup` steps (the first compiles; its time is reported apart), `steps` steps are timed
-one by one, each waiting for its result. From the median: real target tokens/s, source+target
-tokens/s, model TFLOP/s (`transformer_jax.flops`), MFU against the device's peak (a table for
-accelerators, a matmul measured in this run on CPU) and the peak memory. Then the same number
-of steps run back to back with one wait at the end, as the training loop runs them. The step
-must compile exactly once.
+padding (`batches="synthetic"`) or the first batches of the configured dataset (`"real"`, whose
+batches may differ in shape: `data.batching="bucket"`). After `warmup` steps (the first
+compiles; its time is reported apart) and one more on each other batch shape (each compiles
+its own program), `steps` steps are timed one by one, each waiting for its result. From the
+median: real target tokens/s, source+target tokens/s, model TFLOP/s (`transformer_jax.flops`),
+MFU against the device's peak (a table for accelerators, a matmul measured in this run on CPU)
+and the peak memory. Then the same number of steps run back to back with one wait at the end,
+as the training loop runs them. The step must compile exactly once per batch shape.
 """
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ from transformer_jax.steps import TrainSetup
 
 BATCHES = ("synthetic", "real")
 PROFILED_STEPS = 3
+# The smallest CPU peak matmul, as for training's `config.cpu_peak_matmul_size`
+# (experiment.validate): smaller ones measure nothing like a peak, and 0 divides by zero.
+MIN_MATMUL_N = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +60,11 @@ class TrainOptions:
       raise ValueError(f"batches={self.batches!r}: expected one of {BATCHES}")
     if self.num_batches < 1:
       raise ValueError(f"num_batches={self.num_batches}: must be >= 1")
+    if self.matmul_n < MIN_MATMUL_N:
+      raise ValueError(f"matmul_n={self.matmul_n}: must be >= {MIN_MATMUL_N} (the default "
+                       f"{flops.PEAK_MATMUL_N} measures the CPU's peak)")
+    if self.matmul_seconds < 0:
+      raise ValueError(f"matmul_seconds={self.matmul_seconds}: must be >= 0")
 
 
 def real_batches(config, workdir: str, count: int):
@@ -79,6 +89,19 @@ def _model_and_batches(config, options: TrainOptions):
   return model_cfg, common.synthetic_batches(config, model_cfg.vocab_size, options.num_batches)
 
 
+def batch_shapes(batch) -> dict:
+  """{key: [rows, length]} of a batch (host or device arrays)."""
+  return {k: list(v.shape) for k, v in batch.items()}
+
+
+def first_of_each_shape(batches) -> list[int]:
+  """The index of the first batch of each distinct shape, in order (one with a single shape)."""
+  seen = {}
+  for i, batch in enumerate(batches):
+    seen.setdefault(str(sorted(batch_shapes(batch).items())), i)
+  return list(seen.values())
+
+
 def _timed(setup: TrainSetup, state, batches, options: TrainOptions) -> dict:
   """Warm-up, the CPU peak, the steps one by one and back to back, and the profile."""
   step = setup.train_step
@@ -88,6 +111,9 @@ def _timed(setup: TrainSetup, state, batches, options: TrainOptions) -> dict:
     state, metrics = step(state, batches[0])
     jax.block_until_ready((state, metrics))
     out["first_step_s"] = time.perf_counter() - start
+    # Each other shape compiles its own program: untimed here, not in a timed step.
+    for i in first_of_each_shape(batches)[1:]:
+      state, metrics = step(state, batches[i])
     for i in range(1, options.warmup):
       state, metrics = step(state, batches[i % len(batches)])
     jax.block_until_ready((state, metrics))
@@ -128,6 +154,8 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
   """Time the train step of `config`; prints a table and returns the figures with the config,
   shapes, model, environment and load average."""
   load_start = common.load_average()
+  # The peak memory of this run alone, where it can be reset (CPU): not an earlier one's.
+  fresh_peak = common.reset_peak_memory()
   model_cfg, host_batches = _model_and_batches(config, options)
   # The Trainer's own mesh, state shardings and jitted step, without the data stack or
   # checkpoints.
@@ -146,20 +174,29 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
   src = float(np.mean([int(lengths[b][0].sum()) for b in t["used"]]))
   work = float(np.mean([step_flops[b] for b in t["used"]]))
   peak, peak_source = t["peak"]
-  memory, memory_source = common.peak_memory()
+  memory, memory_source = common.peak_memory(fresh_peak)
   figures = step_figures(t, tgt, src, work,
                          flops.peak_total(peak, jax.default_backend(), jax.device_count()))
   figures.update(peak_source=peak_source, state_arrays=state_arrays, peak_memory_bytes=memory,
-                 peak_memory_source=memory_source, compilations=compilations)
+                 peak_memory_source=memory_source, peak_memory_of_run=fresh_peak,
+                 compilations=compilations)
   shapes = {k: list(v.shape) for k, v in host_batches[0].items()}
+  distinct = [batch_shapes(host_batches[i]) for i in first_of_each_shape(host_batches)]
+  others = len(distinct) - 1
+  warmup = f"{options.warmup} step{'s' * (options.warmup > 1)}, the first compiles"
+  stepped = f"batches {options.batches} {shapes}"
+  if others:
+    warmup += ("; 1 more on the other batch shape" if others == 1
+               else f"; 1 more on each of the other {others} batch shapes")
+    stepped += f" and {others} more shape{'s' * (others > 1)}"
   common.print_table(
       f"train step: {model_cfg.d_model}d, {model_cfg.num_encoder_layers}+"
       f"{model_cfg.num_decoder_layers} layers, vocab {model_cfg.vocab_size}, {model_cfg.dtype}, "
-      f"batches {options.batches} {shapes}", [
+      f"{stepped}", [
           ("config", options.config_path or "(not from a file)"),
           ("device", f"{jax.devices()[0].device_kind} x {jax.device_count()}"),
-          ("warm-up (untimed)", f"{options.warmup} step{'s' * (options.warmup > 1)}, the "
-                                "first compiles"),
+          ("batch shapes", "; ".join(map(str, distinct))),
+          ("warm-up (untimed)", warmup),
           *table_rows(figures),
           ("host memory", common.host_paging()),
           ("load average (start)", str(load_start)),
@@ -167,12 +204,13 @@ def run(config, options: TrainOptions = TrainOptions()) -> dict:
   note = mfu_note(max(figures["mfu"], figures["back_to_back_mfu"]), peak_source)
   if note:
     print(note, flush=True)
-  if compilations != 1:
-    print(f"WARNING: the train step compiled {compilations} times", file=sys.stderr)
+  if compilations != len(distinct):
+    print(f"WARNING: the train step compiled {compilations} times for {len(distinct)} batch "
+          f"shape{'s' * (len(distinct) > 1)}", file=sys.stderr)
   if "profile" in t:
     figures["profile"] = t["profile"]
   return {"what": "train", "config_path": options.config_path, "batches": options.batches,
-          "warmup_steps": options.warmup, "shapes": shapes,
+          "warmup_steps": options.warmup, "shapes": shapes, "distinct_shapes": distinct,
           "model": model_cfg.to_dict(), "config": common.config_json(config),
           **common.environment(model_cfg), "load_average_start": load_start,
           "load_average_end": common.load_average(), "figures": figures}

@@ -255,6 +255,20 @@ class Sweep:
     return join_config_arg(self.path, self.arg)
 
 
+def clashes(points: Sequence[Point]) -> tuple[list[str], dict[str, list[Point]]]:
+  """(the names of points given twice, and the distinct points that would share a name, by
+  that name): names keep 6 significant digits (`point_name`), so values differing beyond them
+  would share a workdir or a file. Points equal by value (`point_key`) share a name too: one
+  grouping by name finds both."""
+  by_name: dict[str, list[Point]] = {}
+  for p in points:
+    by_name.setdefault(point_name(p), []).append(p)
+  twice = sorted(name for name, same in by_name.items()
+                 if len({point_key(p) for p in same}) < len(same))
+  return twice, {name: same for name, same in by_name.items()
+                 if len(same) > 1 and name not in twice}
+
+
 def load_sweep(spec: str) -> Sweep:
   """The points of `path[:arg]`'s `sweep()`, each checked against its `get_config()`; the
   module is executed once."""
@@ -267,23 +281,14 @@ def load_sweep(spec: str) -> Sweep:
   if not points:
     raise SweepError(f"{path}: sweep() returned no points")
   base = _call_with_arg(module.get_config, arg)
-  # Points equal by value (`point_key`) share a name too: one grouping by name finds both the
-  # same point twice and distinct points that would share a workdir.
-  by_name: dict[str, list[Point]] = {}
-  for p in points:
-    by_name.setdefault(point_name(p), []).append(p)
-  twice = sorted(name for name, same in by_name.items()
-                 if len({point_key(p) for p in same}) < len(same))
+  twice, colliding = clashes(points)
   if twice:
     raise SweepError(f"{path}: sweep() returns the same point twice: {twice}")
-  for name, same in by_name.items():
-    if len(same) > 1:
-      # Names keep 6 significant digits (`point_name`): distinct values beyond them would share
-      # a workdir.
-      raise SweepError(f"{path}: sweep() returns points that differ only beyond the 6 "
-                       f"significant digits of their names, which would share the workdir "
-                       f"{name!r}: {same}; round the values so that they differ within 6 "
-                       "digits, or leave one out")
+  for name, same in colliding.items():
+    raise SweepError(f"{path}: sweep() returns points that differ only beyond the 6 "
+                     f"significant digits of their names, which would share the workdir "
+                     f"{name!r}: {same}; round the values so that they differ within 6 "
+                     "digits, or leave one out")
   for p in points:
     # A misspelt field, or a value no flag can carry, fails before anything runs.
     apply_overrides(base, p)
