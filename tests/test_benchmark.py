@@ -909,8 +909,8 @@ def test_the_benchmarks_take_a_training_batchs_rows_also_from_batch_tokens():
     (["--what", "train", "--sweep", "data.batch_size=8,16", "--config.data.batch_size=4"],
      "--config.data.batch_size sets a field the curve varies"),
     # Points that would run twice, or write one file, as training sweeps refuse them.
-    (["--what", "train", "--sweep", "data.batch_size=8,8"],
-     "the curve has the point data.batch_size=8 twice"),
+    (["--what", "train", "--sweep", "data.batch_size=8,8,4,4"],
+     "the curve has the point data.batch_size=4 twice"),   # the first of them by name
     (["--what", "train", "--sweep", "model.dropout_rate=0.1,0.1000001"],
      "differ only beyond the 6 significant digits of their names and would share the file "
      "points/model.dropout_rate=0.1.json"),
@@ -981,6 +981,8 @@ def test_a_curves_columns_log_and_plot(tmp_path, monkeypatch):
   assert out["rows"][0]["process peak memory so far (bytes)"] == train_figures[
       "peak_memory_bytes"] and "peak memory (bytes)" not in out["rows"][0]
   assert "| process peak memory so far |" in (tmp_path / "c" / "curve.md").read_text()
+  for column in ("peak memory (bytes)", curve.PEAK_SO_FAR):   # both in GB, as the docs say
+    assert curve.MD_CELLS[column][1](2_457_000_000) == "2.46 GB"
   with open(out["files"][-1], "rb") as f:
     head = f.read(24)
   assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (990, 360)

@@ -271,6 +271,14 @@ def test_a_process_of_a_slurm_allocation_that_srun_did_not_start_is_told_so(monk
     monkeypatch.delenv(launcher)
   assert calls == [((), {})] * 2
   calls.clear()
+  # One task (srun -n 1, or a batch script of one): nothing to join, JAX asked when "on".
+  monkeypatch.setenv("SLURM_NTASKS", "1")
+  c.distributed = "on"
+  distributed.initialize(c)
+  assert calls == [((), {})]
+  calls.clear()
+  c.distributed = "auto"
+  monkeypatch.setenv("SLURM_NTASKS", "2")
   # Inside srun's step: JAX is asked to find the rest.
   for key, value in (("SLURM_STEP_NODELIST", "node1"), ("SLURM_PROCID", "1"),
                      ("SLURM_LOCALID", "0")):

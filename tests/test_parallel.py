@@ -189,6 +189,9 @@ def test_misspelt_axis_rules_are_refused_before_anything_runs():
   cases = {
       "'head' is not a logical axis of the model": renamed,
       "no rule for ['heads']": [r for r in default if r[0] != "heads"],
+      "no rule for ['heads', 'mlp']: give each logical axis one (e.g. ['heads', None]":
+          [r for r in default if r[0] not in ("heads", "mlp")],
+      "the rule for 'heads' names [None]": [["heads", [None]]] + default,
       "the rule for 'heads' names ['tensr']": [["heads", "tensr"]] + default,
       "the rule for 'batch' names ['dta']": [["batch", ["dta", "fsdp"]]] + default,
       "['heads'] is not a rule": [["heads"]] + default,

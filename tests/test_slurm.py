@@ -91,8 +91,10 @@ def reference(slurm, data_dir, tmp_path_factory):
 
 def test_srun_trains_with_two_processes_found_by_jax_and_one_process_restores(reference):
   workdir, output = reference
-  # JAX read the cluster from SLURM's environment: both tasks joined one run of 2 processes.
-  assert output.count("2 process(es)") == 2, output[-3000:]
+  # JAX read the cluster from SLURM's environment: both tasks joined one run of 2 processes
+  # (said by process 0 alone), and both ended with its summary.
+  assert output.count("2 process(es)") == 1, output[-3000:]
+  assert output.count(f"'step': {STEPS}}}") == 2, output[-3000:]
   assert "(measured float32 256x256 matmul)" in output  # the config's CPU peak size was used
   assert sorted(losses(workdir)) == list(range(1, STEPS + 1))   # logged once, by process 0
   step, params = checkpointing.load_params(str(workdir))          # this one process restores

@@ -1338,7 +1338,7 @@ def test_a_failed_points_marker_holds_its_time_and_the_last_60_lines_of_its_log(
   assert text.startswith("exit status 3 after ")
   tail = text.split("train.log:\n", 1)[1]
   assert tail.splitlines() == [f"line {i}" for i in range(41, 101)]
-  assert runner._finish(0, 3, 1.26)["seconds"] == 1.3
+  assert runner._finish(0, 3, 1.26, stopped=False)["seconds"] == 1.3
   assert open(os.path.join(d, sweeps.FAILED)).read().startswith("exit status 3 after 1.3 s\n$ ")
 
 
@@ -1530,8 +1530,10 @@ def test_slurm_submission_with_stand_ins_for_sbatch_and_squeue(tmp_path, monkeyp
   assert not os.path.exists(record) and not os.path.exists(os.path.join(sweep_dir, "sweep.json"))
   assert "#SBATCH --partition=gpu" in open(os.path.join(sweep_dir, "sweep.sbatch")).read()
   monkeypatch.setenv("FAKE_sbatch_ERR", "")
-  monkeypatch.setenv("FAKE_sbatch_OUT", "sbatch: error: Batch job submission failed")
-  with pytest.raises(sweeps.SubmitError, match=r"\(exit 1\): sbatch: error: Batch job"):
+  monkeypatch.setenv("FAKE_sbatch_OUT", "sbatch: error: Batch job submission failed\n"
+                     "sbatch: error: Invalid account")   # on stdout, one line after the other
+  with pytest.raises(sweeps.SubmitError, match=r"\(exit 1\): sbatch: error: Batch job "
+                                               r"submission failed\nsbatch: error: Invalid"):
     sweeps.submit(runner)
   calls()
   # Accepted: the id before `;cluster` recorded, the points given back, no --wait by default.
@@ -1826,8 +1828,9 @@ def test_the_drivers_signal_handling_in_its_parts():
   stop._handle(signal.SIGTERM, None)
   stop._handle(signal.SIGTERM, None)
   assert sweeps.runner._passed_on(stop, 1) == signal.SIGTERM   # a second TERM: TERM again
-  before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
   try:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     with sweeps.runner._Stop() as stop:
       assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
       assert signal.getsignal(signal.SIGTERM) == stop._handle
@@ -1836,8 +1839,29 @@ def test_the_drivers_signal_handling_in_its_parts():
       proc = subprocess.Popen([sys.executable, "-c", "pass"],
                               preexec_fn=functools.partial(sweeps.runner._stop_with, -1))
       assert proc.wait(timeout=60) == -signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]   # given back
+    signal.signal(signal.SIGINT, before[signal.SIGINT])
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # an ignored TERM: INT is still taken
+    with sweeps.runner._Stop() as stop:
+      assert signal.getsignal(signal.SIGINT) == stop._handle
+    assert signal.getsignal(signal.SIGINT) == before[signal.SIGINT]
   finally:
-    signal.signal(signal.SIGINT, before)
+    for sig, handler in before.items():
+      signal.signal(sig, handler)
+
+
+def test_a_stopped_sweep_says_what_it_did_not_start_and_what_it_stopped(tmp_path):
+  """A signal the driver gets as its last point ends (none left to pass it on to) is still
+  said; a point that ends killed by the signal passed on is stopped, one that fails is failed."""
+  runner = sweeps.Runner(TINY, str(tmp_path / "s"), str(tmp_path / "train.py"))
+  stop, logs = sweeps.runner._Stop(), []
+  stop._handle(signal.SIGTERM, None)
+  runner._loop([1, 2], {}, [0], 1, 0, {}, stop, logs.append)
+  assert logs == ["SIGTERM: starting none of the 2 point(s) left; run the sweep again to go on"]
+  os.makedirs(sweeps.point_dir(runner.sweep_dir, runner.points[0]))
+  outcomes = {code: runner._finish(0, code, 1.0, stopped=True)["status"]
+              for code in (-signal.SIGTERM, -signal.SIGINT, 2, 1, -signal.SIGKILL)}
+  assert outcomes == {-15: "stopped", -2: "stopped", 2: "failed", 1: "failed", -9: "failed"}
 
 
 def test_exit_text_names_the_signal():

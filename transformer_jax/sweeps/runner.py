@@ -465,7 +465,7 @@ class Runner:
                             preexec_fn=functools.partial(_stop_with, os.getpid()))
     return proc, log
 
-  def _finish(self, index: int, returncode: int, seconds: float, stopped: bool = False) -> dict:
+  def _finish(self, index: int, returncode: int, seconds: float, stopped: bool) -> dict:
     """`stopped`: the sweep passed a signal on to the point (`_loop`)."""
     d = point_dir(self.sweep_dir, self.points[index])
     name = point_name(self.points[index])
