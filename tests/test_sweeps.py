@@ -1711,23 +1711,33 @@ def test_another_configs_sweep_is_refused_where_its_points_started(tmp_path, cap
   assert "has no sweep.json naming one" in capsys.readouterr().err
 
 
-def test_killing_the_driver_stops_its_points(tmp_path):
-  """kill -9 of sweep.py: its running point gets SIGTERM (it saves and stops, as for a
-  scheduler's), not trains on, orphaned, holding its workdir's lock against the next run."""
+def _sleeping_point(tmp_path, marker: str, save_seconds: float = 0.0, handles: bool = True):
+  """A stand-in for train.py that writes its pid and sleeps; on SIGTERM (if it `handles` it)
+  it takes `save_seconds` to "save", writes the signal's name into `<workdir>/<marker>` and
+  exits 0, as train.py does."""
   fake = tmp_path / "fake_train.py"
-  fake.write_text(textwrap.dedent("""
+  fake.write_text(textwrap.dedent(f"""
       import os, signal, sys, time
       workdir = sys.argv[sys.argv.index("--workdir") + 1]
       os.makedirs(workdir, exist_ok=True)
       def stop(signum, frame):
-        with open(os.path.join(workdir, "stopped"), "w") as f:
+        time.sleep({save_seconds})   # the save
+        with open(os.path.join(workdir, {marker!r}), "w") as f:
           f.write(signal.Signals(signum).name)
         sys.exit(0)
-      signal.signal(signal.SIGTERM, stop)
+      if {handles}:
+        signal.signal(signal.SIGTERM, stop)
       with open(os.path.join(workdir, "pid"), "w") as f:
         f.write(str(os.getpid()))
       time.sleep(120)
   """))
+  return fake
+
+
+def test_killing_the_driver_stops_its_points(tmp_path):
+  """kill -9 of sweep.py: its running point gets SIGTERM (it saves and stops, as for a
+  scheduler's), not trains on, orphaned, holding its workdir's lock against the next run."""
+  fake = _sleeping_point(tmp_path, marker="stopped")
   sweep_dir = tmp_path / "sweep"
   driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
       import sys; sys.path.insert(0, {REPO!r})
@@ -1765,22 +1775,7 @@ def test_a_signal_to_the_driver_waits_for_its_point_to_save(tmp_path, handles):
   the driver died at once, and SLURM then kills what is left of the task, cutting the point's
   save short. Now it passes SIGTERM on, waits for the point, starts no other and records both;
   a point killed by it before it could take it (still starting) is stopped, not failed."""
-  fake = tmp_path / "fake_train.py"
-  fake.write_text(textwrap.dedent(f"""
-      import os, signal, sys, time
-      workdir = sys.argv[sys.argv.index("--workdir") + 1]
-      os.makedirs(workdir, exist_ok=True)
-      def stop(signum, frame):
-        time.sleep(1.0)   # the save
-        with open(os.path.join(workdir, "saved"), "w") as f:
-          f.write(signal.Signals(signum).name)
-        sys.exit(0)
-      if {handles}:
-        signal.signal(signal.SIGTERM, stop)
-      with open(os.path.join(workdir, "pid"), "w") as f:
-        f.write(str(os.getpid()))
-      time.sleep(120)
-  """))
+  fake = _sleeping_point(tmp_path, marker="saved", save_seconds=1.0, handles=handles)
   sweep_dir = tmp_path / "sweep"
   driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
       import sys; sys.path.insert(0, {REPO!r})
