@@ -9,7 +9,8 @@ Takes the config and workdir that scripts/train.py will get (default config:
 configs/default.py), so training finds the tokenizer ready. Training does the same on first
 use; this only moves the wait ahead of time and lets several processes start from ready files.
 The printed JSON has the split sizes and, for the corpora this codebase splits itself (numbers,
-locale, text), the train/test leakage figures (see docs/data.md).
+locale, text), the train/test leakage figures (see docs/data.md) and how many training pairs
+are longer than data.max_source_len / data.max_target_len (training drops them).
 
 `--set FIELD=VALUE ...` (data fields) still works for one release, with the same checks; use
 --config.data.FIELD=VALUE.
@@ -21,7 +22,7 @@ import sys
 from absl import flags
 
 from transformer_jax import cli
-from transformer_jax.data import default_data_config, get_data, leakage
+from transformer_jax.data import default_data_config, get_data, leakage, pipeline
 from transformer_jax.run import trainer, workdir
 
 LOCAL_CORPORA = ("numbers", "locale", "text")
@@ -74,6 +75,10 @@ def body(values, args):
             "tokenizer": data.tokenizer.path, "vocab_size": data.tokenizer.vocab_size}
   if c.dataset in LOCAL_CORPORA:  # WMT's millions of pairs would take minutes to compare
     result["leakage"] = leakage.report({s: data.raw_examples(s) for s in splits})
+    train = data.raw_examples("train")
+    result["too_long_to_train_on"] = {
+        "pairs": pipeline.count_too_long(train, data.tokenizer, c), "of": len(train),
+        "max_source_len": c.max_source_len, "max_target_len": c.max_target_len}
   print(json.dumps(result, indent=2))
   return 0
 

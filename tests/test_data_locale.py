@@ -1,8 +1,10 @@
 """The gettext corpus: cleaning rules, a small .mo catalog, errors, the machine's catalogs."""
+import re
 
 import pytest
 
 from transformer_jax.data import default_data_config, get_data, locale
+from transformer_jax.data.lines import NotUTF8Error
 
 from gettext_catalogs import write_mo
 
@@ -100,6 +102,18 @@ def test_ding_phrases(tmp_path):
                                          ("the red house", "das rote Haus")]
   with pytest.raises(FileNotFoundError, match="apt-get install trans-de-en"):
     locale.read_ding(str(tmp_path / "missing"))
+
+
+def test_a_ding_line_that_is_not_utf8_is_an_error_naming_it(tmp_path):
+  """It was decoded with U+FFFD in place of the bytes ("Gro\ufffde Stadt"), into the corpus."""
+  path = tmp_path / "de-en"
+  path.write_bytes("kleines Haus :: small house\n".encode()
+                   + "gro\xdfe Stadt :: big city\n".encode("latin-1"))
+  with pytest.raises(NotUTF8Error, match=(
+      rf"^{re.escape(str(path))} line 2 is not UTF-8 \(.*\): convert it, e.g. with "
+      r"`iconv -f LATIN1 -t UTF-8`, and point data.locale_ding_path at the converted copy; or set "
+      r"data.locale_include_ding=False$")):
+    locale.read_ding(str(path))
 
 
 @pytest.mark.skipif(not locale.catalog_paths(locale.DEFAULT_LOCALE_DIR, "de"),

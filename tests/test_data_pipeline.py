@@ -349,6 +349,8 @@ def test_long_pairs_are_dropped_in_training_only(base):
   fits = [(s, t) for s, t in train if len(tok.encode(s)) < 12 and len(tok.encode(t)) < 12]
   assert 0 < len(fits) < len(train)  # some pairs are too long (the test could fail)
   assert sorted((tok.detokenize(s[:-1]), tok.detokenize(t[:-1])) for s, t in epoch) == sorted(fits)
+  # What prepare_data.py reports, counted without reading an epoch.
+  assert pipeline.count_too_long(train, tok, data.config) == len(train) - len(fits)
   pairs = data.raw_examples("validation")
   batches = list(data.eval_batches("validation"))
   assert sum(b["num_real"] for b in batches) == len(pairs) == 150
@@ -519,19 +521,34 @@ def test_train_dataset_defaults_to_one_process_and_refuses_a_process_without_dat
     pipeline.ReadChunk([None] * 3, tok, c, 3, 4)  # 3 examples (only their count is read here)
 
 
-def test_a_chunk_that_keeps_less_than_half_its_pairs_is_said_once(base, caplog):
+def test_dropped_pairs_are_said_once_and_a_chunk_that_keeps_less_than_half_once_more(
+    base, caplog):
+  """A run's log says that training skips pairs too long for the rows (the first chunk that
+  drops any: count, share, the fields to raise), and again when a chunk drops most of its."""
   _, data = base
-  read = pipeline.ReadChunk([None] * 3000, data.tokenizer, data.config, 0, 1)  # counts only
   def pairs(n):  # n one-piece sentences (only the lengths and counts are read here)
     return [[1]] * n
+  limits = ("data.max_source_len=32 / data.max_target_len=32 (pieces, EOS included)")
+  read = pipeline.ReadChunk([None] * 3000, data.tokenizer, data.config, 0, 1)  # counts only
   with caplog.at_level("WARNING"):
-    read._check_kept(0, 0, 5, pairs(10), pairs(10))  # half: no warning
+    read._check_kept(0, 0, 10, pairs(10), pairs(10))  # none dropped
     read._check_kept(0, 1, 0, [], [])                 # an empty chunk: nothing to say
     assert not caplog.records
-    read._check_kept(0, 2, 5, pairs(11), pairs(11))  # less than half
+    read._check_kept(0, 2, 5, pairs(10), pairs(10))  # half: dropping is said
+    read._check_kept(0, 3, 9, pairs(10), pairs(10))  # again: said once is enough
+    read._check_kept(0, 4, 5, pairs(11), pairs(11))  # less than half kept
     read._check_kept(1, 0, 0, pairs(9), pairs(9))    # again: said once is enough
-  assert [r.getMessage()[:44] for r in caplog.records] == [
-      "training data: a chunk kept 5 of 11 pairs; t"]
+  assert [r.getMessage() for r in caplog.records] == [
+      f"training data: a chunk dropped 5 of 10 pairs (50.0%), longer than {limits}: training "
+      "skips such pairs (said once); raise the limits to train on them",
+      f"training data: a chunk kept 5 of 11 pairs; the rest are longer than {limits}"]
+  # A first drop of most of a chunk is said once, not twice.
+  caplog.clear()
+  read = pipeline.ReadChunk([None] * 3000, data.tokenizer, data.config, 0, 1)
+  with caplog.at_level("WARNING"):
+    read._check_kept(0, 0, 1, pairs(3), pairs(3))
+    read._check_kept(0, 1, 9, pairs(10), pairs(10))
+  assert [r.getMessage()[:35] for r in caplog.records] == ["training data: a chunk kept 1 of 3 "]
 
 
 def test_empty_chunks_are_counted_per_epoch_and_forgotten_two_epochs_on(base):

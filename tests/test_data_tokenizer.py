@@ -211,3 +211,47 @@ def test_training_prints_nothing(tmp_path, capfd):
   train(TEXTS, tmp_path / "spm.model", 120)
   out, err = capfd.readouterr()
   assert out == "" and err == ""
+
+
+def test_lines_longer_than_sentencepieces_limit_are_trained_on(tmp_path):
+  """SentencePiece's trainer skips lines over 4,192 bytes without a word: a character seen only
+  in them got no piece (<unk>), and a sample of only such lines failed inside SentencePiece."""
+  long_line = "Ω " * 2100 + "end"  # 6,303 bytes
+  assert len(long_line.encode()) > tok_lib.SPM_MAX_SENTENCE_LENGTH
+  made = train(TEXTS + [long_line] * 3, tmp_path / "mixed" / "spm.model", 120)
+  assert tok_lib.UNK_ID not in made.encode("Ω")
+  only_long = [(f"word{i} " * 700).strip() for i in range(10)]  # 4,199 bytes each
+  made = train(only_long, tmp_path / "long" / "spm.model", 60)
+  assert made.detokenize(made.encode(only_long[3])) == only_long[3]
+
+
+def test_an_empty_sample_names_the_character_budget(tmp_path):
+  texts = ["a fairly long first line here"] * 3
+  with pytest.raises(DataError, match=r"^data.vocab_max_chars=5 leaves the vocabulary sample "
+                     r"empty: the first text in its seeded order has 29 characters. Raise "
+                     r"data.vocab_max_chars .*to many times that$"):
+    train(texts, tmp_path / "spm.model", 100, max_chars=5)
+  with pytest.raises(DataError, match=r"the training split has no text that is not blank"):
+    train(["", " \t "], tmp_path / "spm.model", 100)
+  assert not os.path.exists(tmp_path / "spm.model")
+
+
+def test_special_piece_names_in_the_sample_are_warned_of(tmp_path, caplog):
+  """SentencePiece's trainer takes `<unk>`, `<s>`, `</s>`, `<pad>` out of its text: "<", "k"
+  and "/" seen only inside them got no piece, and such text no longer round-trips."""
+  named = ["the <unk> cat </s> sat", "a <unk> <pad> b"]
+  with caplog.at_level("WARNING"):
+    made = train(TEXTS + named, tmp_path / "a" / "spm.model", 120)
+  assert [r.getMessage() for r in caplog.records] == [
+      f"vocabulary sample: 2 of {len(TEXTS) + 2} lines hold <unk>, </s>, <pad>, the names of "
+      "SentencePiece's special pieces, which its trainer removes from the text: a character "
+      "seen only inside them gets no piece and encodes as <unk>. Set "
+      "data.vocab_byte_fallback=True (such characters become byte pieces) or take the strings "
+      "out of the corpus"]
+  assert tok_lib.UNK_ID in made.encode(named[0])  # what the warning is about
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    made = train(TEXTS + named, tmp_path / "b" / "spm.model", 400, byte_fallback=True)
+    train(TEXTS + ["a < b / k"], tmp_path / "c" / "spm.model", 120)
+  assert not caplog.records  # byte pieces keep the characters; "<" alone is no name
+  assert made.detokenize(made.encode(named[0])) == named[0]

@@ -1,5 +1,6 @@
 """WMT builders offline through tfds.testing.mock_data; user text corpora; config validation."""
 import io
+import json
 import os
 import sys
 
@@ -242,6 +243,50 @@ def test_pairs_left_out_are_counted_when_the_corpus_is_built(tmp_path, capsys):
           "2 repeating an earlier line's source") in capsys.readouterr().err
   datasets.load_sources(c)                               # built already: nothing to say
   assert "kept as pairs" not in capsys.readouterr().err
+
+
+def test_prepare_data_counts_the_training_pairs_too_long_to_train_on(tmp_path, capsys):
+  from transformer_jax.data import raw_split
+
+  from scripts_under_test import load_script
+  import tiny_config
+  # 40 pairs of 40 words or more a side: over 20 pieces whatever the vocabulary.
+  lines = [f"s{i}\tt{i}" for i in range(60)] + [f"s{i} " + "long " * 40 + f"\tt{i}"
+                                                 for i in range(60, 100)]
+  (tmp_path / "c.tsv").write_text("\n".join(lines) + "\n")
+  c = default_data_config()
+  c.dataset, c.data_dir, c.tsv_path = "text", str(tmp_path / "tfds"), str(tmp_path / "c.tsv")
+  c.held_out_per_mille = 100
+  prepare = load_script("prepare_data")
+  assert prepare.main(["--config", tiny_config.__file__, "--workdir", str(tmp_path / "w"),
+                       f"--config.data.data_dir={c.data_dir}", "--config.data.dataset=text",
+                       f"--config.data.tsv_path={c.tsv_path}",
+                       "--config.data.held_out_per_mille=100", "--config.data.vocab_size=60",
+                       "--config.data.max_source_len=20"]) == 0
+  result = json.loads(capsys.readouterr().out)
+  train = raw_split(c, "train")
+  assert 0 < sum("long" in s for s, _ in train) < 40  # some held out: the count is train's
+  assert result["sizes"]["train"] == len(train)
+  assert result["too_long_to_train_on"] == {"pairs": sum("long" in s for s, _ in train),
+                                            "of": len(train), "max_source_len": 20,
+                                            "max_target_len": 32}
+
+
+def test_blank_tsv_lines_are_counted_as_lines_and_as_blank(tmp_path, capsys):
+  """Blank lines with no tab or two ("", spaces, "\t\t") were neither lines nor left out in
+  the build's summary, and a file of only such lines said nothing before its error."""
+  from transformer_jax.data import builders
+  c = default_data_config()
+  c.dataset, c.data_dir = "text", str(tmp_path / "tfds")
+  pairs = [f"s{i}\tt{i}" for i in range(40)]
+  blank = ["", "   ", "\t\t", " \t ", "\t \t"]
+  for name, lines, said in (
+      ("some.tsv", pairs[:20] + blank + pairs[20:], "40 of 45 lines kept as pairs; left out: 5 "),
+      ("only.tsv", blank[:3], "0 of 3 lines kept as pairs; left out: 3 with a blank source ")):
+    (tmp_path / name).write_text("\n".join(lines) + "\n")
+    c.tsv_path = str(tmp_path / name)
+    builders.make_builder(c, c.data_dir)._pairs()
+    assert said in capsys.readouterr().err
 
 
 def test_a_corpus_built_by_another_process_while_this_one_waited_is_read(tmp_path, monkeypatch):

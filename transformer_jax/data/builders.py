@@ -181,7 +181,9 @@ def _raw_pairs(tsv_path: str | None, source_path: str | None,
           f"{len(rows[bad[0] - 1])}"
           + (". The file has lines that end in a bare carriage return (old Mac line ends): "
              "convert them to line feeds, e.g. with `tr '\\r' '\\n'`" if cr else ""))
-    raw = [(row[0], row[1]) for row in rows if len(row) == 2]
+    # The other rows are blank lines ("", spaces, tabs only): blank pairs, so that the build's
+    # summary (`clean_pairs`) counts every line of the file and each blank one as blank.
+    raw = [(row[0], row[1]) if len(row) == 2 else ("", "") for row in rows]
   else:
     sources, targets = read_lines(source_path), read_lines(target_path)
     if len(sources) != len(targets):

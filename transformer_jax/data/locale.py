@@ -37,6 +37,8 @@ import re
 import struct
 from typing import Iterable, Iterator
 
+from transformer_jax.data.lines import NotUTF8Error, read_lines
+
 DEFAULT_LOCALE_DIR = "/usr/share/locale"
 DEFAULT_DING_PATH = "/usr/share/trans/de-en"
 
@@ -133,20 +135,30 @@ def read_ding(path: str = DEFAULT_DING_PATH) -> list[tuple[str, str]]:
         f"`apt-get install trans-de-en`, or set data.locale_include_ding=False")
   annotation = re.compile(r"\{[^}]*\}|\[[^\]]*\]|\([^)]*\)")
   pairs = []
-  with open(path, encoding="utf-8", errors="replace") as f:
-    for line in f:
-      if line.startswith("#") or " :: " not in line:
-        continue
-      de_side, en_side = line.rstrip("\n").split(" :: ", 1)
-      de_parts, en_parts = de_side.split(" | "), en_side.split(" | ")
-      if len(de_parts) != len(en_parts):
-        continue
-      for de, en in zip(de_parts, en_parts):
-        de = " ".join(annotation.sub(" ", de.split("; ")[0]).split())
-        en = " ".join(annotation.sub(" ", en.split("; ")[0]).split())
-        if len(de.split()) >= 2 and len(en.split()) >= 2:
-          pairs.append((en, de))
+  for line in _ding_lines(path):
+    if line.startswith("#") or " :: " not in line:
+      continue
+    de_side, en_side = line.split(" :: ", 1)
+    de_parts, en_parts = de_side.split(" | "), en_side.split(" | ")
+    if len(de_parts) != len(en_parts):
+      continue
+    for de, en in zip(de_parts, en_parts):
+      de = " ".join(annotation.sub(" ", de.split("; ")[0]).split())
+      en = " ".join(annotation.sub(" ", en.split("; ")[0]).split())
+      if len(de.split()) >= 2 and len(en.split()) >= 2:
+        pairs.append((en, de))
   return pairs
+
+
+def _ding_lines(path: str) -> list[str]:
+  """The dictionary's lines; one that is not UTF-8 is an error naming it, not a line skipped
+  or decoded with U+FFFD: the file is read only when a config asks for it, and a copy in
+  Latin-1 would lose or mangle every line with an umlaut."""
+  try:
+    return read_lines(path)
+  except NotUTF8Error as e:
+    raise NotUTF8Error(f"{e}, and point data.locale_ding_path at the converted copy; or set "
+                       "data.locale_include_ding=False") from None
 
 
 def dedupe(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -47,6 +47,19 @@ from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 CHUNK = 1024  # Pairs read and tokenized per call.
 
 
+def _fits(source_ids, target_ids, max_source: int, max_target: int) -> bool:
+  """Whether training keeps a pair (ids with eos) under the limits of its rows."""
+  return len(source_ids) <= max_source and len(target_ids) <= max_target
+
+
+def count_too_long(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, c) -> int:
+  """How many of the training `pairs` (strings) `ReadChunk` drops under the limits of `c`
+  (data.max_source_len / data.max_target_len), counted without reading an epoch."""
+  sources, targets, _ = eval_ids(pairs, tokenizer)
+  return sum(not _fits(s, t, c.max_source_len, c.max_target_len)
+             for s, t in zip(sources, targets))
+
+
 class ReadChunk:
   """Chunk id -> this process's pairs of that chunk as (source ids + eos, target ids + eos).
 
@@ -72,7 +85,8 @@ class ReadChunk:
     # batcher would read forever.
     self._empty_chunks: dict[int, set[int]] = {}
     self._nearest: tuple[int, int, int] | None = None
-    self._warned = False
+    # Each said once: that pairs are dropped at all, and that a chunk lost most of its pairs.
+    self._warned_dropped = self._warned = False
 
   def _permutation(self, epoch: int) -> np.ndarray:
     with self._lock:
@@ -94,20 +108,18 @@ class ReadChunk:
       source.append(EOS_ID)
       target.append(EOS_ID)
       # Training drops pairs longer than the rows; evaluation never does.
-      if len(source) <= self._max_source and len(target) <= self._max_target:
+      if _fits(source, target, self._max_source, self._max_target):
         out.append((source, target))
     self._check_kept(epoch, k, len(out), sources, targets)
     return out
 
   def _check_kept(self, epoch: int, k: int, kept: int, sources, targets) -> None:
-    """Warn once when a chunk drops most of its pairs; raise when a whole epoch kept none."""
+    """Warn once when a chunk drops pairs and once when it drops most of them; raise when a
+    whole epoch kept none."""
     with self._lock:
       limits = (f"data.max_source_len={self._max_source} / data.max_target_len="
                 f"{self._max_target} (pieces, EOS included)")
-      if sources and kept < len(sources) / 2 and not self._warned:
-        self._warned = True
-        logging.warning("training data: a chunk kept %d of %d pairs; the rest are longer than "
-                        "%s", kept, len(sources), limits)
+      self._warn_of_drops(kept, len(sources), limits)
       if kept:
         self._empty_chunks.pop(epoch, None)
         return
@@ -127,6 +139,20 @@ class ReadChunk:
         f"no training pair fits {limits}: all {len(self._indices)} pairs of this process were "
         f"read and dropped (the nearest to fitting has {source_len} source / {target_len} "
         "target pieces); raise the limits or check data.source_lang / data.target_lang")
+
+  def _warn_of_drops(self, kept: int, read: int, limits: str) -> None:
+    """Says the first chunk that drops pairs, so that a run's log shows that training skips
+    some (once: with a few long pairs in the corpus, every chunk drops some), and again the
+    first that drops most of them, as the limits may then be set too low."""
+    if kept < read / 2 and not self._warned:
+      self._warned = self._warned_dropped = True
+      logging.warning("training data: a chunk kept %d of %d pairs; the rest are longer than "
+                      "%s", kept, read, limits)
+    elif kept < read and not self._warned_dropped:
+      self._warned_dropped = True
+      logging.warning("training data: a chunk dropped %d of %d pairs (%.1f%%), longer than %s: "
+                      "training skips such pairs (said once); raise the limits to train on "
+                      "them", read - kept, read, 100 * (read - kept) / read, limits)
 
 
 def _empty_batch(rows: int, source_len: int, target_len: int) -> dict:

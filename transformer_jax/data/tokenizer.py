@@ -26,6 +26,8 @@ import sentencepiece as spm
 from transformer_jax.data.config import DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# The special pieces' names, by id.
+PIECES = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
 
 
 def normalize_spaces(text: str) -> str:
@@ -103,6 +105,40 @@ TRAINER_THREADS = 8
 # SentencePiece's wording when the corpus has more distinct characters than pieces allowed.
 _TOO_MANY_CHARS = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
+# SentencePiece's trainer skips, without a word, sample lines longer than this many UTF-8 bytes.
+SPM_MAX_SENTENCE_LENGTH = 4192
+
+# The special pieces' names in the text: SentencePiece's trainer removes them from its lines.
+_PIECE_NAMES = re.compile("|".join(re.escape(name) for name in PIECES.values()))
+
+
+def _sentence_limit(lines: list[str]) -> dict:
+  """The trainer's `max_sentence_length` argument when a sample line is longer than its
+  default: a skipped line's characters may get no piece (<unk>), and a sample of only such
+  lines fails inside SentencePiece. Nothing when every line fits: the field, once set, is
+  written into the model, so the model of a corpus that trained before would change bytes."""
+  longest = max((len(line.encode()) for line in lines), default=0)
+  return {"max_sentence_length": longest} if longest > SPM_MAX_SENTENCE_LENGTH else {}
+
+
+def _warn_of_piece_names(lines: list[str]) -> None:
+  """Warns (once per training) when sample lines hold `<unk>`, `<s>`, `</s>` or `<pad>`:
+  the trainer takes those strings out of its text, so a character seen only inside them gets
+  no piece and encodes as <unk>, and `detokenize(encode(x)) != x` for text with them."""
+  found: dict[str, None] = {}  # In order of first sight.
+  lines_with = 0
+  for line in lines:
+    names = _PIECE_NAMES.findall(line)
+    lines_with += bool(names)
+    found.update(dict.fromkeys(names))
+  if lines_with:
+    logging.warning(
+        "vocabulary sample: %d of %d lines hold %s, the names of SentencePiece's special "
+        "pieces, which its trainer removes from the text: a character seen only inside them "
+        "gets no piece and encodes as <unk>. Set data.vocab_byte_fallback=True (such "
+        "characters become byte pieces) or take the strings out of the corpus",
+        lines_with, len(lines), ", ".join(found))
+
 
 def _train_model(lines: list[str], *, vocab_size: int, model_type: str, split_digits: bool,
                  byte_fallback: bool) -> bytes:
@@ -119,14 +155,15 @@ def _train_model(lines: list[str], *, vocab_size: int, model_type: str, split_di
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
         model_type=model_type, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-        pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+        pad_piece=PIECES[PAD_ID], unk_piece=PIECES[UNK_ID], bos_piece=PIECES[BOS_ID],
+        eos_piece=PIECES[EOS_ID],
         # Identity normalisation keeps decode(encode(x)) == x for text without odd spacing.
         # Coverage 1.0: every character of the sample gets a piece, none becomes <unk>.
         normalization_rule_name="identity", character_coverage=1.0,
         split_digits=split_digits, byte_fallback=byte_fallback,
         # A small corpus may not support the requested size: take what it supports.
         hard_vocab_limit=False, input_sentence_size=0, shuffle_input_sentence=False,
-        num_threads=TRAINER_THREADS, minloglevel=2)
+        num_threads=TRAINER_THREADS, minloglevel=2, **_sentence_limit(lines))
   except RuntimeError as e:
     match = _TOO_MANY_CHARS.search(str(e))
     if not match:
@@ -155,6 +192,19 @@ def sample_lines(texts: Iterable[str], max_chars: int, seed: int) -> tuple[list[
   return lines, chars
 
 
+def _empty_sample(texts: list[str], max_chars: int, seed: int) -> str:
+  """Why the vocabulary sample of `texts` has no character (SentencePiece would fail on it
+  with an internal error)."""
+  everything, _ = sample_lines(texts, float("inf"), seed)
+  first = next((line for line in everything if line), None)
+  if first is None:
+    return ("the vocabulary sample is empty: the training split has no text that is not "
+            "blank; check the corpus files")
+  return (f"data.vocab_max_chars={max_chars:,} leaves the vocabulary sample empty: the first "
+          f"text in its seeded order has {len(first):,} characters. Raise data.vocab_max_chars "
+          "(the characters the vocabulary is trained on) to many times that")
+
+
 def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int, model_type: str,
                     max_chars: int, split_digits: bool, byte_fallback: bool,
                     seed: int) -> Tokenizer:
@@ -166,7 +216,12 @@ def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int, model_t
   has a default: the data config's fields (`data.vocab_*`, `data.shuffle_seed`) are the only
   ones, so a caller cannot train with other settings than its config says.
   """
+  texts = list(texts)  # Read twice when the sample is empty (to say why).
   lines, chars = sample_lines(texts, max_chars, seed)
+  if not any(lines):
+    raise DataError(_empty_sample(texts, max_chars, seed))
+  if not byte_fallback:  # With byte pieces, the characters inside the names round-trip.
+    _warn_of_piece_names(lines)
   logging.info("Training a %s SentencePiece model (%d pieces) on %d characters",
                model_type, vocab_size, chars)
   model = _train_model(lines, vocab_size=vocab_size, model_type=model_type,
