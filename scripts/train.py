@@ -15,7 +15,7 @@ import sys
 import _host_memory  # noqa: F401 (before jax: restarts with huge pages, see the module)
 from absl import flags
 
-from transformer_jax import cli
+from transformer_jax import cli, experiment
 from transformer_jax.run import distributed
 from transformer_jax.run import workdir as workdir_lib
 from transformer_jax.run.loop import train_and_evaluate
@@ -34,7 +34,7 @@ def body(values, args):
       print(f"error: --config is required to start a run ({values.workdir} holds none to "
             "resume), e.g. --config configs/default.py", file=sys.stderr)
       return 2
-    config = workdir_lib.experiment_config(values.workdir)
+    config = _own_config(values.workdir)
     print(f"train: resuming with the run's own config "
           f"({workdir_lib.current_config_path(values.workdir)}); to change fields, "
           f"--config {shlex.quote('configs/resume.py:' + values.workdir)} --config.<field>=...",
@@ -45,6 +45,20 @@ def body(values, args):
   print(summary, file=sys.stderr)
   distributed.shutdown()  # multi-process runs: the coordinator's service stops last
   return 0
+
+
+def _own_config(workdir):
+  """The config the run in `workdir` trains with now, checked as --config's is (cli.run): one
+  that today's rules refuse is a RunError naming the file, not a traceback from the loop."""
+  config = workdir_lib.experiment_config(workdir)
+  try:
+    experiment.validate(config)
+  except ValueError as e:
+    raise workdir_lib.RunError(
+        f"{e} (in {workdir_lib.current_config_path(workdir)}, the run's own config: resume with "
+        f"--config {shlex.quote('configs/resume.py:' + workdir)} --config.<field>=<value>)"
+    ) from None
+  return config
 
 
 def main(argv=None):

@@ -28,6 +28,20 @@ train = load_script("train")
     ("--config.model.d_modle=8", 2, "error: no config field 'd_modle': "),
     # A mesh the devices do not fill (8 fake ones here): found before the workdir is made.
     ("--config.mesh.data=3", 1, "error: config.mesh={'data': 3"),
+    # Found before only when the dataset was built: a ValueError's traceback.
+    ("--config.data.source_lang=fr", 1, "error: data.dataset='numbers' is English-German, got "
+                                        "data.source_lang='fr'"),
+    # Ignored before, without a word.
+    ("--config.data.locale_include_ding=True", 1, "error: data.locale_include_ding is set but "
+                                                  "data.dataset='numbers': add "),
+    ("--config.num_processes=2", 1, "error: config.num_processes=2: is used only with "
+                                    "config.coordinator_address"),
+    ("--config.schedule=constant", 1, "error: config.warmup_steps=10: must be < "
+                                      "num_train_steps=6 with schedule='constant'"),
+    # Accepted before: NaN fails no `< 0` check, and an epsilon of 0 is 0 / 0 on a constant row.
+    ("--config.weight_decay=nan", 1, "error: config.weight_decay=nan: must be >= 0 and finite"),
+    ("--config.model.layer_norm_epsilon=0", 1, "error: config.model.layer_norm_epsilon=0.0: "
+                                               "must be > 0 and finite"),
 ])
 def test_a_bad_config_is_one_error_line_before_any_work(tmp_path, capsys, override, code,
                                                         message):
@@ -114,6 +128,67 @@ def test_a_config_file_that_cannot_be_loaded_is_one_error_line(tmp_path, capsys)
     assert err.startswith(message) and err.count("\n") == 1, err
     assert "--help lists the flags" not in err, err   # no flag was wrong
   assert not workdir.exists()
+
+
+def test_a_field_a_config_file_adds_is_one_error_line_naming_the_file(tmp_path, capsys):
+  """`c.num_train_step = 2` in get_config() (before the config is locked): the run trained with
+  the defaults, config.json recorded the typos, and every resume was refused as a config "made
+  by another version"."""
+  typo = tmp_path / "typo.py"
+  typo.write_text(f"import sys\nsys.path.insert(0, {os.path.dirname(TINY)!r})\n"
+                  "from tiny_config import get_config as tiny\n\n\n"
+                  "def get_config(arg=None):\n  c = tiny()\n  c.num_train_step = 2\n"
+                  "  c.data.batchsize = 4\n  return c\n")
+  workdir = tmp_path / "run"
+  assert train.main(["--config", f"{typo}:arg", "--workdir", str(workdir)]) == 1
+  err = capsys.readouterr().err
+  assert err == (f"error: config.data.batchsize (did you mean config.data.batch_size?), "
+                 "config.num_train_step (did you mean config.num_train_steps?): no such fields, "
+                 f"set in {typo}; a run would ignore them and train with the default of the "
+                 "field meant: correct the names there (--help with --config lists the "
+                 "fields)\n"), err
+  assert not workdir.exists()
+  # A run made so before: its resume says what the fields may be, and how to resume it.
+  c = tiny_config.get_config()
+  workdir.mkdir()
+  path = workdir_lib.write_config(str(workdir), c, experiment.transformer_config(c, 32))
+  with open(path) as f:
+    stored = json.load(f)
+  stored["num_train_step"] = 2
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  assert train.main(["--workdir", str(workdir)]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: {path} has fields this code does not know: "
+                        "['num_train_step']: the run was made by another version"), err
+  assert err.endswith(f". If its config file misspelt num_train_step (did you mean "
+                      f"num_train_steps?), the run trained with the default of the field meant: "
+                      f"delete the misspelt field(s) from {path} to resume it as it ran\n"), err
+
+
+def test_a_stored_config_todays_rules_refuse_is_one_error_line_either_way(tmp_path, capsys):
+  """`train.py --workdir W` alone reads the run's own config back; one that today's rules refuse
+  (a constant schedule that ends inside its warm-up, accepted when the run was made) was a
+  ValueError's traceback from the loop, where `--config configs/resume.py:W` said it in a line."""
+  c = tiny_config.get_config()
+  run = tmp_path / "run"
+  run.mkdir()
+  path = workdir_lib.write_config(str(run), c, experiment.transformer_config(c, vocab_size=32))
+  with open(path) as f:
+    stored = json.load(f)
+  stored["schedule"] = "constant"   # with the tiny config's 10 warm-up steps of 6
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  refused = "config.warmup_steps=10: must be < num_train_steps=6 with schedule='constant'"
+  assert train.main(["--workdir", str(run)]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: {refused}") and err.count("\n") == 1, err
+  assert f"(in {path}, the run's own config: resume with --config configs/resume.py:" in err
+  repo = os.path.dirname(os.path.dirname(TINY))
+  assert train.main(["--config", f"{repo}/configs/resume.py:{run}", "--workdir", str(run)]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: {refused}") and err.count("\n") == 1, err
+  assert sorted(os.listdir(run)) == [workdir_lib.CONFIG]   # nothing written
 
 
 def test_a_config_of_ones_own_starts_from_the_checkouts_configs(tmp_path):
@@ -349,3 +424,48 @@ def test_a_reader_gone_before_the_output_ends_quietly(tmp_path):
     proc.stdout.close()  # long before the script, still importing, writes
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 1 and err == "", (argv, err)
+
+
+def test_none_or_nothing_for_a_path_leaves_it_unset(capsys):
+  """config flags parse `--config.data.vocab_path=None` as the string 'None' (a tokenizer
+  trained into ./None) and `=` as "": for a field whose default is None, both are None."""
+  seen = {}
+  def body(values, args):
+    seen.update({k: values.config.data[k] for k in ("vocab_path", "data_dir", "locale_dir",
+                                                    "tsv_path")})
+  assert _toy(["--config.data.vocab_path=None", "--config.data.data_dir=",
+               "--config.data.locale_dir=None", "--config.data.tsv_path=None.tsv"], body,
+              config=TINY) == 0, capsys.readouterr().err
+  assert seen == {"vocab_path": None, "data_dir": None, "locale_dir": None,
+                  "tsv_path": "None.tsv"}
+
+
+def test_errors_found_after_the_start_that_settings_fix_are_one_line(capsys):
+  """A batch or a model size the mesh does not split, a non-finite loss: the user's to fix
+  (their messages name the fields), printed as one line, not a ValueError's or a
+  FloatingPointError's traceback."""
+  import types
+
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+
+  from transformer_jax import sharding
+  from transformer_jax.run import throughput
+  from transformer_jax.run import trainer as trainer_lib
+
+  mesh = sharding.make_mesh({"data": 4, "tensor": 2})
+  heads = {"w": nn.Partitioned(jax.ShapeDtypeStruct((3, 4), jnp.float32), names=("heads", None))}
+  with pytest.raises(sharding.ShardingError, match=r"model.num_heads = 3 does not split"):
+    sharding.check_divisible(heads, mesh, sharding.DEFAULT_RULES)
+  setup = types.SimpleNamespace(batch_sharding=sharding.batch_sharding(
+      mesh, sharding.DEFAULT_RULES), mesh=mesh)
+  with pytest.raises(sharding.ShardingError, match=r"a global batch of 6 rows does not split "
+                                                   r"over the 4 devices"):
+    trainer_lib._check_rows_split_over_devices(
+        tiny_config.get_config(), types.SimpleNamespace(global_rows=6), setup)
+  for error in (sharding.ShardingError("config.mesh={'data': 3}: does not divide"),
+                throughput.NonFiniteLossError("non-finite training loss or parameters at step "
+                                              "7: stopping without saving")):
+    assert _toy([], _raising(error)) == 1
+    assert capsys.readouterr().err == f"error: {error}\n"

@@ -1,12 +1,19 @@
 """Every shipped config loads, validates and yields a valid model config."""
 import importlib.util
+import json
+import math
 import os
+import re
 
 import pytest
 
+from transformer_jax import data as data_lib
 from transformer_jax import experiment, sweeps
 from transformer_jax.data import tokenizer
-from transformer_jax.data.config import default_data_config
+from transformer_jax.data.config import DataError, default_data_config, stray_corpus_field
+from transformer_jax.run import workdir as workdir_lib
+
+import tiny_config
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -123,3 +130,170 @@ def test_the_defaults_a_run_gets_for_the_fields_it_does_not_set():
   assert experiment.transformer_config(c, 100).dropout_rate == model.dropout_rate == 0.1
   c.model.dropout_rate = 0.3
   assert experiment.transformer_config(c, 100).dropout_rate == 0.3
+
+
+# ---------------------------------------------------------------- refused at start, by validate
+# (cheap: no data, no training; each names the field and what to do)
+
+
+def _tiny(**fields):
+  c = tiny_config.get_config()
+  for key, value in fields.items():
+    *parents, leaf = key.split(".")
+    target = c
+    for parent in parents:
+      target = target[parent]
+    target[leaf] = value
+  return c
+
+
+def test_fields_a_config_file_adds_are_refused_with_the_closest_name():
+  """get_config() runs before config_flags locks the config: a misspelt field set there was
+  recorded in config.json and ignored (the run trained with the default), and every resume was
+  then refused as a config "made by another version"."""
+  c = _tiny()
+  c.num_train_step = 2
+  c.data.batchsize = 4
+  with pytest.raises(ValueError, match=re.escape(
+      "config.data.batchsize (did you mean config.data.batch_size?), config.num_train_step (did "
+      "you mean config.num_train_steps?): no such fields, set in my.py; a run would ignore them")):
+    experiment.validate(c, source="my.py")
+  c = _tiny()
+  c.model.d_modle = 8
+  with pytest.raises(ValueError, match=re.escape(
+      "config.model.d_modle (did you mean config.model.d_model?): no such field, set by the "
+      "config;")):
+    experiment.validate(c)
+  c = _tiny()
+  c.model.vocab_size = 8  # a field the run sets itself, from the tokenizer
+  with pytest.raises(ValueError, match=r"^config.model.vocab_size \(did you mean "
+                                       r"config.data.vocab_size\?\): no such field"):
+    experiment.validate(c)
+  # A mesh may name only some axes; an unknown one has its own message.
+  c = _tiny(mesh={"data": -1})
+  experiment.validate(c)
+  c.mesh.model = 2
+  with pytest.raises(ValueError, match=r"config.mesh=.*unknown axes \['model'\]"):
+    experiment.validate(c)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("learning_rate", math.inf, r"config.learning_rate=inf: must be > 0 \(and finite\)"),
+    ("adam_eps", math.inf, r"config.adam_eps=inf: must be > 0"),
+    ("weight_decay", math.nan, r"config.weight_decay=nan: must be >= 0 and finite"),
+    ("grad_clip_norm", math.inf, r"config.grad_clip_norm=inf: must be >= 0 and finite"),
+    ("length_penalty_alpha", math.nan, r"config.length_penalty_alpha=nan: must be a finite "),
+    ("keep_every_steps", -1, r"config.keep_every_steps=-1: must be >= 0 \(0 turns it off\)"),
+    ("model.layer_norm_epsilon", 0.0, r"^config.model.layer_norm_epsilon=0.0: must be > 0 and "
+                                      r"finite"),
+    ("model.layer_norm_epsilon", math.nan, r"config.model.layer_norm_epsilon=nan: must be > 0"),
+    ("model.layer_norm_epsilon", -1e-6, r"config.model.layer_norm_epsilon=-1e-06: must be > 0"),
+    # A constant schedule's learning_rate is reached at the end of its linear warm-up: a run
+    # that ends inside it never trains at that rate (the tiny config: 10 warm-up, 6 steps).
+    ("schedule", "constant", r"config.warmup_steps=10: must be < num_train_steps=6 with "
+                             r"schedule='constant'"),
+    # Read only with coordinator_address: alone they were ignored without a word.
+    ("num_processes", 2, r"config.num_processes=2: is used only with "
+                         r"config.coordinator_address"),
+    ("process_id", 0, r"config.process_id=0: is used only with config.coordinator_address"),
+])
+def test_values_no_run_can_use_are_refused(field, value, match):
+  with pytest.raises(ValueError, match=match):
+    experiment.validate(_tiny(**{field: value}))
+
+
+@pytest.mark.parametrize("fields", [
+    # The bounds themselves: 0 turns each off; a negative alpha favours short outputs (search.py
+    # handles it); the paper's schedule may end before its peak (its rate is a multiplier).
+    {"weight_decay": 0.0, "grad_clip_norm": 0.0, "keep_every_steps": 0},
+    {"length_penalty_alpha": -0.5, "keep_every_steps": 5, "model.layer_norm_epsilon": 1e-12},
+    {"length_penalty_alpha": 0.0},
+    {"schedule": "constant", "warmup_steps": 5},
+    {"schedule": "rsqrt", "warmup_steps": 10},
+    {"coordinator_address": "127.0.0.1:1234", "num_processes": 2, "process_id": 0},
+])
+def test_values_at_the_bounds_are_accepted(fields):
+  experiment.validate(_tiny(**fields))
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"source_lang": "fr"}, r"data.dataset='numbers' is English-German, got "
+                            r"data.source_lang='fr', data.target_lang='de'"),
+    ({"dataset": "locale", "source_lang": "de", "target_lang": "fr"},
+     r"data.dataset='locale' pairs English with one language, got"),
+    ({"dataset": "locale", "target_lang": "fr", "locale_include_ding": True},
+     r"data.locale_include_ding=True adds a German dictionary, but the pair is en-fr"),
+    ({"dataset": "locale", "source_lang": "de", "target_lang": "en"}, None),
+    ({"dataset": "locale", "locale_include_ding": True}, None),
+    ({"source_lang": "de", "target_lang": "en"}, None),
+])
+def test_language_pairs_the_corpora_lack_are_refused_at_start(fields, match):
+  """Found before only when the dataset was built, as a ValueError's traceback."""
+  c = _tiny(**{f"data.{k}": v for k, v in fields.items()})
+  if match is None:
+    experiment.validate(c)
+  else:
+    with pytest.raises(DataError, match=match):
+      experiment.validate(c)
+
+
+def test_the_ding_dictionary_set_for_another_dataset_is_a_stray_field():
+  c = _tiny(**{"data.locale_include_ding": True})
+  assert stray_corpus_field(c.data) == (
+      "data.locale_include_ding is set but data.dataset='numbers': add "
+      "--config.data.dataset=locale to train on those catalogs, or set "
+      "data.locale_include_ding=False")
+  c.data.dataset = "locale"
+  assert stray_corpus_field(c.data) is None
+
+
+def test_an_empty_path_is_no_path_on_resume():
+  """`--config.data.vocab_path=` recorded "", and the same run resumed without it (None) was
+  refused as a tokenizer change "'' -> None"; the paths' readers take both for unset."""
+  c = _tiny()
+  stored = json.loads(c.to_json_best_effort())
+  stored["data"].update(vocab_path="", locale_dir="")
+  assert workdir_lib.config_changes(stored, json.loads(c.to_json_best_effort())) == []
+  c.data.vocab_path = "other.model"
+  assert workdir_lib.config_changes(stored, json.loads(c.to_json_best_effort())) == [
+      ("data.vocab_path", None, "other.model")]
+
+
+def test_a_run_started_with_a_nan_weight_decay_resumes_with_0():
+  """NaN passed validate's `< 0` checks, and the optimizer's `> 0` made it plain Adam without
+  clipping: the value validate now asks for (0) is no change of the optimizer's structure."""
+  for field in ("weight_decay", "grad_clip_norm"):
+    assert workdir_lib.refusal(field, math.nan, 0.0, {}, has_checkpoint=True,
+                               has_tokenizer=True) is None
+    assert workdir_lib.refusal(field, math.nan, 0.1, {}, has_checkpoint=True,
+                               has_tokenizer=True).startswith("the optimizer state's structure")
+
+
+def test_a_tokenizer_the_run_did_not_train_is_compared_with_the_vocab_fields(tmp_path):
+  """data.vocab_path naming an existing model: it is used as it is, whatever data.vocab_* say
+  (and config.json records), so the run warns of each field it does not follow."""
+  texts = [f"the {w} house number {i} is {a}" for i, (w, a) in enumerate(
+      [("red", "big"), ("blue", "small"), ("green", "old"), ("white", "new")] * 10)]
+  path = str(tmp_path / "other.model")
+  trained = tokenizer.train_tokenizer(texts, path, vocab_size=40, model_type="unigram",
+                                      max_chars=10**6, split_digits=False, byte_fallback=False,
+                                      seed=0)
+  # The model file alone: its trainer spec (the pieces it got, not the size asked for).
+  assert data_lib.vocab_settings(path) == {"vocab_model_type": "unigram",
+                                           "vocab_split_digits": False,
+                                           "vocab_byte_fallback": False}
+  c = default_data_config()
+  c.update(vocab_size=20)
+  assert data_lib.vocab_settings_not_followed(c, path, trained.vocab_size) == (
+      f"{path} was trained with other settings than this config's data.vocab_* fields, which "
+      "config.json records but only a tokenizer the run trains itself follows: "
+      "vocab_model_type='bpe' (the tokenizer's: 'unigram'), vocab_split_digits=True (the "
+      f"tokenizer's: False), vocab_size=20 (the tokenizer has {trained.vocab_size} pieces)")
+  c.update(vocab_size=40, vocab_model_type="unigram", vocab_split_digits=False)
+  assert data_lib.vocab_settings_not_followed(c, path, trained.vocab_size) is None
+  # With the data config a run records beside the model it trains: every field, exactly.
+  with open(path + ".json", "w") as f:
+    json.dump({**c.to_dict(), "vocab_size": 50, "vocab_max_chars": 1000}, f)
+  assert data_lib.vocab_settings_not_followed(c, path, trained.vocab_size).endswith(
+      "follows: vocab_size=40 (the tokenizer's: 50), vocab_max_chars=10000000 (the tokenizer's: "
+      "1000)")

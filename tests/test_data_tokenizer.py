@@ -5,6 +5,7 @@ import pickle
 
 import pytest
 
+from transformer_jax import files
 from transformer_jax.data import tokenizer as tok_lib
 from transformer_jax.data.config import DataError
 
@@ -68,7 +69,7 @@ def test_reused_not_retrained_and_picklable(tokenizer, tmp_path):
   made = tok_lib.load_or_train(str(fresh), lambda: calls.append(1) or TEXTS, vocab_size=100,
                                **SETTINGS)
   assert calls == [1] and os.path.exists(fresh) and made.vocab_size <= 100
-  assert [p for p in os.listdir(fresh.parent) if p.startswith("tmp")] == []  # No leftovers.
+  assert sorted(os.listdir(fresh.parent)) == ["spm.model", "spm.model.lock"]  # No leftovers.
 
 
 def test_trains_in_a_directory_named_like_a_sweep_point(tmp_path):
@@ -168,9 +169,9 @@ def test_the_lock_can_be_taken_again_and_a_waiting_trainer_reuses_the_model(tmp_
   first trained instead of training again."""
   import threading
   path = str(tmp_path / "shared" / "spm.model")
-  with tok_lib.file_lock(path + ".lock"):
+  with files.file_lock(path + ".lock"):
     pass
-  with tok_lib.file_lock(path + ".lock"):  # The directory exists now.
+  with files.file_lock(path + ".lock"):  # The directory exists now.
     calls, result = [], {}
     waiter = threading.Thread(target=lambda: result.setdefault("made", tok_lib.load_or_train(
         path, lambda: calls.append(1) or TEXTS, vocab_size=120, **SETTINGS)))
@@ -204,6 +205,65 @@ def test_what_the_model_was_trained_from_is_written_beside_it(tmp_path):
   made = tok_lib.load_or_train(str(tmp_path / "c" / "spm.model"), lambda: TEXTS,
                                vocab_size=120, **SETTINGS)
   assert not os.path.exists(made.path + ".json")
+
+
+class _Killed(BaseException):
+  """A kill -9 at a chosen moment (no handler runs: BaseException passes every `except`)."""
+
+
+def test_a_kill_between_the_record_and_the_model_leaves_no_model_without_its_record(
+    tmp_path, monkeypatch):
+  """Killed between its two renames, training leaves a record without its model (replaced with
+  the next model trained), never a model without its record: run.workdir's _check_tokenizer
+  would have nothing to compare a later command's other data config with, and that command
+  would use the old model."""
+  path, replace, renamed = str(tmp_path / "spm.model"), os.replace, []
+
+  def killed_at_the_second_rename(src, dst):
+    if renamed:
+      raise _Killed
+    renamed.append(dst)
+    replace(src, dst)
+  monkeypatch.setattr(os, "replace", killed_at_the_second_rename)
+  with pytest.raises(_Killed):
+    tok_lib.load_or_train(path, lambda: TEXTS, trained_from={"vocab_size": 120},
+                          vocab_size=120, **SETTINGS)
+  assert renamed == [path + ".json"] and not os.path.exists(path)
+  monkeypatch.undo()
+  made = tok_lib.load_or_train(path, lambda: TEXTS, trained_from={"vocab_size": 100},
+                               vocab_size=100, **SETTINGS)
+  with open(path + ".json") as f:
+    assert json.load(f) == {"vocab_size": 100} and made.vocab_size <= 100
+  # Trained without a record: one a killed command left would pass for the new model's.
+  os.remove(path)
+  tok_lib.load_or_train(path, lambda: TEXTS, vocab_size=120, **SETTINGS)
+  assert not os.path.exists(path + ".json")
+
+
+def test_an_atomic_write_reaches_the_disk_before_and_after_its_rename(tmp_path, monkeypatch):
+  """The file's bytes are synced before the rename and the directory after it: without that, a
+  power loss can leave the renamed file empty. A failed write leaves the old file whole and no
+  temporary one."""
+  import stat
+  events = []
+  fsync, replace = os.fsync, os.replace
+  monkeypatch.setattr(os, "fsync", lambda fd: events.append(
+      "directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file") or fsync(fd))
+  monkeypatch.setattr(os, "replace", lambda a, b: events.append("rename") or replace(a, b))
+  path = str(tmp_path / "record.json")
+  files.write_atomically(path, "{}\n")
+  assert events == ["file", "rename", "directory"] and open(path).read() == "{}\n"
+  events.clear()
+  train(TEXTS, tmp_path / "spm.model", 120)  # the model goes the same way
+  assert events == ["file", "rename", "directory"]
+
+  def no_space(fd):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(os, "fsync", no_space)
+  with pytest.raises(OSError, match=f"No space left on device: '{path}'"):  # names the file
+    files.write_atomically(path, "{\"cut\": ")
+  assert open(path).read() == "{}\n" and sorted(os.listdir(tmp_path)) == ["record.json",
+                                                                           "spm.model"]
 
 
 def test_training_prints_nothing(tmp_path, capfd):

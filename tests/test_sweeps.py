@@ -585,6 +585,34 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
     sweeps.report(str(tmp_path), "blue")
 
 
+def test_sweep_files_and_reports_are_written_whole_and_reach_the_disk(tmp_path, monkeypatch):
+  """A marker, status.json or report is written to a temporary file, synced, renamed and the
+  rename synced: a report rewritten in place was left cut short by a crash or a full disk, and
+  a renamed file can come back empty after a power loss when its bytes were not on the disk."""
+  import importlib
+  import stat
+  report_module = importlib.import_module("transformer_jax.sweeps.report")
+  runner_module = importlib.import_module("transformer_jax.sweeps.runner")
+  synced, fsync = [], os.fsync
+  monkeypatch.setattr(os, "fsync", lambda fd: synced.append(
+      "directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file") or fsync(fd))
+  prefix = str(tmp_path / "report")
+  assert report_module.write_rows([{"a": 1.5}], ["a"], ["a"], prefix) == [prefix + ".csv",
+                                                                           prefix + ".md"]
+  assert synced == ["file", "directory"] * 2
+  runner_module._write(str(tmp_path / "DONE"), "finished\n")
+  assert synced == ["file", "directory"] * 3
+
+  def no_space(fd):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(os, "fsync", no_space)
+  with pytest.raises(OSError, match="No space left"):
+    report_module.write_rows([{"a": 2.5}], ["a"], ["a"], prefix)
+  assert open(prefix + ".csv", newline="").read() == "a\r\n1.5\r\n"
+  assert "1.5" in open(prefix + ".md").read()
+  assert sorted(os.listdir(tmp_path)) == ["DONE", "report.csv", "report.md"]
+
+
 def test_markdown_cells_of_other_units():
   """`md_cells`: a column's Markdown heading and how its values read (benchmark curves give
   rates in other units than their CSV); an empty cell stays empty."""
@@ -959,8 +987,10 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
   (other / "newer" / "config.json").write_text(json.dumps({**newer, "new_field": 1}))
   assert script.main([str(other), str(runs / "base")]) == 0
   out, err = capsys.readouterr()
-  assert (f"warning: {other / 'cut' / 'config.json'} is not valid JSON (Expecting value: line 1 "
-          f"column 10 (char 9)): {other / 'cut'} left out; mend or remove that file") in err, err
+  assert (f"warning: {other / 'cut' / 'config.json'} does not read as JSON (JSONDecodeError: "
+          "Expecting value: line 1 column 10 (char 9)): the file is damaged (emptied or cut "
+          f"short) or was edited; mend it or restore it from a copy ({other / 'cut'} left out)"
+          ) in err, err
   assert (f"warning: {other / 'newer' / 'config.json'} has fields this code does not know: "
           "['new_field'] (another version of transformer-jax made the run): not compared") in err
   assert out.splitlines()[0].startswith("| name | seed | status |")
@@ -981,7 +1011,7 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
        f"directories directly under it (its sweeps ['{empty / 'sweep'}'] have no started "
        "point). Pass the workdirs"),
       ([str(other / "cut"), str(tmp_path / "not_a_run")], 1,
-       f"error: no run to compare: {other / 'cut' / 'config.json'} is not valid JSON"),
+       f"error: no run to compare: {other / 'cut' / 'config.json'} does not read as JSON"),
       ([str(tmp_path / "not_a_run")], 1, "has no 'resolved_model': it was not written by"),
       ([str(tmp_path / "broken_sweep")], 1,
        f"{tmp_path / 'broken_sweep' / 'sweep.json'} is not a sweep's record (JSONDecodeError"),

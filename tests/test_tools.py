@@ -1668,6 +1668,43 @@ def test_evaluation_files_are_written_whole_under_their_own_temporary_names(tmp_
   assert os.listdir(tmp_path) == ["eval.test.greedy.json"]
 
 
+def test_a_result_appended_after_a_line_cut_short_is_read(tmp_path):
+  """A full disk or a power loss cut eval/results.jsonl's (or metrics.jsonl's) last line short:
+  the next record starts a line of its own. Glued onto the cut one it was unreadable too, and
+  the sweep report showed the evaluation before it."""
+  from transformer_jax.run import metrics
+  from transformer_jax.sweeps.report import evaluated
+  run = str(tmp_path / "run")
+  os.makedirs(os.path.join(run, "eval"))
+  with open(os.path.join(run, "eval", "results.jsonl"), "w") as f:
+    f.write(json.dumps({"split": "test", "bleu": 10.0}) + '\n{"split": "test", "bl')
+  evaluation._write(str(tmp_path / "out"), "test", "greedy", ["a"], {"split": "test", "bleu": 20.0},
+                    [("a", "a")], 0, run)
+  assert evaluated(run)["test_bleu"] == 20.0
+  with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+    f.write('{"step": 1, "train_loss": 3.0}\n{"step": 2, "train_lo')
+  metrics.MetricsWriter(run, tensorboard=False).write(2, {"train_loss": 2.0})
+  assert metrics.last_values(run) == {"step": 2, "train_loss": 2.0}
+
+
+def test_evaluation_files_and_a_resumes_metrics_reach_the_disk_before_their_rename(
+    tmp_path, monkeypatch):
+  """Synced before the rename and the directory after it: without that, a power loss can leave
+  a renamed eval.<name>.json, or the metrics.jsonl a resume rewrote, empty."""
+  import stat
+
+  from transformer_jax.run import metrics
+  synced, fsync = [], os.fsync
+  monkeypatch.setattr(os, "fsync", lambda fd: synced.append(
+      "directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file") or fsync(fd))
+  evaluation.write_whole(str(tmp_path / "eval.test.greedy.json"), "{}")
+  assert synced == ["file", "directory"]
+  (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+  metrics.MetricsWriter(str(tmp_path), tensorboard=False, resume_step=1)
+  assert synced == ["file", "directory"] * 2
+  assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
 def test_an_evaluation_outlives_its_checkpoint(workdir, tmp_path):
   """Training rotated the step out while it was being evaluated: the results are kept, and no
   stray step directory is written back among the checkpoints."""
@@ -2004,6 +2041,47 @@ def test_average_of_a_damaged_checkpoint_names_the_step(workdir, capsys, tmp_pat
   assert rc == 1 and ("(ValueError: chunk 0 of state/params is short): it is damaged; there is "
                       "no later step to average, or train on until 2 good checkpoints follow "
                       "it") in err, err
+
+
+def test_a_damaged_checkpoint_is_one_error_line_naming_the_steps_to_read_instead(
+    workdir, capsys, tmp_path, monkeypatch):
+  """Step 6's data files emptied (a copy cut short by a full disk): evaluate.py and translate.py
+  printed TensorStore's 155-line traceback; now one line naming the step, and the other."""
+  damaged = str(tmp_path / "run")
+  shutil.copytree(workdir, damaged)
+  for root, _, files in os.walk(os.path.join(damaged, "checkpoints", "6", "state")):
+    for name in files if os.path.basename(root) == "d" else []:
+      open(os.path.join(root, name), "wb").close()
+  said = (f"error: checkpoint 6 in {os.path.join(damaged, 'checkpoints')} does not load "
+          "(ValueError: ")
+  way_out = "its files are damaged (cut short or emptied); read another of its steps (3: --step N"
+  rc, _, err = run_main(evaluate_script, ["--workdir", damaged, "--split", "test"], capsys)
+  assert rc == 1 and said in err and way_out in err and "Traceback" not in err, err
+  rc, _, err = run_main(translate_script, ["--workdir", damaged, "one"], capsys)
+  assert rc == 1 and said in err and "Traceback" not in err, err
+  assert checkpointing.load_params(damaged, 3)[0] == 3  # the way out said
+  # As an ensemble's member: the member named, without the advice for another run's model.
+  member = os.path.join(damaged, "checkpoints", "6")
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--ensemble", member, "one"],
+                        capsys)
+  assert rc == 1 and f"error: --ensemble {member}: checkpoint 6 in" in err, err
+  assert "in an ensemble, every member" not in err and "Traceback" not in err, err
+  # config.json emptied (a power loss before its write reached the disk): one line naming it.
+  config_json = os.path.join(damaged, "config.json")
+  open(config_json, "w").close()
+  rc, _, err = run_main(evaluate_script, ["--workdir", damaged, "--split", "test"], capsys)
+  assert rc == 1 and f"error: {config_json} does not read as JSON" in err, err
+  assert "Traceback" not in err, err
+  # A step that training's keep-N rotation deleted while it was read is not called damaged.
+  read = checkpointing._read_params
+
+  def rotated(mgr, path, step):
+    shutil.rmtree(os.path.join(path, str(step)))
+    return read(mgr, path, step)
+  monkeypatch.setattr(checkpointing, "_read_params", rotated)
+  with pytest.raises(checkpointing.CheckpointError, match="checkpoint 3 in .* was deleted while "
+                     "it was read"):
+    checkpointing.load_params(damaged, 3)
 
 
 def test_average_of_a_run_that_deletes_a_chosen_step_meanwhile_chooses_again(

@@ -350,7 +350,7 @@ def test_the_lock_holds_on_a_full_disk_without_its_note(tmp_path, monkeypatch):
 def test_a_config_that_cannot_be_written_is_one_error_naming_the_file(tmp_path, monkeypatch):
   def full(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
-  monkeypatch.setattr(workdir_lib.json, "dump", full)
+  monkeypatch.setattr(os, "fsync", full)   # the file's bytes do not reach the disk
   monkeypatch.setattr(workdir_lib, "config_json", lambda config, model_cfg: {})
   with pytest.raises(workdir_lib.RunError) as e:
     workdir_lib.write_config(str(tmp_path), tiny_config.get_config(), None, "config.7.json")
@@ -916,9 +916,50 @@ def test_keep_best_keeps_only_the_best_and_survives_a_resume_from_before_it(tmp_
   assert bleu.offer(6, params(1.0), {"bleu": 11.0}) and bleu.directory.endswith("best_bleu")
 
 
-def test_a_run_with_keep_best_saves_the_best_evaluation_for_the_tools(tmp_path, data_dir,
-                                                                       capsys):
+def test_readers_of_a_best_directory_left_with_two_steps_take_the_best(tmp_path):
+  """A keep_best save of a better, lower step (training again from an earlier checkpoint) killed
+  while it deleted the higher one leaves both: evaluate.py and translate.py --checkpoint
+  W/best_<metric> took the higher, worse step; they take the best by its recorded value, as
+  training's BestKeeper does. A step asked for, and any other directory, are as before."""
   run = str(tmp_path / "run")
+  for metric, values in (("eval_loss", {4: 5.0, 2: 4.0}), ("bleu", {4: 20.0, 2: 30.0})):
+    directory = os.path.join(run, f"best_{metric}")
+    for step, value in values.items():
+      checkpointing.save_params(directory, step, {"w": np.full((2,), step, np.float32)},
+                                {"step": step, "metric": metric, "value": value})
+    assert checkpointing.checkpoint_steps(directory) == [2, 4]
+    assert best_lib.BestKeeper(run, metric).step == 2
+    assert checkpointing.resolve_checkpoint(run, directory) == (directory, 2)
+    step, params = checkpointing.load_params(directory + "/")
+    assert step == 2 and params["w"].tolist() == [2.0, 2.0]
+    assert checkpointing.resolve_checkpoint(run, directory, step=4) == (directory, 4)
+  other = os.path.join(run, "averaged")
+  shutil.copytree(directory, other)
+  assert checkpointing.resolve_checkpoint(run, other) == (other, 4)
+
+
+class _Killed(Exception):
+  """A kill, stood in for by an exception no code of the run catches."""
+
+
+def test_a_run_with_keep_best_saves_the_best_evaluation_for_the_tools(tmp_path, data_dir,
+                                                                       capsys, monkeypatch):
+  run = str(tmp_path / "run")
+  # Killed in the best's save at the last step: the evaluation's record follows the save, so
+  # the resume evaluates that step again and saves its best (a record written first marked
+  # the evaluation done, and the best was lost for good).
+  offer = best_lib.BestKeeper.offer
+  def killed_at_4(self, step, *args):
+    if step == 4:
+      raise _Killed
+    return offer(self, step, *args)
+  monkeypatch.setattr(best_lib.BestKeeper, "offer", killed_at_4)
+  with pytest.raises(_Killed):
+    loop.train_and_evaluate(config(data_dir, num_train_steps=4, eval_every_steps=1,
+                                   checkpoint_every_steps=1, keep_checkpoints=4,
+                                   keep_best="eval_loss"), run)
+  monkeypatch.undo()
+  assert [r["step"] for r in metrics.read_metrics(run) if "eval_loss" in r] == [1, 2, 3]
   loop.train_and_evaluate(config(data_dir, num_train_steps=4, eval_every_steps=1,
                                  checkpoint_every_steps=1, keep_checkpoints=4,
                                  keep_best="eval_loss"), run)
@@ -1855,8 +1896,10 @@ def test_the_tools_find_the_latest_config_and_init_from_finds_its_tokenizer(tmp_
     assert workdir_lib.init_from_vocabulary(str(path)) == str(run / "spm.model"), path
 
 
-def test_a_fork_copies_the_init_from_tokenizer_only_when_it_has_none_of_its_own(tmp_path):
-  """adopt_init_from_tokenizer's cases by their files: the copy (model and record), a
+def test_a_fork_copies_the_init_from_tokenizer_only_when_it_has_none_of_its_own(tmp_path,
+                                                                               monkeypatch):
+  """adopt_init_from_tokenizer's cases by their files: the copy (model and record; the record
+  first, so that a kill between the two never leaves a model without its record), a
   tokenizer of the fork's own kept once it has checkpoints, one left before them refused even
   when size and mtime match, and nothing copied with data.vocab_path or without init_from."""
   source, fork = tmp_path / "source", tmp_path / "fork"
@@ -1864,7 +1907,12 @@ def test_a_fork_copies_the_init_from_tokenizer_only_when_it_has_none_of_its_own(
   (source / "spm.model").write_bytes(b"the source's pieces")
   (source / "spm.model.json").write_text('{"vocab_size": 200}')
   c = ml_collections.ConfigDict({"init_from": str(source), "data": {"vocab_path": ""}})
+  written = []
+  write = trainer_lib.write_atomically
+  monkeypatch.setattr(trainer_lib, "write_atomically", lambda path, data: (
+      written.append(os.path.basename(path)) or write(path, data)))
   trainer_lib.adopt_init_from_tokenizer(c, str(fork))
+  assert written == ["spm.model.json", "spm.model"]
   assert (fork / "spm.model").read_bytes() == b"the source's pieces"
   assert (fork / "spm.model.json").read_text() == '{"vocab_size": 200}'
   # The fork trained on with a tokenizer that is no longer the source's: left as it is.

@@ -14,9 +14,10 @@ Each call parses into a fresh `FlagValues`, so `main` can run several times in o
 (tests call it in-process). With `config=` a `--config path[:arg]` flag is defined and
 `--config.<field>=<value>` overrides any field of it, and the config is checked
 (`experiment.validate`) before the body runs. Errors a user can fix (`USER_ERRORS`: a missing
-workdir or checkpoint, a refused config change, a locked workdir, a bad file; and a config value
-`experiment.validate` refuses) print `error: ...` and exit 1; a wrong flag (a misspelt
-`--config.<field>` too) prints its problem and exits 2.
+workdir or checkpoint, a refused config change, a locked workdir, a bad file, a mesh that does
+not split the batch or the model, a non-finite loss; and a config value `experiment.validate`
+refuses) print `error: ...` and exit 1; a wrong flag (a misspelt `--config.<field>` too) prints
+its problem and exits 2.
 """
 from __future__ import annotations
 
@@ -35,8 +36,11 @@ from transformer_jax.data.config import DataError
 from transformer_jax.data.lines import NotUTF8Error
 from transformer_jax.run.workdir import RunError
 
-# What the command-line tools report as "error: ..." rather than a traceback.
-USER_ERRORS = (RunError, OSError, NotUTF8Error, DataError)
+# What the command-line tools report as "error: ..." rather than a traceback (RunError includes
+# throughput.NonFiniteLossError; sharding's ShardingError comes through experiment, which keeps
+# cli's imports of the core as they were). Not ValueError itself: most are bugs, whose traceback
+# finds them.
+USER_ERRORS = (RunError, OSError, NotUTF8Error, DataError, experiment.ShardingError)
 NO_CONFIG = object()
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -137,8 +141,10 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
     print(f"error: unexpected arguments {rest[1:]} (--help lists the flags)", file=sys.stderr)
     return 2
   if config is not NO_CONFIG and values.config is not None:
+    _unset_none_overrides(values)
+    source = flag_value(argv, "config") or config  # path[:arg], given or the script's default
     try:
-      experiment.validate(values.config)
+      experiment.validate(values.config, source=source and source.split(":", 1)[0])
     except ValueError as e:  # a bad value, not a bug: the message names the field
       print(f"error: {e}", file=sys.stderr)
       return 1
@@ -161,6 +167,20 @@ def _run(body, argv, doc, define, config, config_help, positional, absl_level) -
           "(--config.model.remat=layer), or smaller evaluation batches "
           "(--config.data.eval_batch_size)", file=sys.stderr)
     return 1
+
+
+def _unset_none_overrides(values: flags.FlagValues) -> None:
+  """`--config.data.vocab_path=None` and `--config.data.vocab_path=` leave a field whose default
+  is None (a path: unset) unset: config flags parse both as strings, and "None" would be a
+  file or directory of that name in the current directory (a tokenizer trained into ./None)."""
+  defaults = dict(_config_leaves(experiment.base_config()))
+  for name, value in config_flags.get_override_values(values["config"]).items():
+    if value in ("", "None") and name in defaults and defaults[name] is None:
+      *parents, leaf = name.split(".")
+      target = values.config
+      for parent in parents:
+        target = target[parent]
+      target[leaf] = None
 
 
 def _config_leaves(config, prefix: str = ""):

@@ -7,6 +7,7 @@ the three can never drift apart.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -97,6 +98,11 @@ class TransformerConfig:
     for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f"TransformerConfig.{name}={getattr(self, name)}: must be in [0, 1)")
+    if not (math.isfinite(self.layer_norm_epsilon) and self.layer_norm_epsilon > 0):
+      # 0 or < 0: NaN wherever a row's variance is that small (a constant row is 0 / 0); NaN
+      # makes every output NaN, inf every output 0. Training would stop at a non-finite loss.
+      raise ValueError(f"TransformerConfig.layer_norm_epsilon={self.layer_norm_epsilon}: must be "
+                       "> 0 and finite (the paper's implementation: 1e-6)")
     if self.target_vocab_size not in (None, self.vocab_size) and self.share_embeddings:
       raise ValueError(
           f"TransformerConfig.share_embeddings=True needs one vocabulary, but vocab_size="

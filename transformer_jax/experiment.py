@@ -6,7 +6,7 @@ precedence of what a run starts from is: resume (the workdir already holds check
 """
 from __future__ import annotations
 
-import dataclasses
+import difflib
 import math
 
 import ml_collections
@@ -14,7 +14,7 @@ import ml_collections
 from transformer_jax.config import TransformerConfig, model_config
 from transformer_jax.data import config as data_config
 from transformer_jax.optim import SCHEDULES, WEIGHT_DECAY_MASKS
-from transformer_jax.sharding import DEFAULT_RULES, MESH_AXES, rules_problem
+from transformer_jax.sharding import DEFAULT_RULES, MESH_AXES, ShardingError, rules_problem
 
 # `keep_best`'s metrics (names of metrics.jsonl) -> whether larger is better (run/best.py).
 BEST_METRICS = {"bleu": True, "eval_loss": False, "eval_nll": False, "eval_perplexity": False,
@@ -114,15 +114,46 @@ def base_config(size: str = "small") -> ml_collections.ConfigDict:
   return c
 
 
-def validate(c: ml_collections.ConfigDict) -> None:
-  """Raise ValueError naming the field and what is allowed."""
+def field_names(c: ml_collections.ConfigDict, prefix: str = ""):
+  """The dotted name of every field of a ConfigDict, nested ones by their path."""
+  for key, value in c.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from field_names(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}"
+
+
+def unknown_fields(c: ml_collections.ConfigDict) -> list[str]:
+  """Fields of `c` that no run has (`base_config`'s), e.g. a config file's misspelt
+  `c.num_train_step = 2`: nothing reads them, so the run would train with the default of the
+  field meant. The mesh's axes have a check of their own (a mesh may name only some)."""
+  known = set(field_names(base_config()))
+  return sorted(n for n in field_names(c) if n not in known and not n.startswith("mesh."))
+
+
+def _unknown_fields_problem(names: list[str], source: str | None) -> str:
+  """One line naming each unknown field, the closest real one, and where it was set."""
+  known = list(field_names(base_config()))
+  listed = []
+  for name in names:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    listed.append(f"config.{name}" + (f" (did you mean config.{close[0]}?)" if close else ""))
+  what, it = ("no such field", "it") if len(names) == 1 else ("no such fields", "them")
+  where = f"set in {source}" if source else "set by the config"
+  return (f"{', '.join(listed)}: {what}, {where}; a run would ignore {it} and train with the "
+          f"default of the field meant: correct the {'name' if it == 'it' else 'names'} there "
+          "(--help with --config lists the fields)")
+
+
+def validate(c: ml_collections.ConfigDict, source: str | None = None) -> None:
+  """Raise ValueError naming the field and what is allowed. `source`: the config file, named
+  where the config has fields no run has (`unknown_fields`)."""
   def bad(field, value, allowed):
     raise ValueError(f"config.{field}={value!r}: {allowed}")
 
-  known = {f.name for f in dataclasses.fields(TransformerConfig)}
-  unknown = sorted(set(c.model.keys()) - known)
+  unknown = unknown_fields(c)
   if unknown:
-    bad("model", unknown, f"unknown field(s); expected among {sorted(known)}")
+    raise ValueError(_unknown_fields_problem(unknown, source))
   if c.schedule not in SCHEDULES:
     bad("schedule", c.schedule, f"expected one of {SCHEDULES}")
   for field in ("num_train_steps", "log_every_steps", "eval_every_steps", "bleu_every_steps",
@@ -131,15 +162,13 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if c[field] < 1:
       bad(field, c[field], "must be >= 1")
   for field in ("learning_rate", "adam_eps"):
-    if not c[field] > 0:
-      bad(field, c[field], "must be > 0")
+    if not (math.isfinite(c[field]) and c[field] > 0):  # inf: no update comes out finite
+      bad(field, c[field], "must be > 0 (and finite)")
   if c.schedule == "rsqrt" and c.warmup_steps < 1:
     bad("warmup_steps", c.warmup_steps, "must be >= 1 with schedule='rsqrt'")
   if c.warmup_steps < 0:
     bad("warmup_steps", c.warmup_steps, "must be >= 0")
-  if c.schedule == "cosine" and c.warmup_steps >= c.num_train_steps:
-    bad("warmup_steps", c.warmup_steps, f"must be < num_train_steps={c.num_train_steps} with "
-        "schedule='cosine' (the decay runs over the steps after the warm-up)")
+  _check_warmup_ends(c)
   for field in ("adam_b1", "adam_b2", "label_smoothing"):
     if not 0 <= c[field] < 1:
       bad(field, c[field], "must be in [0, 1)")
@@ -150,13 +179,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if c.max_len_margin < 0:
     bad("max_len_margin", c.max_len_margin, "must be >= 0")
   unknown_axes = sorted(set(c.mesh.keys()) - set(MESH_AXES))
-  if unknown_axes:
-    bad("mesh", dict(c.mesh), f"unknown axes {unknown_axes}; expected among {MESH_AXES}")
+  if unknown_axes:  # a ShardingError, as the mesh's other problems (sharding.py) are
+    raise ShardingError(f"config.mesh={dict(c.mesh)!r}: unknown axes {unknown_axes}; expected "
+                        f"among {MESH_AXES}")
   problem = rules_problem(c.logical_axis_rules)
   if problem:
     raise ValueError(f"config.logical_axis_rules: {problem}")
   if c.distributed not in ("auto", "on", "off"):
     bad("distributed", c.distributed, "expected 'auto', 'on' or 'off'")
+  _check_launch_fields(c)
   if c.coordinator_address and c.distributed != "off":
     # An explicit coordinator needs each process's place (JAX names no config field).
     if c.num_processes < 1:
@@ -166,8 +197,13 @@ def validate(c: ml_collections.ConfigDict) -> None:
       bad("process_id", c.process_id, f"must be in [0, num_processes={c.num_processes}) with "
           "coordinator_address (this process's index, 0 on the coordinator's host)")
   for field in ("weight_decay", "grad_clip_norm"):
-    if c[field] < 0:
-      bad(field, c[field], "must be >= 0 (0 turns it off)")
+    if not (math.isfinite(c[field]) and c[field] >= 0):
+      bad(field, c[field], "must be >= 0 and finite (0 turns it off)")
+  if not math.isfinite(c.length_penalty_alpha):  # < 0 is a choice: search.py handles it
+    bad("length_penalty_alpha", c.length_penalty_alpha, "must be a finite number (0: no "
+        "length penalty; the paper: 0.6)")
+  if c.keep_every_steps < 0:
+    bad("keep_every_steps", c.keep_every_steps, "must be >= 0 (0 turns it off)")
   if c.keep_best and c.keep_best not in BEST_METRICS:
     bad("keep_best", c.keep_best, f"expected '' (off) or one of {sorted(BEST_METRICS)}")
   if c.early_stopping_patience < 0:
@@ -216,6 +252,33 @@ def validate(c: ml_collections.ConfigDict) -> None:
     bad("grad_accum_steps", c.grad_accum_steps,
         f"must divide data.bucket_rows_multiple={c.data.bucket_rows_multiple}, the multiple "
         "every bucket's row count is rounded to")
+
+
+def _check_warmup_ends(c: ml_collections.ConfigDict) -> None:
+  """The schedules whose learning_rate is a peak reached after the warm-up must reach it: a run
+  that ends inside a linear warm-up never trains at the rate it names. ("rsqrt" may: its
+  learning_rate is a multiplier, and short runs of the paper's schedule still rise.)"""
+  if c.schedule in ("constant", "cosine") and c.warmup_steps >= c.num_train_steps:
+    after = ("the decay runs over the steps after the warm-up" if c.schedule == "cosine" else
+             "the warm-up rises linearly to learning_rate, which a run that ends inside it never "
+             "reaches")
+    raise ValueError(f"config.warmup_steps={c.warmup_steps}: must be < num_train_steps="
+                     f"{c.num_train_steps} with schedule={c.schedule!r} ({after}): lower "
+                     "warmup_steps or raise num_train_steps")
+
+
+def _check_launch_fields(c: ml_collections.ConfigDict) -> None:
+  """num_processes and process_id are read only with coordinator_address
+  (`run.distributed.initialize`): without it JAX finds each process's place itself (SLURM, a
+  TPU pod) or there is one process, and values set would be ignored without a word."""
+  if c.coordinator_address:
+    return
+  for field, default in (("num_processes", 0), ("process_id", -1)):
+    if c[field] != default:
+      raise ValueError(
+          f"config.{field}={c[field]!r}: is used only with config.coordinator_address (host:port "
+          f"of process 0): add --config.coordinator_address=HOST:PORT, or leave {field} at "
+          f"{default} (a cluster JAX detects, SLURM or a TPU pod, places each process itself)")
 
 
 def transformer_config(c: ml_collections.ConfigDict, vocab_size: int, pad_id: int = 0,

@@ -33,21 +33,26 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+class ShardingError(ValueError):
+  """A config whose mesh does not fit the devices, or whose sizes the mesh cannot split: the
+  message names the fields to change; the scripts print it as `error: ...`."""
+
+
 def mesh_shape(spec: dict[str, int], num_devices: int) -> tuple[int, ...]:
   """Resolve `{"data": -1, "fsdp": 1, "tensor": 2}` against the device count (-1 fills the rest)."""
   unknown = sorted(set(spec) - set(MESH_AXES))
   if unknown:
-    raise ValueError(f"config.mesh has unknown axes {unknown}: expected among {MESH_AXES}")
+    raise ShardingError(f"config.mesh has unknown axes {unknown}: expected among {MESH_AXES}")
   sizes = [int(spec.get(a, 1)) for a in MESH_AXES]
   if sizes.count(-1) > 1:
-    raise ValueError(f"config.mesh={dict(spec)}: at most one axis may be -1")
+    raise ShardingError(f"config.mesh={dict(spec)}: at most one axis may be -1")
   fixed = math.prod(s for s in sizes if s != -1)
   if any(s == 0 or s < -1 for s in sizes) or num_devices % fixed:
-    raise ValueError(f"config.mesh={dict(spec)} does not divide the {num_devices} devices")
+    raise ShardingError(f"config.mesh={dict(spec)} does not divide the {num_devices} devices")
   sizes = [num_devices // fixed if s == -1 else s for s in sizes]
   if math.prod(sizes) != num_devices:
-    raise ValueError(f"config.mesh={dict(spec)} uses {math.prod(sizes)} devices, but "
-                     f"{num_devices} are present: set one axis to -1 to fill the rest")
+    raise ShardingError(f"config.mesh={dict(spec)} uses {math.prod(sizes)} devices, but "
+                        f"{num_devices} are present: set one axis to -1 to fill the rest")
   return tuple(sizes)
 
 
@@ -131,7 +136,7 @@ def check_divisible(abstract_tree, mesh: Mesh, rules) -> None:
       axes = _mesh_axes(entry)
       ways = math.prod(mesh.shape[a] for a in axes)
       if size % ways:
-        raise ValueError(
+        raise ShardingError(
             f"{AXIS_SIZES.get(name, name)} = {size} does not split over mesh axes {axes} "
             f"({ways} devices; config.mesh={dict(mesh.shape)}, logical axis {name!r}): make it "
             f"a multiple of {ways}, or change config.mesh / config.logical_axis_rules")
@@ -166,7 +171,7 @@ def check_rows_split_over_processes(sharding: NamedSharding, rows: int, process_
   for process, own in sorted(held.items()):
     if len(own) != per_process or own & claimed:
       axes = dict(sharding.mesh.shape)
-      raise ValueError(
+      raise ShardingError(
           f"the batch axes of config.mesh ({axes}) do not give each of the {process_count} "
           f"processes rows of its own (process {process}'s devices hold {len(own)} of a "
           f"{rows}-row batch, {per_process} expected): each process reads different data, so "

@@ -13,6 +13,7 @@ tensorflow_datasets and grain; the model and training code must not need them ot
 """
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -44,19 +45,25 @@ class Data:
     self.process_index, self.process_count = process_index, process_count
     self.global_rows = global_rows(data_config)
     if self.global_rows % process_count:
-      raise ValueError(f"{self.global_rows} rows per global batch (data.batch_size or "
-                       f"data.batch_tokens) do not split over {process_count} processes")
+      raise DataError(f"{self.global_rows} rows per global batch (data.batch_size or "
+                      f"data.batch_tokens) do not split over {process_count} processes")
     self.rows_per_process = self.global_rows // process_count
     from transformer_jax.data import datasets
     self.sources = datasets.load_sources(data_config)
     self._raw: dict[str, list[tuple[str, str]]] = {}
-    path = data_config.vocab_path or os.path.join(workdir, "spm.model")
+    path = self.tokenizer_path = data_config.vocab_path or os.path.join(workdir, "spm.model")
     self.tokenizer = tokenizer_lib.load_or_train(
         path, self._vocab_texts, trained_from=self._trained_from,
         vocab_size=data_config.vocab_size,
         model_type=data_config.vocab_model_type, max_chars=data_config.vocab_max_chars,
         split_digits=data_config.vocab_split_digits,
         byte_fallback=data_config.vocab_byte_fallback, seed=data_config.shuffle_seed)
+
+  def vocab_settings_not_followed(self) -> str | None:
+    """What to warn of where this run's tokenizer was not trained with its config's
+    `data.vocab_*` settings (`vocab_settings_not_followed` below)."""
+    return vocab_settings_not_followed(self.config, self.tokenizer_path,
+                                       self.tokenizer.vocab_size)
 
   def _trained_from(self) -> dict:
     """spm.model.json: the data config and what its corpus files held (`fingerprint.record`),
@@ -110,6 +117,48 @@ class Data:
     return pipeline.eval_batches(self.raw_examples(split), self.tokenizer,
                                  batch_size=self.config.eval_batch_size,
                                  min_len=self.config.eval_max_len, max_len=max_len)
+
+
+# The data fields that only a tokenizer the run trains follows (`tokenizer.train_tokenizer`).
+VOCAB_FIELDS = ("vocab_size", "vocab_model_type", "vocab_split_digits", "vocab_byte_fallback",
+                "vocab_max_chars")
+
+
+def vocab_settings(path: str) -> dict:
+  """The `data.vocab_*` settings the SentencePiece model at `path` was trained with: those the
+  model file's trainer spec carries (any SentencePiece model), and all of them where the data
+  config a run records beside the model it trains (`<path>.json`) is there. The file alone has
+  no vocab_size to compare: SentencePiece keeps the pieces it got, at most the size asked for."""
+  from sentencepiece import sentencepiece_model_pb2  # protobuf: only where a model is read
+  model = sentencepiece_model_pb2.ModelProto()
+  with open(path, "rb") as f:
+    model.ParseFromString(f.read())
+  spec = model.trainer_spec
+  settings = {"vocab_model_type": sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
+                  spec.model_type).lower(),
+              "vocab_split_digits": spec.split_digits, "vocab_byte_fallback": spec.byte_fallback}
+  if os.path.exists(path + ".json"):
+    with open(path + ".json") as f:
+      record = json.load(f)
+    settings.update({k: record[k] for k in VOCAB_FIELDS if k in record})
+  return settings
+
+
+def vocab_settings_not_followed(data_config, path: str, pieces: int) -> str | None:
+  """What to warn of where the tokenizer at `path` (of `pieces` pieces) was trained with other
+  `data.vocab_*` settings than `data_config`'s (None: it was not): a run given an existing file
+  (data.vocab_path, or init_from's copy) uses it as it is, while its config.json records values
+  that describe no tokenizer of the run."""
+  trained = vocab_settings(path)
+  differ = [f"{k}={data_config[k]!r} (the tokenizer's: {v!r})" for k, v in trained.items()
+            if data_config[k] != v]
+  if "vocab_size" not in trained and pieces > data_config.vocab_size:
+    differ.append(f"vocab_size={data_config.vocab_size!r} (the tokenizer has {pieces} pieces)")
+  if not differ:
+    return None
+  return (f"{path} was trained with other settings than this config's data.vocab_* fields, "
+          "which config.json records but only a tokenizer the run trains itself follows: "
+          + ", ".join(differ))
 
 
 def read_pairs(source, data_config) -> list[tuple[str, str]]:

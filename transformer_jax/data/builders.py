@@ -25,7 +25,8 @@ import tensorflow_datasets as tfds
 from transformer_jax.data import leakage, locale, numbers
 from transformer_jax.data.config import DataError
 from transformer_jax.data.lines import read_lines
-from transformer_jax.data.tokenizer import file_lock, normalize_spaces
+from transformer_jax.data.tokenizer import normalize_spaces
+from transformer_jax.files import file_lock
 
 SPLITS = ("train", "validation", "test")
 
@@ -217,9 +218,9 @@ def make_builder(data_config, data_dir: str) -> _PairsBuilder:
     cls = NumbersTranslate
     params = {"num_train": c.numbers_train_size, "num_validation": c.numbers_eval_size,
               "num_test": c.numbers_eval_size, "seed": c.numbers_seed}
-    if {src, tgt} != {"en", "de"}:
-      raise ValueError(f"data.dataset='numbers' is English-German: got "
-                       f"data.source_lang={src!r}, data.target_lang={tgt!r}")
+    if {src, tgt} != {"en", "de"}:  # refused at start (data.config), here for direct callers
+      raise DataError(f"data.dataset='numbers' is English-German: got "
+                      f"data.source_lang={src!r}, data.target_lang={tgt!r}")
   elif c.dataset == "locale":
     cls = LocaleTranslate
     if src == "en":
@@ -227,8 +228,8 @@ def make_builder(data_config, data_dir: str) -> _PairsBuilder:
     elif tgt == "en":
       lang, reverse = src, True
     else:
-      raise ValueError(f"data.dataset='locale' pairs English with one language: got "
-                       f"data.source_lang={src!r}, data.target_lang={tgt!r}")
+      raise DataError(f"data.dataset='locale' pairs English with one language: got "
+                      f"data.source_lang={src!r}, data.target_lang={tgt!r}")
     locale_dir = c.locale_dir or locale.DEFAULT_LOCALE_DIR
     catalogs = locale.catalog_paths(locale_dir, lang)
     if not catalogs:

@@ -118,18 +118,36 @@ def _check_positive(c, field, allow_zero=False):
 
 def stray_corpus_field(c) -> str | None:
   """Why a new run's corpus fields contradict its dataset (None: they do not): the path of a
-  text corpus or locale catalogs set for another dataset, which would train on that other one
-  without a word. Checked when a run starts (`run.workdir.check_config`), not on resume: a run
-  made with such a field is resumed and evaluated as it was."""
+  text corpus or locale catalogs, or the locale corpus's dictionary, set for another dataset,
+  which would train on that other one without a word. Checked when a run starts
+  (`run.workdir.check_config`), not on resume: a run made with such a field is resumed and
+  evaluated as it was."""
   for dataset, fields in (("text", ("tsv_path", "source_path", "target_path")),
-                          ("locale", ("locale_dir", "locale_ding_path"))):
+                          ("locale", ("locale_dir", "locale_ding_path", "locale_include_ding"))):
     given = [f for f in fields if c[f]]
     if given and c.dataset != dataset:
       return (f"data.{given[0]} is set but data.dataset={c.dataset!r}: add "
               f"--config.data.dataset={dataset} to train on "
               + ("your files" if dataset == "text" else "those catalogs")
-              + f", or drop data.{given[0]}")
+              + (f", or set data.{given[0]}=False" if c[given[0]] is True
+                 else f", or drop data.{given[0]}"))
   return None
+
+
+def _check_languages(c) -> None:
+  """The language pairs the built-in corpora have, refused when a run starts rather than when
+  the dataset is built (`builders.make_builder`, `locale.locale_pairs`)."""
+  pair = f"data.source_lang={c.source_lang!r}, data.target_lang={c.target_lang!r}"
+  if c.dataset == "numbers" and {c.source_lang, c.target_lang} != {"en", "de"}:
+    raise DataError(f"data.dataset='numbers' is English-German, got {pair}: set them to 'en' "
+                    "and 'de' (either order), or choose another data.dataset")
+  if c.dataset == "locale" and "en" not in (c.source_lang, c.target_lang):
+    raise DataError(f"data.dataset='locale' pairs English with one language, got {pair}: set "
+                    "one of them to 'en'")
+  other = c.target_lang if c.source_lang == "en" else c.source_lang
+  if c.dataset == "locale" and c.locale_include_ding and other != "de":
+    raise DataError(f"data.locale_include_ding=True adds a German dictionary, but the pair is "
+                    f"en-{other}: set data.locale_include_ding=False, or pair English with 'de'")
 
 
 def validate(c) -> None:
@@ -149,6 +167,7 @@ def validate(c) -> None:
   if c.dataset in ("wmt14", "wmt17") and {c.source_lang, c.target_lang} != {"en", "de"}:
     raise ValueError(f"data.dataset={c.dataset!r} is de-en: data.source_lang/target_lang "
                      f"must be 'en' and 'de' in either order")
+  _check_languages(c)
   if c.dataset == "text":
     if bool(c.tsv_path) == bool(c.source_path or c.target_path):
       raise ValueError("data.dataset='text': set data.tsv_path, or data.source_path and "

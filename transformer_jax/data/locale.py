@@ -37,6 +37,7 @@ import re
 import struct
 from typing import Iterable, Iterator
 
+from transformer_jax.data.config import DataError
 from transformer_jax.data.lines import NotUTF8Error, read_lines
 
 DEFAULT_LOCALE_DIR = "/usr/share/locale"
@@ -181,7 +182,7 @@ def locale_pairs(locale_dir: str, lang: str, *, reverse: bool = False, include_d
   counts = {"raw_pairs": len(raw), "unique_raw_pairs": len(set(raw))}
   if include_ding:
     if lang != "de":
-      raise ValueError(f"data.locale_include_ding=True needs German, not {lang!r}")
+      raise DataError(f"data.locale_include_ding=True needs German, not {lang!r}")
     ding = read_ding(ding_path)
     counts["ding_pairs"] = len(ding)
     raw = raw + ding

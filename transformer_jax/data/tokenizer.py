@@ -11,7 +11,6 @@ trained and in `encode`, so that training, evaluation and translation all see th
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import json
 import logging
@@ -19,11 +18,11 @@ import os
 import random
 import re
 from typing import Iterable, Sequence
-import uuid
 
 import sentencepiece as spm
 
 from transformer_jax.data.config import DataError
+from transformer_jax.files import file_lock, write_atomically
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 # The special pieces' names, by id.
@@ -82,18 +81,6 @@ class Tokenizer:
   def pieces(self, ids: Iterable[int]) -> list[str]:
     """One printable piece per id (for attention plots); pad/bos/eos shown by name."""
     return [self._sp.id_to_piece(int(i)) for i in ids]
-
-
-@contextlib.contextmanager
-def file_lock(path: str):
-  """An exclusive advisory lock on `path` (created if needed), for builds shared by processes."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "a") as handle:
-    fcntl.flock(handle, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # SentencePiece's trainer threads: a fixed count, not the machine's. Unigram's EM sums its
@@ -226,18 +213,8 @@ def train_tokenizer(texts: Iterable[str], path: str, *, vocab_size: int, model_t
                model_type, vocab_size, chars)
   model = _train_model(lines, vocab_size=vocab_size, model_type=model_type,
                        split_digits=split_digits, byte_fallback=byte_fallback)
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  # A unique name opened with open() (not tempfile's 0600 files): the umask decides who may read
-  # it, as for any file the run writes.
-  tmp = os.path.join(directory, f"tmp.{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex}")
-  try:
-    with open(tmp, "xb") as f:
-      f.write(model)
-    os.replace(tmp, path)  # A reader never sees half a file.
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  write_atomically(path, model)
   return Tokenizer(path)
 
 
@@ -256,9 +233,14 @@ def load_or_train(path: str, texts_fn, trained_from: dict | None = None,
   with file_lock(path + ".lock"):
     if os.path.exists(path):  # Another process trained it while we waited.
       return Tokenizer(path)
-    tokenizer = train_tokenizer(texts_fn(), path, **train_kwargs)
-    if trained_from is not None:
-      with open(path + ".json.tmp", "w") as f:
-        json.dump(trained_from() if callable(trained_from) else trained_from, f, indent=1)
-      os.replace(path + ".json.tmp", path + ".json")
-    return tokenizer
+    # The record before the model: a command killed between the two leaves a record without
+    # its model, which the next model trained replaces, never a model without its record, which
+    # a later command with another data config would take unchecked (run.workdir's
+    # `_check_tokenizer` has nothing to compare it with).
+    record = trained_from() if callable(trained_from) else trained_from
+    if record is not None:
+      write_atomically(path + ".json", json.dumps(record, indent=1))
+    else:  # a record a killed command left would pass for this model's
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(path + ".json")
+    return train_tokenizer(texts_fn(), path, **train_kwargs)

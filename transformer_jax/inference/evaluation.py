@@ -26,14 +26,15 @@ import random
 import re
 import time
 from typing import Sequence
-import uuid
 
 import ml_collections
 
 from transformer_jax import bleu as bleu_lib
 from transformer_jax.data import fingerprint  # hashes a text corpus; loads no TFDS
+from transformer_jax.files import write_atomically
 from transformer_jax.inference.flags import read_flag_lines
 from transformer_jax.inference.translator import Translator, warn_stderr
+from transformer_jax.run.metrics import append_line
 from transformer_jax.run.workdir import (
   CHECKPOINTS,
   CONFIG,
@@ -216,16 +217,10 @@ def translator_output_dir(translator: Translator) -> str:
 
 
 def write_whole(path: str, text: str) -> None:
-  """Whole or not at all: a reader never sees half a file, nor a crash leaves one. The
-  temporary name is this write's own: two evaluations of one checkpoint may end together."""
-  tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
+  """Whole or not at all: a reader never sees half a file, nor a crash or a power loss leaves
+  one (`write_atomically`: the temporary name is this write's own, as two evaluations of one
+  checkpoint may end together)."""
+  write_atomically(path, text)
 
 
 def writable_dir(path: str) -> None:
@@ -281,9 +276,9 @@ def _write(output_dir: str, split: str, tag: str, hypotheses: Sequence[str], res
   write_whole(os.path.join(output_dir, f"eval.{name}.json"), json.dumps(result, indent=2))
   if workdir is not None:
     os.makedirs(os.path.join(workdir, EVAL), exist_ok=True)
-    # One write of one line in append mode: evaluations running side by side do not interleave.
-    with open(os.path.join(workdir, EVAL, EVAL_LOG), "a", encoding="utf-8") as f:
-      f.write(json.dumps(result) + "\n")
+    # One write of one line in append mode (evaluations running side by side do not
+    # interleave), on a line of its own after one cut short.
+    append_line(os.path.join(workdir, EVAL, EVAL_LOG), json.dumps(result))
   return result
 
 

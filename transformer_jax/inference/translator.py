@@ -367,6 +367,8 @@ class Translator:
         _check_member_model(self.config, directory, step, flag, self.workdir)
         _, params = checkpointing.load_params(directory, step)
         check_param_shapes(params, self.config, where, self.workdir, own=False)
+      except checkpointing.DamagedCheckpoint as e:  # its own way out: another step
+        raise RunError(f"{flag}: {e}") from None
       except RunError as e:
         message = str(e)
         prefix = f"{flag}: "

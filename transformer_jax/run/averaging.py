@@ -167,13 +167,15 @@ def _trees(source: str, chosen: list[int], last: int, log: Callable[[str], None]
     except Exception as e:
       if s not in checkpointing.checkpoint_steps(source):
         raise _Rotated(s) from e
-      if isinstance(e, RunError):
+      if isinstance(e, RunError) and not isinstance(e, checkpointing.DamagedCheckpoint):
         raise
-      # Orbax / TensorStore errors of a damaged step name no step.
+      # A damaged step: load_params' advice (--step) is not the average's.
+      reason = (e.reason if isinstance(e, checkpointing.DamagedCheckpoint)
+                else checkpointing.error_line(e))
       later = len(chosen) - i - 1
       way_out = (f"average only the steps after it (--last {later})" if later else
                  "there is no later step to average")
       raise RunError(f"checkpoint {s} in {source} does not load, so it cannot be averaged "
-                     f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): it is damaged; "
-                     f"{way_out}, or train on until {last} good checkpoints follow it") from e
+                     f"({reason}): it is damaged; {way_out}, or train on until {last} good "
+                     "checkpoints follow it") from e
     yield f"step {s}", params

@@ -287,7 +287,7 @@ class Checkpointer:
               "field must default to the old behaviour, or have a LEGACY_VALUES entry "
               "(transformer_jax/run/workdir.py; docs/model.md, \"Adding a model option\")."
               ) from None
-        msg = f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        msg = f"step {step}: {error_line(e)}"
         log.warning("checkpoint %s/%d does not restore (%s); trying the previous one",
                     self.directory, step, msg)
         errors.append(msg)
@@ -402,24 +402,70 @@ def load_params(path: str, step: int | None = None):
     if not steps:
       raise CheckpointError(f"{path} holds no finished checkpoint")
     if step is None:
-      step = steps[-1]
+      step = default_step(path, steps)
     elif step not in steps:
       raise CheckpointError(f"step {step} is not in {path}: available steps {steps}")
-    metadata = mgr.item_metadata(step)["state"]
-    tree = getattr(metadata, "tree", metadata)
-    if not isinstance(tree, dict) or "params" not in tree:
-      raise CheckpointError(f"{path}/{step}/state holds no `params` (keys: "
-                            f"{sorted(tree) if isinstance(tree, dict) else type(tree).__name__}); "
-                            "it is not a checkpoint of this codebase")
-    # Saved on devices this process may lack (more hosts or devices): read onto one local device.
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = {"params": jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree["params"])}
-    restore_args = jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), target)
-    restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item=target, restore_args=restore_args, partial_restore=True)))
-  params = restored["state"]["params"]
+    try:
+      params = _read_params(mgr, path, step)
+    except (ValueError, OSError) as e:  # TensorStore's and Orbax's errors of files that do not read
+      if step not in checkpoint_steps(path):
+        raise CheckpointError(f"checkpoint {step} in {path} was deleted while it was read (a run "
+                              "training there keeps its last checkpoints only): read another "
+                              "step") from e
+      raise DamagedCheckpoint(path, step, [s for s in steps if s != step], e) from e
   return step, jax.tree.map(np.asarray, params)
+
+
+def _read_params(mgr: ocp.CheckpointManager, path: str, step: int):
+  """`state/params` of `step`, onto one local device, with the shapes and dtypes its metadata
+  records."""
+  metadata = mgr.item_metadata(step)["state"]
+  tree = getattr(metadata, "tree", metadata)
+  if not isinstance(tree, dict) or "params" not in tree:
+    raise CheckpointError(f"{path}/{step}/state holds no `params` (keys: "
+                          f"{sorted(tree) if isinstance(tree, dict) else type(tree).__name__}); "
+                          "it is not a checkpoint of this codebase")
+  # Saved on devices this process may lack (more hosts or devices): read onto one local device.
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = {"params": jax.tree.map(
+      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree["params"])}
+  restore_args = jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), target)
+  restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+      item=target, restore_args=restore_args, partial_restore=True)))
+  return restored["state"]["params"]
+
+
+def error_line(error: BaseException) -> str:
+  """`error` as "<type>: <its first line>", for a message of one line: TensorStore's errors run
+  to pages (the spec of the array it read)."""
+  lines = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__
+
+
+class DamagedCheckpoint(CheckpointError):
+  """A finished step whose files do not read: cut short or emptied (a disk error, a full disk
+  or a power loss while they were copied). `reason`: the error's `error_line`."""
+
+  def __init__(self, directory: str, step: int, others: list[int], error: BaseException):
+    self.directory, self.step, self.reason = directory, step, error_line(error)
+    way_out = (f"read another of its steps ({', '.join(map(str, others))}: --step N, or that "
+               "step's directory)" if others else f"{directory} has no other step to read")
+    super().__init__(f"checkpoint {step} in {directory} does not load ({self.reason}): its "
+                     f"files are damaged (cut short or emptied); {way_out}")
+
+
+def default_step(directory: str, steps: list[int]) -> int:
+  """The step of `steps` (a manager directory's, sorted) that a reader takes when none is asked
+  for: the newest; in a best_<metric> directory, the best by the value its `meta` records, as
+  training's BestKeeper chooses. A keep_best save killed while it deleted the earlier best leaves
+  both there, and after a resume from an earlier checkpoint the better one may be the lower."""
+  name = os.path.basename(os.path.normpath(directory))
+  metric = name[len("best_"):] if name.startswith("best_") else None
+  if len(steps) < 2 or metric not in BEST_METRICS:
+    return steps[-1]
+  from transformer_jax.run.best import BestKeeper  # here: run/best.py builds on this module
+  best = BestKeeper(os.path.dirname(os.path.normpath(directory)), metric).step
+  return steps[-1] if best is None else best
 
 
 def resume_advice(directory: str) -> str:
@@ -481,7 +527,7 @@ def resolve_checkpoint(workdir: str, checkpoint: str | None = None, step: int | 
         "pass a workdir, its checkpoints or averaged directory, or one checkpoints/<step> "
         "directory"))
   if step is None:
-    return path, steps[-1]
+    return path, default_step(path, steps)
   if step not in steps:
     raise RunError(f"step {step} is not in {path}: available steps {steps}")
   return path, step

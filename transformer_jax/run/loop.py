@@ -100,6 +100,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     trainer = Trainer.create(config, workdir)
     run = _Run(trainer, workdir)
     if distributed.is_main():
+      # Said when the run starts, where its config.json is written: a resume was told then.
+      ignored = stored is None and trainer.data.vocab_settings_not_followed()
+      if ignored:
+        run.progress.write(f"warning: {ignored}")
       listed = "; ".join(f"{f}: {old!r} -> {new!r}" for f, old, new in changes)
       if run.finished:
         # Nothing runs with this config: recorded, it would become the run's own (a later
@@ -418,12 +422,16 @@ class _Run:
     record = self.trainer.evaluate(params) if evaluate else {}
     if bleu:
       record.update(self.trainer.bleu(params, self.config.bleu_num_sentences))
-    self.writer.write(self.step, record)
     self.progress.write(f"step {self.step}: " + ", ".join(
         f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
+    # The best saved before the record: a resume runs again an evaluation metrics.jsonl lacks
+    # (`_evaluate_if_lost`), so a save killed or failed (a full disk) is made again; with the
+    # record first, the evaluation counted as done and the best was lost for good. Run again,
+    # the evaluation ties the best it saved, and a tie saves nothing.
     if self.best is not None and self.best.offer(self.step, params, record):
       self.progress.write(f"step {self.step}: best {self.best.metric} so far; its parameters "
                           f"are in {self.best.directory}")
+    self.writer.write(self.step, record)
     if self.patience is not None:
       self.patience.offer(self.step, record)
     return record

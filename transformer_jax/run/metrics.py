@@ -16,6 +16,8 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from transformer_jax.files import write_atomically
+
 # The metrics a training run logs that a sweep report is most often sorted by (the trainer logs
 # more: throughput, norms, learning rate); tests/test_train.py checks that a run logs them all.
 MAIN_METRICS = ("bleu", "eval_loss", "eval_accuracy", "eval_nll", "eval_perplexity",
@@ -62,8 +64,7 @@ class MetricsWriter:
       return
     record = {"step": int(step), "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
     try:
-      with open(self.path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+      append_line(self.path, json.dumps(record))
     except OSError as e:
       raise self._failed(self.path, e) from None
     if self.tb is not None:
@@ -144,10 +145,22 @@ def _truncate(workdir: str, last_step: int) -> None:
   new = b"".join(kept)
   if new == old:
     return
-  tmp = path + ".tmp"
-  with open(tmp, "wb") as f:
-    f.write(new)
-  os.replace(tmp, path)
+  write_atomically(path, new)
+
+
+def append_line(path: str, line: str) -> None:
+  """`line` appended to the JSON-lines file `path` in one write (writers side by side do not
+  interleave), after a line break where the file's last line was cut short (a full disk, a
+  power loss): glued onto that line, the new record would be unreadable too, and every reader
+  skips such a line (`read_metrics`, the sweep report's reading of eval/results.jsonl)."""
+  with open(path, "ab+") as f:
+    cut_short = f.seek(0, os.SEEK_END) > 0 and not _ends_a_line(f)
+    f.write(b"\n" * cut_short + line.encode("utf-8") + b"\n")
+
+
+def _ends_a_line(f) -> bool:
+  f.seek(-1, os.SEEK_END)
+  return f.read(1) == b"\n"
 
 
 FINAL_EVALUATION = ("eval_loss", "bleu")  # what a run's last step is evaluated with

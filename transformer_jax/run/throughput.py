@@ -17,13 +17,15 @@ import numpy as np
 from transformer_jax import flops
 from transformer_jax.config import TransformerConfig
 from transformer_jax.run import metrics as metrics_lib
+from transformer_jax.run.workdir import RunError
 
 SUMS = ("loss", "nll", "correct", "tokens", "source_tokens")
 NORMS = ("grad_norm", "param_norm", "update_norm")
 
 
-class NonFiniteLossError(FloatingPointError):
-  pass
+class NonFiniteLossError(RunError, FloatingPointError):
+  """The run stopped at a non-finite loss or parameters: settings to change, which the message
+  names, so a RunError (the scripts print one line) rather than a traceback."""
 
 
 class ThroughputMeter:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import filecmp
 import os
-import shutil
 
 import jax
 from jax.experimental import multihost_utils
@@ -24,6 +23,7 @@ from transformer_jax import bleu as bleu_lib
 from transformer_jax import experiment, flops, sharding
 from transformer_jax.config import TransformerConfig
 from transformer_jax.data import Data, get_data, pipeline
+from transformer_jax.files import write_atomically
 from transformer_jax.run import checkpointing, distributed
 from transformer_jax.run import metrics as metrics_lib
 from transformer_jax.run.workdir import (
@@ -60,10 +60,12 @@ def adopt_init_from_tokenizer(config, workdir: str) -> None:
         "pass another --workdir")
   if vocab and not os.path.exists(own) and distributed.is_main():
     os.makedirs(workdir, exist_ok=True)
-    for suffix in ("", ".json"):
+    # The record first, as `load_or_train` writes them: a model without its record (a command
+    # killed between the two) would go unchecked (run.workdir's `_check_tokenizer`).
+    for suffix in (".json", ""):
       if os.path.exists(vocab + suffix):
-        shutil.copyfile(vocab + suffix, own + suffix + ".tmp")
-        os.replace(own + suffix + ".tmp", own + suffix)
+        with open(vocab + suffix, "rb") as f:
+          write_atomically(own + suffix, f.read())
   distributed.sync("transformer_jax: the init_from tokenizer is copied")
 
 
@@ -231,7 +233,7 @@ def _check_rows_split_over_devices(config, data: Data, setup: TrainSetup) -> Non
     rows, fields = [data.global_rows], "data.batch_size (or data.batch_tokens)"
   bad = [r for r in rows if r % shards]
   if bad:
-    raise ValueError(
+    raise sharding.ShardingError(
         f"a global batch of {bad[0]} rows does not split over the {shards} devices of the "
         f"batch axes (mesh {dict(setup.mesh.shape)}): change {fields} or config.mesh")
   for r in rows:

@@ -24,8 +24,8 @@ command did makes a workdir unusable.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import difflib
 import errno
 import fcntl
 import filecmp
@@ -39,6 +39,8 @@ import shlex
 import socket
 import sys
 import time
+
+from transformer_jax.files import write_atomically
 
 CONFIG = "config.json"
 SPM_MODEL = "spm.model"
@@ -204,18 +206,27 @@ def write_config(workdir: str, config, model_cfg, name: str = CONFIG) -> str:
 
 
 def _write_json(workdir: str, path: str, content: dict) -> None:
-  """`content` written to `path` atomically (a temporary file, then a rename); a failed write
-  (a full disk) leaves no partial file and names the file it was writing."""
+  """`content` written to `path` atomically and durably (`files.write_atomically`); a failed
+  write (a full disk) leaves no partial file and names the file it was writing."""
   try:
-    with open(path + ".tmp", "w") as f:
-      json.dump(content, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_atomically(path, json.dumps(content, indent=2))
   except OSError as e:
-    with contextlib.suppress(OSError):
-      os.remove(path + ".tmp")
     raise RunError(f"writing {path} failed: {e.strerror or e}. The run's checkpoints and its "
                    f"earlier configs are kept: free space in {workdir} and run the same command "
                    "again") from None
+
+
+def read_json(path: str) -> dict:
+  """A run's JSON file (its config, a tokenizer's record), or a RunError naming it when it
+  does not parse: emptied or cut short (a power loss before this code synced its writes, a
+  copy cut short) or edited by hand. Not a traceback, and nothing written."""
+  try:
+    with open(path, "rb") as f:
+      return json.loads(f.read())
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    raise RunError(f"{path} does not read as JSON ({type(e).__name__}: {e}): the file is "
+                   "damaged (emptied or cut short) or was edited; mend it or restore it from a "
+                   "copy") from None
 
 
 def load_run_config(workdir: str, step: int | None = None) -> dict:
@@ -226,8 +237,7 @@ def load_run_config(workdir: str, step: int | None = None) -> dict:
     raise RunError(f"{os.path.join(workdir, CONFIG)} not found: {workdir} is not the workdir "
                    "of a training run; " + train_hint(workdir))
   path = run_config_path(workdir, step)
-  with open(path) as f:
-    run = json.load(f)
+  run = read_json(path)
   if "resolved_model" not in run:
     raise RunError(f"{path} has no 'resolved_model': it was not written by "
                    "transformer_jax's training; pass the workdir of a training run")
@@ -434,9 +444,23 @@ def _unknown_fields(workdir: str, run: dict) -> str | None:
   unknown = sorted(set(recorded) - set(field_defaults()))
   if not unknown:
     return None
-  return (f"{current_config_path(workdir)} has fields this code does not know: {unknown}: the "
-          "run was made by another version of transformer-jax; resume it from that version's "
-          "checkout")
+  path = current_config_path(workdir)
+  return (f"{path} has fields this code does not know: {unknown}: the run was made by another "
+          "version of transformer-jax; resume it from that version's checkout"
+          + _misspelt_hint(unknown, path))
+
+
+def _misspelt_hint(unknown: list[str], path: str) -> str:
+  """The other way a run recorded unknown fields, before `experiment.validate` refused them:
+  a config file misspelt a field (`c.num_train_step = 2`), and the run trained with the default
+  of the one meant."""
+  known = list(field_defaults())
+  close = {name: difflib.get_close_matches(name, known, n=1, cutoff=0.6) for name in unknown}
+  typos = [f"{name} (did you mean {match[0]}?)" for name, match in close.items() if match]
+  if not typos:
+    return ""
+  return (f". If its config file misspelt {', '.join(typos)}, the run trained with the default "
+          f"of the field meant: delete the misspelt field(s) from {path} to resume it as it ran")
 
 
 def recorded_values(stored: dict) -> dict:
@@ -453,11 +477,20 @@ def config_changes(stored: dict, new: dict) -> list[tuple[str, object, object]]:
   this process joined the run are not compared. A field the run did not record yet (added to
   the code since) counts as what the run did (`recorded_values`); one the new config leaves
   out (a mesh that names only some axes) as its default."""
-  old = recorded_values(stored)
-  now = {**field_defaults(),
-         **flatten({k: v for k, v in new.items() if not k.startswith("resolved_")})}
+  old = _unset_empty(recorded_values(stored))
+  now = _unset_empty({**field_defaults(),
+                      **flatten({k: v for k, v in new.items() if not k.startswith("resolved_")})})
   return [(k, old.get(k), now.get(k)) for k in sorted(set(old) | set(now))
           if k not in LAUNCH_FIELDS and old.get(k) != now.get(k)]
+
+
+def _unset_empty(values: dict) -> dict:
+  """Flat `values` with "" as None in the fields whose default is None (the paths): every
+  reader takes both for unset (`data.vocab_path or <workdir>/spm.model`), so a run started with
+  `--config.data.vocab_path=` is the same run as one without it."""
+  defaults = field_defaults()
+  return {k: None if v == "" and k in defaults and defaults[k] is None else v
+          for k, v in values.items()}
 
 
 def refusal(field: str, old, new, stored: dict, *, has_checkpoint: bool,
@@ -476,7 +509,9 @@ def refusal(field: str, old, new, stored: dict, *, has_checkpoint: bool,
     return "nothing: a resumed run's random state comes from its checkpoint"
   if field == "init_from":
     return "nothing: a run with checkpoints resumes from them, not from init_from"
-  if field in ("weight_decay", "grad_clip_norm") and bool(old) != bool(new):
+  # As optim.make_optimizer decides: `> 0`, so a run started with NaN (before validate refused
+  # it; plain Adam, no clipping) resumes with 0.
+  if field in ("weight_decay", "grad_clip_norm") and (old > 0) != (new > 0):
     return "the optimizer state's structure (Adam <-> AdamW, clipping on <-> off)"
   if field == "flatten_optimizer":
     return "the optimizer state's structure (one flat vector <-> one array per parameter)"
@@ -672,8 +707,7 @@ def _refresh_tokenizer_record(workdir: str, stored: dict) -> None:
   matches it."""
   record = tokenizer_record(vocabulary_path(workdir, stored))
   path = current_config_path(workdir)
-  with open(path) as f:
-    run = json.load(f)
+  run = read_json(path)
   if record is None or run.get(RESOLVED_TOKENIZER) == record:
     return
   run[RESOLVED_TOKENIZER] = record
@@ -689,13 +723,14 @@ def _check_tokenizer(workdir: str, config) -> None:
   vocab = config.init_from and init_from_vocabulary(config.init_from)
   if vocab and filecmp.cmp(vocab, spm, shallow=False):
     return  # init_from's own tokenizer, copied by an earlier command: the fork's, on any corpus
-  with open(spm + ".json") as f:
-    record = json.load(f)
+  record = read_json(spm + ".json")
   # A field the tokenizer's record lacks (added since) is what that command did, as in
   # config_changes.
-  recorded = recorded_values({"data": {k: v for k, v in record.items() if k != RESOLVED_DATA}})
+  recorded = _unset_empty(recorded_values(
+      {"data": {k: v for k, v in record.items() if k != RESOLVED_DATA}}))
   trained = {k[len("data."):]: v for k, v in recorded.items() if k.startswith("data.")}
-  new = json.loads(config.data.to_json_best_effort())
+  new = {k[len("data."):]: v for k, v in _unset_empty(
+      flatten({"data": json.loads(config.data.to_json_best_effort())})).items()}
   names = [f[len("data."):] for f in TOKENIZER_FIELDS]
   differ = [n for n in names if trained.get(n) != new.get(n)]
   # spm.model.json records the files' bytes since 2026-11-25: the same corpus under other

@@ -109,11 +109,7 @@ def _read(workdir: str, warnings: list[str]) -> dict | None:
   cannot be read (the other runs are still compared)."""
   try:
     run = load_run_config(workdir)
-  except ValueError as e:  # json.JSONDecodeError: a half-written or edited file
-    warnings.append(f"{run_config_path(workdir)} is not valid JSON ({e}): {workdir} left out; "
-                    "mend or remove that file")
-    return None
-  except RunError as e:  # not a training run's config
+  except RunError as e:  # not a training run's config, or one that does not parse
     warnings.append(f"{e} ({workdir} left out)")
     return None
   config = recorded_values(run)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import difflib
+import io
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from typing import Sequence
 
 from transformer_jax import bleu as bleu_lib
 from transformer_jax.experiment import BEST_METRICS
+from transformer_jax.files import write_atomically
 from transformer_jax.run.best import BestKeeper, best_dir
 from transformer_jax.run.early_stopping import stopped_at
 from transformer_jax.run.metrics import MAIN_METRICS, last_values
@@ -301,13 +303,15 @@ def write_rows(rows: list[dict], csv_columns: list[str], md_columns: list[str],
   """`<prefix>.csv` with `csv_columns` and `<prefix>.md` with `md_columns`; returns the paths.
 
   `md_cells` maps a column to (its Markdown header, a function from a value to its text), for
-  columns that read better in other units than the CSV's raw numbers."""
-  with open(out_prefix + ".csv", "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=csv_columns, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-  with open(out_prefix + ".md", "w") as f:
-    f.write(markdown(rows, md_columns, md_cells))
+  columns that read better in other units than the CSV's raw numbers. Each is written whole
+  (`write_atomically`): a report rewritten while a crash, a full disk or a power loss strikes
+  keeps its last whole version."""
+  table = io.StringIO(newline="")
+  writer = csv.DictWriter(table, fieldnames=csv_columns, extrasaction="ignore")
+  writer.writeheader()
+  writer.writerows(rows)
+  write_atomically(out_prefix + ".csv", table.getvalue())
+  write_atomically(out_prefix + ".md", markdown(rows, md_columns, md_cells))
   return [out_prefix + ".csv", out_prefix + ".md"]
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
-from transformer_jax.data.tokenizer import file_lock
+from transformer_jax.files import file_lock, write_atomically
 from transformer_jax.run.early_stopping import stopped_at
 from transformer_jax.run.metrics import evaluated
 from transformer_jax.run.workdir import running_here
@@ -137,13 +137,11 @@ def slot_env(slot: int, devices_per_point: int, base_env: dict | None = None) ->
 
 
 def _write(path: str, text: str):
-  """Write `text` to `path` through a temporary file and a rename: a reader (the report, an
-  array task's check, another driver) never sees a half-written marker, sweep.json or
-  status.json."""
-  tmp = f"{path}.{os.getpid()}.tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  """Write `text` to `path` through a temporary file and a rename (`write_atomically`): a reader
+  (the report, an array task's check, another driver) never sees a half-written marker,
+  sweep.json or status.json, nor a power loss an empty one. The temporary name is the write's
+  own: SLURM array tasks on other hosts may share a process id."""
+  write_atomically(path, text)
 
 
 def _read_json(path: str, kind: type):
