@@ -191,7 +191,11 @@ def test_fields_a_config_file_adds_are_refused_with_the_closest_name():
     # A constant schedule's learning_rate is reached at the end of its linear warm-up: a run
     # that ends inside it never trains at that rate (the tiny config: 10 warm-up, 6 steps).
     ("schedule", "constant", r"config.warmup_steps=10: must be < num_train_steps=6 with "
-                             r"schedule='constant'"),
+                             r"schedule='constant' \(the warm-up rises linearly to "
+                             r"learning_rate, which a run that ends inside it never reaches\)"),
+    ("schedule", "cosine", r"config.warmup_steps=10: must be < num_train_steps=6 with "
+                           r"schedule='cosine' \(the decay runs over the steps after the "
+                           r"warm-up\)"),
     # Read only with coordinator_address: alone they were ignored without a word.
     ("num_processes", 2, r"config.num_processes=2: is used only with "
                          r"config.coordinator_address"),
@@ -243,6 +247,8 @@ def test_the_ding_dictionary_set_for_another_dataset_is_a_stray_field():
       "data.locale_include_ding is set but data.dataset='numbers': add "
       "--config.data.dataset=locale to train on those catalogs, or set "
       "data.locale_include_ding=False")
+  c.data.locale_dir = "/srv/locale"   # the first named, with the way out of a path
+  assert stray_corpus_field(c.data).endswith("or drop data.locale_dir")
   c.data.dataset = "locale"
   assert stray_corpus_field(c.data) is None
 
@@ -297,3 +303,10 @@ def test_a_tokenizer_the_run_did_not_train_is_compared_with_the_vocab_fields(tmp
   assert data_lib.vocab_settings_not_followed(c, path, trained.vocab_size).endswith(
       "follows: vocab_size=40 (the tokenizer's: 50), vocab_max_chars=10000000 (the tokenizer's: "
       "1000)")
+  # A record that does not read (cut short, or not an object): the model file's spec alone.
+  for damaged in ('{"vocab_size": 5', '["vocab_size"]'):
+    with open(path + ".json", "w") as f:
+      f.write(damaged)
+    assert data_lib.vocab_settings(path) == {"vocab_model_type": "unigram",
+                                             "vocab_split_digits": False,
+                                             "vocab_byte_fallback": False}

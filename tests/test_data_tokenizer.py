@@ -264,6 +264,10 @@ def test_an_atomic_write_reaches_the_disk_before_and_after_its_rename(tmp_path, 
     files.write_atomically(path, "{\"cut\": ")
   assert open(path).read() == "{}\n" and sorted(os.listdir(tmp_path)) == ["record.json",
                                                                            "spm.model"]
+  missing = str(tmp_path / "missing" / "record.json")   # the error names it, not its tmp file
+  with pytest.raises(FileNotFoundError) as e:
+    files.write_atomically(missing, "{}")
+  assert e.value.filename == missing
 
 
 def test_training_prints_nothing(tmp_path, capfd):

@@ -1685,6 +1685,16 @@ def test_a_result_appended_after_a_line_cut_short_is_read(tmp_path):
     f.write('{"step": 1, "train_loss": 3.0}\n{"step": 2, "train_lo')
   metrics.MetricsWriter(run, tensorboard=False).write(2, {"train_loss": 2.0})
   assert metrics.last_values(run) == {"step": 2, "train_loss": 2.0}
+  path = os.path.join(run, "metrics.jsonl")
+  with open(path, "w") as f:   # one byte, cut short
+    f.write("{")
+  metrics.MetricsWriter(run, tensorboard=False).write(3, {"train_loss": 1.0})
+  assert metrics.last_values(run) == {"step": 3, "train_loss": 1.0}
+  # A whole last record whose line break was lost: a resume keeps it, ending its line.
+  with open(path, "w") as f:
+    f.write('{"step": 1, "train_loss": 3.0}\n{"step": 2, "train_loss": 2.0}')
+  metrics._truncate(run, 2)
+  assert open(path).read() == '{"step": 1, "train_loss": 3.0}\n{"step": 2, "train_loss": 2.0}\n'
 
 
 def test_evaluation_files_and_a_resumes_metrics_reach_the_disk_before_their_rename(

@@ -43,15 +43,15 @@ def write_atomically(path: str, data: str | bytes) -> None:
 
 def _write_synced(tmp: str, data: bytes, path: str) -> None:
   """`data` into the new file `tmp`, on the disk when this returns. The error of a failed write
-  to the open file names no file ("[Errno 28] No space left on device"): it is given `path`,
-  the file the user knows."""
+  names no file ("[Errno 28] No space left on device" from the open file) or the temporary
+  one, which is gone: it is given `path`, the file the user knows."""
   try:
     with open(tmp, "xb") as f:
       f.write(data)
       f.flush()
       os.fsync(f.fileno())
-  except OSError as e:
-    if e.filename is not None or e.errno is None:
+  except OSError as e:  # the temporary file's own name would only puzzle: it is gone
+    if e.errno is None:
       raise
     raise OSError(e.errno, e.strerror, path) from None
 

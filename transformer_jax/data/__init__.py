@@ -137,11 +137,21 @@ def vocab_settings(path: str) -> dict:
   settings = {"vocab_model_type": sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
                   spec.model_type).lower(),
               "vocab_split_digits": spec.split_digits, "vocab_byte_fallback": spec.byte_fallback}
-  if os.path.exists(path + ".json"):
-    with open(path + ".json") as f:
-      record = json.load(f)
-    settings.update({k: record[k] for k in VOCAB_FIELDS if k in record})
+  record = _record_beside(path)
+  settings.update({k: record[k] for k in VOCAB_FIELDS if k in record})
   return settings
+
+
+def _record_beside(path: str) -> dict:
+  """The data config recorded beside the model at `path` (`<path>.json`); {} where there is
+  none or it does not read as one (a copy cut short, another program's file): the model's own
+  trainer spec is compared then, and a run given the file trains as before it was read."""
+  try:
+    with open(path + ".json", "rb") as f:
+      record = json.loads(f.read())
+  except (OSError, ValueError):
+    return {}
+  return record if isinstance(record, dict) else {}
 
 
 def vocab_settings_not_followed(data_config, path: str, pieces: int) -> str | None:
