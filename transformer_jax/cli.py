@@ -173,7 +173,7 @@ def _unset_none_overrides(values: flags.FlagValues) -> None:
   """`--config.data.vocab_path=None` and `--config.data.vocab_path=` leave a field whose default
   is None (a path: unset) unset: config flags parse both as strings, and "None" would be a
   file or directory of that name in the current directory (a tokenizer trained into ./None)."""
-  defaults = dict(_config_leaves(experiment.base_config()))
+  defaults = dict(experiment.field_values(experiment.base_config()))
   for name, value in config_flags.get_override_values(values["config"]).items():
     if value in ("", "None") and name in defaults and defaults[name] is None:
       *parents, leaf = name.split(".")
@@ -183,19 +183,10 @@ def _unset_none_overrides(values: flags.FlagValues) -> None:
       target[leaf] = None
 
 
-def _config_leaves(config, prefix: str = ""):
-  """(dotted name, value) of every field of a ConfigDict, nested ones by their path."""
-  for key, value in config.items():
-    if hasattr(value, "items") and not isinstance(value, dict):  # a nested ConfigDict
-      yield from _config_leaves(value, f"{prefix}{key}.")
-    else:
-      yield f"{prefix}{key}", value
-
-
 def _is_config_field(name: str) -> bool:
   """Whether `name` is a field of every run's config (`experiment.base_config`), nested ones
   by their dotted path: an unknown flag of that name wanted `--config.` in front."""
-  return name in dict(_config_leaves(experiment.base_config()))
+  return name in dict(experiment.field_values(experiment.base_config()))
 
 
 def _config_fields_help(values: flags.FlagValues, argv: Sequence[str],
@@ -213,7 +204,7 @@ def _config_fields_help(values: flags.FlagValues, argv: Sequence[str],
         config, source = values["config"].value, f"--config {spec}"
     except Exception:  # noqa: BLE001 (help still lists the defaults; a run says what is wrong)
       source += f"; --config {spec} did not load"
-  lines = [f"  --config.{name}={value!r}" for name, value in _config_leaves(config)]
+  lines = [f"  --config.{name}={value!r}" for name, value in experiment.field_values(config)]
   return f"config fields (--config.FIELD=VALUE; values of {source}):\n" + "\n".join(lines)
 
 

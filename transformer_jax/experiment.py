@@ -114,13 +114,18 @@ def base_config(size: str = "small") -> ml_collections.ConfigDict:
   return c
 
 
-def field_names(c: ml_collections.ConfigDict, prefix: str = ""):
-  """The dotted name of every field of a ConfigDict, nested ones by their path."""
-  for key, value in c.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      yield from field_names(value, f"{prefix}{key}.")
+def field_values(config, prefix: str = ""):
+  """(dotted name, value) of every field of a ConfigDict, nested ones by their path."""
+  for key, value in config.items():
+    if hasattr(value, "items") and not isinstance(value, dict):  # a nested ConfigDict
+      yield from field_values(value, f"{prefix}{key}.")
     else:
-      yield f"{prefix}{key}"
+      yield f"{prefix}{key}", value
+
+
+def field_names(c: ml_collections.ConfigDict) -> list[str]:
+  """The dotted name of every field of a ConfigDict (`field_values`)."""
+  return [name for name, _ in field_values(c)]
 
 
 def unknown_fields(c: ml_collections.ConfigDict) -> list[str]:

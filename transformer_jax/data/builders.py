@@ -23,7 +23,7 @@ import sys
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import leakage, locale, numbers
-from transformer_jax.data.config import DataError
+from transformer_jax.data.config import DataError, check_languages
 from transformer_jax.data.lines import read_lines
 from transformer_jax.data.tokenizer import normalize_spaces
 from transformer_jax.files import file_lock
@@ -214,22 +214,15 @@ def make_builder(data_config, data_dir: str) -> _PairsBuilder:
   """The builder for `data_config.dataset` in {'numbers', 'locale', 'text'}."""
   c = data_config
   src, tgt = c.source_lang, c.target_lang
+  check_languages(c)
   if c.dataset == "numbers":
     cls = NumbersTranslate
     params = {"num_train": c.numbers_train_size, "num_validation": c.numbers_eval_size,
               "num_test": c.numbers_eval_size, "seed": c.numbers_seed}
-    if {src, tgt} != {"en", "de"}:  # refused at start (data.config), here for direct callers
-      raise DataError(f"data.dataset='numbers' is English-German: got "
-                      f"data.source_lang={src!r}, data.target_lang={tgt!r}")
   elif c.dataset == "locale":
     cls = LocaleTranslate
-    if src == "en":
-      lang, reverse = tgt, False
-    elif tgt == "en":
-      lang, reverse = src, True
-    else:
-      raise DataError(f"data.dataset='locale' pairs English with one language: got "
-                      f"data.source_lang={src!r}, data.target_lang={tgt!r}")
+    reverse = src != "en"   # English is one side (check_languages)
+    lang = src if reverse else tgt
     locale_dir = c.locale_dir or locale.DEFAULT_LOCALE_DIR
     catalogs = locale.catalog_paths(locale_dir, lang)
     if not catalogs:

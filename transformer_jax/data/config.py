@@ -134,9 +134,9 @@ def stray_corpus_field(c) -> str | None:
   return None
 
 
-def _check_languages(c) -> None:
-  """The language pairs the built-in corpora have, refused when a run starts rather than when
-  the dataset is built (`builders.make_builder`, `locale.locale_pairs`)."""
+def check_languages(c) -> None:
+  """The language pairs the built-in corpora have: refused when a run starts (`validate`), and
+  by `builders.make_builder` for a caller that builds without validating."""
   pair = f"data.source_lang={c.source_lang!r}, data.target_lang={c.target_lang!r}"
   if c.dataset == "numbers" and {c.source_lang, c.target_lang} != {"en", "de"}:
     raise DataError(f"data.dataset='numbers' is English-German, got {pair}: set them to 'en' "
@@ -167,7 +167,7 @@ def validate(c) -> None:
   if c.dataset in ("wmt14", "wmt17") and {c.source_lang, c.target_lang} != {"en", "de"}:
     raise ValueError(f"data.dataset={c.dataset!r} is de-en: data.source_lang/target_lang "
                      f"must be 'en' and 'de' in either order")
-  _check_languages(c)
+  check_languages(c)
   if c.dataset == "text":
     if bool(c.tsv_path) == bool(c.source_path or c.target_path):
       raise ValueError("data.dataset='text': set data.tsv_path, or data.source_path and "
