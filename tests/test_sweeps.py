@@ -88,18 +88,41 @@ def test_a_misspelt_parent_field_is_named_not_a_key_error(tmp_path):
     sweeps.load_sweep(str(typo))
 
 
-def test_a_none_value_is_refused_as_no_flag_carries_it(tmp_path):
-  """`--config.data.vocab_path=None` reaches train.py as the string "None" (a vocabulary file
-  named `None` in the cwd), so a point's None fails before anything runs."""
+def test_a_none_value_is_passed_only_where_train_py_reads_it_back(tmp_path, capsys):
+  """`--config.FIELD=None` reaches train.py as None only for a field whose default is None (a
+  path: transformer_jax/cli.py unsets it); elsewhere as the string "None" (a str field) or
+  refused (a number), so such a point's None fails before anything runs."""
+  from transformer_jax import cli
   with pytest.raises(sweeps.SweepError, match=(
-      r"data.vocab_path=None cannot be passed.*leave 'data.vocab_path' out of the point")):
-    sweeps.override_flags({"learning_rate": 1.0, "data.vocab_path": None})
+      r"model.attention_impl=None cannot be passed.*leave 'model.attention_impl' out of the "
+      "point")):
+    sweeps.override_flags({"learning_rate": 1.0, "model.attention_impl": None})
+  with pytest.raises(sweeps.SweepError, match="learning_rate=None cannot be passed"):
+    sweeps.override_flags({"learning_rate": None})
   nones = tmp_path / "nones.py"
   nones.write_text("from tiny_config import get_config\n"
+                   "def sweep():\n  return [{'model.activation': 'gelu'},"
+                   " {'model.activation': None}]\n")
+  with pytest.raises(sweeps.SweepError, match="model.activation=None cannot be passed"):
+    sweeps.load_sweep(str(nones))
+  # A path's None (unset) is a flag, which train.py's command line reads back as None.
+  point = {"data.vocab_path": None, "data.data_dir": None, "learning_rate": 1.0}
+  flags_of_point = sweeps.override_flags(point)
+  assert flags_of_point == ["--config.data.vocab_path=None", "--config.data.data_dir=None",
+                            "--config.learning_rate=1.0"]
+  seen = {}
+
+  def body(values, args):
+    seen.update(vocab_path=values.config.data.vocab_path, data_dir=values.config.data.data_dir,
+                learning_rate=values.config.learning_rate)
+  assert cli.run(body, flags_of_point, doc="", config=TINY) == 0, capsys.readouterr().err
+  assert seen == {"vocab_path": None, "data_dir": None, "learning_rate": 1.0}
+  paths = tmp_path / "paths.py"
+  paths.write_text("from tiny_config import get_config\n"
                    "def sweep():\n  return [{'data.vocab_path': '/spm.model'},"
                    " {'data.vocab_path': None}]\n")
-  with pytest.raises(sweeps.SweepError, match="data.vocab_path=None cannot be passed"):
-    sweeps.load_sweep(str(nones))
+  assert [p["data.vocab_path"] for p in sweeps.load_sweep(str(paths)).points] == [
+      "/spm.model", None]
   # None inside a container has a literal, which config flags read back.
   assert sweeps.override_flags({"x": (1, None)}) == ["--config.x=(1, None)"]
 
@@ -586,7 +609,7 @@ def test_report_gives_the_mean_and_spread_over_seeds(tmp_path):
 
 
 def test_sweep_files_and_reports_are_written_whole_and_reach_the_disk(tmp_path, monkeypatch):
-  """A marker, status.json or report is written to a temporary file, synced, renamed and the
+  """A marker, status.json, report or plot is written to a temporary file, synced, renamed and the
   rename synced: a report rewritten in place was left cut short by a crash or a full disk, and
   a renamed file can come back empty after a power loss when its bytes were not on the disk."""
   import importlib
@@ -600,17 +623,27 @@ def test_sweep_files_and_reports_are_written_whole_and_reach_the_disk(tmp_path, 
   assert report_module.write_rows([{"a": 1.5}], ["a"], ["a"], prefix) == [prefix + ".csv",
                                                                            prefix + ".md"]
   assert synced == ["file", "directory"] * 2
-  runner_module._write(str(tmp_path / "DONE"), "finished\n")
+  runner_module.write_atomically(str(tmp_path / "DONE"), "finished\n")
   assert synced == ["file", "directory"] * 3
+  # The plot too: drawn into memory, then written as the others (a report redrawn while a
+  # viewer reads it showed half an image).
+  rows = [{"a": 1.5, "bleu": 3.0}, {"a": 2.5, "bleu": 4.0}]
+  assert report_module.plot(rows, ["a"], "bleu", prefix + ".png") == prefix + ".png"
+  assert synced == ["file", "directory"] * 4
+  png = open(prefix + ".png", "rb").read()
+  assert png.startswith(b"\x89PNG")
 
   def no_space(fd):
     raise OSError(28, "No space left on device")
   monkeypatch.setattr(os, "fsync", no_space)
   with pytest.raises(OSError, match="No space left"):
     report_module.write_rows([{"a": 2.5}], ["a"], ["a"], prefix)
+  with pytest.raises(OSError, match="No space left"):
+    report_module.plot(rows[:1], ["a"], "bleu", prefix + ".png")
   assert open(prefix + ".csv", newline="").read() == "a\r\n1.5\r\n"
   assert "1.5" in open(prefix + ".md").read()
-  assert sorted(os.listdir(tmp_path)) == ["DONE", "report.csv", "report.md"]
+  assert open(prefix + ".png", "rb").read() == png
+  assert sorted(os.listdir(tmp_path)) == ["DONE", "report.csv", "report.md", "report.png"]
 
 
 def test_markdown_cells_of_other_units():
@@ -1901,6 +1934,8 @@ def test_exit_text_names_the_signal():
 
 def test_a_point_whose_workdir_a_live_process_holds_is_running(tmp_path):
   import socket
+
+  from transformer_jax.run import workdir as workdir_lib
   fake = tmp_path / "fake_train.py"
   fake.write_text(FAKE_TRAIN)
   sweep_dir = str(tmp_path / "sweep")
@@ -1913,8 +1948,14 @@ def test_a_point_whose_workdir_a_live_process_holds_is_running(tmp_path):
   lock = os.path.join(d, ".lock")
   sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
   try:
+    # A holder whose pid went to another process since (it was killed with -9 long ago): not
+    # running. Lock.acquire records its process's start time, which tells them apart.
+    with open(lock, "w") as f:
+      json.dump({"host": socket.gethostname(), "pid": sleeper.pid, "pid_start": "1"}, f)
+    assert runner.status(0) == "partial"
     with open(lock, "w") as f:     # what Lock.acquire writes for its holder
-      json.dump({"host": socket.gethostname(), "pid": sleeper.pid}, f)
+      json.dump({"host": socket.gethostname(), "pid": sleeper.pid,
+                 "pid_start": workdir_lib.process_start(sleeper.pid)}, f)
     assert runner.status(0) == "running"
     assert sweeps.report(sweep_dir, "train_loss")["rows"][0]["status"] == "running"
     # The sweep run again beside it skips it rather than fail on its lock.
@@ -1931,3 +1972,13 @@ def test_a_point_whose_workdir_a_live_process_holds_is_running(tmp_path):
   with open(lock, "w") as f:
     json.dump({"host": "elsewhere", "pid": os.getpid()}, f)
   assert runner.status(0) == "partial"               # another host's pid cannot be checked
+  # This process's own lock, as a run writes it: running, its start time the one it records.
+  lock_of_run = workdir_lib.Lock(d)
+  assert lock_of_run.acquire() is None
+  try:
+    recorded = json.load(open(lock))["pid_start"]
+    assert recorded is not None and recorded == workdir_lib.process_start(os.getpid())
+    assert runner.status(0) == "running"
+  finally:
+    lock_of_run.release()
+  assert workdir_lib.process_start(-1) is None       # no such process

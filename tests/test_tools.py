@@ -23,6 +23,7 @@ import pytest
 
 from transformer_jax import bleu, search
 from transformer_jax.data import get_data
+from transformer_jax.files import write_atomically
 from transformer_jax.inference import attention_maps, evaluation, scoring
 from transformer_jax.inference import flags as tool_flags
 from transformer_jax.inference import translator as translator_lib
@@ -1655,7 +1656,7 @@ def test_evaluation_files_are_written_whole_under_their_own_temporary_names(tmp_
   def write(text):
     try:
       for _ in range(200):
-        evaluation.write_whole(path, text)
+        write_atomically(path, text)
     except OSError as e:
       errors.append(e)
 
@@ -1707,7 +1708,7 @@ def test_evaluation_files_and_a_resumes_metrics_reach_the_disk_before_their_rena
   synced, fsync = [], os.fsync
   monkeypatch.setattr(os, "fsync", lambda fd: synced.append(
       "directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file") or fsync(fd))
-  evaluation.write_whole(str(tmp_path / "eval.test.greedy.json"), "{}")
+  write_atomically(str(tmp_path / "eval.test.greedy.json"), "{}")
   assert synced == ["file", "directory"]
   (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
   metrics.MetricsWriter(str(tmp_path), tensorboard=False, resume_step=1)

@@ -6,6 +6,7 @@ the tokenizer, the data builders, the metrics, evaluations and sweep files all w
 """
 import contextlib
 import fcntl
+import io
 import os
 import uuid
 
@@ -39,6 +40,16 @@ def write_atomically(path: str, data: str | bytes) -> None:
     if os.path.exists(tmp):
       os.unlink(tmp)
   _sync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+def save_figure(figure, path: str, **savefig_kwargs) -> None:
+  """A matplotlib figure saved to `path` (its format from the name's extension) as
+  `write_atomically` writes: drawn into memory first, so a sweep's report redrawn while a viewer
+  reads it, or a kill while it draws, never leaves half an image."""
+  buffer = io.BytesIO()
+  kind = os.path.splitext(path)[1].lstrip(".") or None
+  figure.savefig(buffer, format=kind, **savefig_kwargs)
+  write_atomically(path, buffer.getvalue())
 
 
 def _write_synced(tmp: str, data: bytes, path: str) -> None:

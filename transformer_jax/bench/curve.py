@@ -25,6 +25,7 @@ import os
 from matplotlib.figure import Figure
 
 from transformer_jax.bench import decode, train
+from transformer_jax.files import save_figure
 from transformer_jax.run.workdir import RunError
 from transformer_jax.sweeps.report import write_rows
 from transformer_jax.sweeps.spec import (
@@ -182,7 +183,7 @@ def run_curve(config, points: list[Point], what: str, options, out_dir: str,
 
 def _plot(rows: list[dict], fields: list[str], what: str, path: str) -> str:
   """`_figure` as a PNG at 90 dpi (5.5 x 4 inches a panel)."""
-  _figure(rows, fields, what).savefig(path, dpi=90)
+  save_figure(_figure(rows, fields, what), path, dpi=90)
   return path
 
 

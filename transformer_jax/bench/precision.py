@@ -29,6 +29,7 @@ from transformer_jax import sharding
 from transformer_jax.bench.accelerator import tree_rel_err
 from transformer_jax.data.config import global_rows
 from transformer_jax.experiment import transformer_config
+from transformer_jax.files import save_figure
 from transformer_jax.steps import TrainSetup
 from transformer_jax.sweeps.spec import validated_configs
 
@@ -186,7 +187,7 @@ def run(config, options: PrecisionOptions = PrecisionOptions(), log=print) -> di
 
 def plot(result: dict, path: str) -> str:
   """Both loss curves and their relative difference per step (PNG), from `run`'s result."""
-  figure(result).savefig(path, dpi=100)
+  save_figure(figure(result), path, dpi=100)
   return path
 
 

@@ -14,6 +14,7 @@ import jax
 from matplotlib.figure import Figure
 import numpy as np
 
+from transformer_jax.files import save_figure
 from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.model import Transformer
 from transformer_jax.run.workdir import RunError
@@ -136,7 +137,7 @@ def plot_maps(maps: dict, out_dir: str, title: str = "") -> list[str]:
       fig.suptitle(f"{name}, layer {layer}" + (f"\n{title}" if title else ""))
       fig.tight_layout()
       path = os.path.join(out_dir, f"{kind}_layer{layer}.png")
-      fig.savefig(path, dpi=100)
+      save_figure(fig, path, dpi=100)
       written.append(path)
   rows, cols = axes_pieces(maps, "cross")
   last = maps["cross"][-1].mean(axis=0)
@@ -152,6 +153,6 @@ def plot_maps(maps: dict, out_dir: str, title: str = "") -> list[str]:
     fig.suptitle(title, fontsize=9)
   fig.tight_layout()
   path = os.path.join(out_dir, "summary.png")
-  fig.savefig(path, dpi=100)
+  save_figure(fig, path, dpi=100)
   written.append(path)
   return written

@@ -216,13 +216,6 @@ def translator_output_dir(translator: Translator) -> str:
   return f"{path}.ensemble{len(translator.members) + 1}_{digest}"
 
 
-def write_whole(path: str, text: str) -> None:
-  """Whole or not at all: a reader never sees half a file, nor a crash or a power loss leaves
-  one (`write_atomically`: the temporary name is this write's own, as two evaluations of one
-  checkpoint may end together)."""
-  write_atomically(path, text)
-
-
 def writable_dir(path: str) -> None:
   """Create `path` if needed; a RunError naming it when it cannot be written."""
   try:
@@ -267,13 +260,14 @@ def _write(output_dir: str, split: str, tag: str, hypotheses: Sequence[str], res
   warn_if_other_files(os.path.join(output_dir, f"eval.{name}.json"), result)
   result["time"] = time.time()
   result["hypotheses"] = os.path.join(output_dir, f"hypotheses.{name}.txt")
-  write_whole(result["hypotheses"], "".join(h + "\n" for h in hypotheses))
+  write_atomically(result["hypotheses"], "".join(h + "\n" for h in hypotheses))
   result["references"] = os.path.join(output_dir, f"references.{split}.txt")
-  write_whole(result["references"], "".join(" ".join(r.splitlines()) + "\n" for _, r in pairs))
+  write_atomically(result["references"], "".join(" ".join(r.splitlines()) + "\n" for _, r in pairs))
   if num_examples > 0:
     result["examples"] = os.path.join(output_dir, f"examples.{name}.md")
-    write_whole(result["examples"], examples_markdown(examples(pairs, hypotheses, num_examples)))
-  write_whole(os.path.join(output_dir, f"eval.{name}.json"), json.dumps(result, indent=2))
+    write_atomically(result["examples"],
+                     examples_markdown(examples(pairs, hypotheses, num_examples)))
+  write_atomically(os.path.join(output_dir, f"eval.{name}.json"), json.dumps(result, indent=2))
   if workdir is not None:
     os.makedirs(os.path.join(workdir, EVAL), exist_ok=True)
     # One write of one line in append mode (evaluations running side by side do not

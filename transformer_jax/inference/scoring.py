@@ -30,12 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax.files import write_atomically
 from transformer_jax.inference.evaluation import (
   nonempty,
   translator_output_dir,
   warn_if_other_files,
   writable_dir,
-  write_whole,
 )
 from transformer_jax.inference.translator import Translator, warn_stderr
 from transformer_jax.search import target_log_probs
@@ -184,6 +184,6 @@ def score(translator: Translator, pairs: Sequence[tuple[str, str]], name: str,
             "scores": os.path.join(output_dir, f"scores.{name}.jsonl"), "time": time.time()}
   summary = os.path.join(output_dir, f"score.{name}.json")
   warn_if_other_files(summary, result, kept="")
-  write_whole(result["scores"], "".join(json.dumps(r) + "\n" for r in records))
-  write_whole(summary, json.dumps(result, indent=2))
+  write_atomically(result["scores"], "".join(json.dumps(r) + "\n" for r in records))
+  write_atomically(summary, json.dumps(result, indent=2))
   return result

@@ -15,6 +15,7 @@ import os
 
 from matplotlib.figure import Figure
 
+from transformer_jax.files import save_figure
 from transformer_jax.run.metrics import read_metrics
 from transformer_jax.run.workdir import RunError
 
@@ -127,5 +128,5 @@ def plot_runs(runs: dict[str, Series], path: str, title: str = "") -> dict:
   if title:
     fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=90)
+  save_figure(fig, path, dpi=90)
   return drawn

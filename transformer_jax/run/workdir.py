@@ -332,6 +332,7 @@ class Lock:
       os.close(fd)
       return holder
     holder = {"host": socket.gethostname(), "pid": os.getpid(),
+              "pid_start": process_start(os.getpid()),
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
     try:
       os.ftruncate(fd, 0)
@@ -372,7 +373,23 @@ def running_here(workdir: str) -> dict | None:
     return None
   except PermissionError:  # alive, another user's
     pass
+  # The pid may since have gone to another process (a holder killed with -9 long ago): its
+  # start time tells them apart where both are known.
+  recorded, now = holder.get("pid_start"), process_start(int(holder["pid"]))
+  if recorded is not None and now is not None and recorded != now:
+    return None
   return holder
+
+
+def process_start(pid: int) -> str | None:
+  """When process `pid` started, in clock ticks after boot (/proc/PID/stat's 22nd field), as
+  text; None where there is no /proc (not Linux) or no such process."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      # The command name (2nd field) may hold spaces and parentheses: count after its last ")".
+      return f.read().rsplit(")", 1)[1].split()[19]
+  except (OSError, IndexError):
+    return None
 
 
 def busy_message(workdir: str, holder: dict | None) -> str:

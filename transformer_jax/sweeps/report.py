@@ -18,7 +18,7 @@ from typing import Sequence
 
 from transformer_jax import bleu as bleu_lib
 from transformer_jax.experiment import BEST_METRICS
-from transformer_jax.files import write_atomically
+from transformer_jax.files import save_figure, write_atomically
 from transformer_jax.run.best import BestKeeper, best_dir
 from transformer_jax.run.early_stopping import stopped_at
 from transformer_jax.run.metrics import MAIN_METRICS, last_values
@@ -341,7 +341,7 @@ def plot(rows: list[dict], fields: list[str], metric: str, path: str) -> str | N
   fig = figure(rows, fields, metric)
   if fig is None:
     return None
-  fig.savefig(path, dpi=100)
+  save_figure(fig, path, dpi=100)
   return path
 
 

@@ -136,14 +136,6 @@ def slot_env(slot: int, devices_per_point: int, base_env: dict | None = None) ->
   return env
 
 
-def _write(path: str, text: str):
-  """Write `text` to `path` through a temporary file and a rename (`write_atomically`): a reader
-  (the report, an array task's check, another driver) never sees a half-written marker,
-  sweep.json or status.json, nor a power loss an empty one. The temporary name is the write's
-  own: SLURM array tasks on other hosts may share a process id."""
-  write_atomically(path, text)
-
-
 def _read_json(path: str, kind: type):
   """The JSON value of type `kind` (list, dict) in `path`; an empty one where there is none
   (missing, cut short, another type)."""
@@ -399,8 +391,9 @@ class Runner:
     if not self._main:
       return
     os.makedirs(self.sweep_dir, exist_ok=True)
-    # Every SLURM array task writes it (at once, when their array starts): `_write` renames.
-    _write(os.path.join(self.sweep_dir, "sweep.json"), json.dumps(
+    # Every SLURM array task writes it (at once, when their array starts): each renames a whole
+    # file of its own.
+    write_atomically(os.path.join(self.sweep_dir, "sweep.json"), json.dumps(
         {"config": self.config_spec, "config_file": self.sweep.path, "config_arg": self.sweep.arg,
          "extra_flags": self.extra_flags,
          "overrides": _as_json(self.overrides),
@@ -450,7 +443,8 @@ class Runner:
     d = point_dir(self.sweep_dir, self.points[index])
     os.makedirs(d, exist_ok=True)
     if self._main:
-      _write(os.path.join(d, "overrides.json"), json.dumps(self.points[index], default=str) + "\n")
+      write_atomically(os.path.join(d, "overrides.json"),
+                       json.dumps(self.points[index], default=str) + "\n")
       # Retried, or extended to more steps: its workdir resumes from its checkpoint, and until
       # it ends the report must not show its old outcome.
       for marker in (FAILED, DONE):
@@ -482,11 +476,11 @@ class Runner:
     if self._main:
       if outcome == "done":
         early = stopped_at(d)
-        _write(os.path.join(d, DONE), f"finished in {seconds:.1f} s\n"
+        write_atomically(os.path.join(d, DONE), f"finished in {seconds:.1f} s\n"
                f"num_train_steps {self.num_steps[index]}\n"
                + (f"stopped early at step {early}\n" if early is not None else ""))
       elif outcome == "failed":
-        _write(os.path.join(d, FAILED),
+        write_atomically(os.path.join(d, FAILED),
                f"{exit_text(returncode)} after {seconds:.1f} s\n$ {' '.join(self.command(index))}"
                f"\n--- last lines of {os.path.join(d, 'train.log')}:\n"
                + _tail(os.path.join(d, "train.log")))
@@ -581,4 +575,4 @@ class Runner:
         if isinstance(i, int) and 0 <= i < len(names) and r.get("name") == names[i]:
           entries[i] = r
       entries.update((r["index"], r) for r in results)
-      _write(path, json.dumps([entries[i] for i in sorted(entries)], indent=1) + "\n")
+      write_atomically(path, json.dumps([entries[i] for i in sorted(entries)], indent=1) + "\n")

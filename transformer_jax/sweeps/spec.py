@@ -189,16 +189,18 @@ def override_flags(point: Mapping[str, Any]) -> list[str]:
 
   The text is what ml_collections' config flags parse back into the same value: `true`/`false`
   for booleans, a Python literal for containers (which `ast.literal_eval` reads, `None` and
-  `True` inside included). A bare None has no such text: config flags parse `None` as the
-  string "None" for a str field (a file named `None`) and refuse it for a number, so it is
-  refused here."""
+  `True` inside included). A bare None is `None`, which scripts/train.py reads back as None
+  only for a field whose default is None (a path: unset, transformer_jax/cli.py); config flags
+  parse it as the string "None" for another str field and refuse it for a number, so there it
+  is refused here."""
   out = []
   for key, value in point.items():
-    if value is None:
+    if value is None and not _unset_by_none(key):
       raise SweepError(f"sweep point {dict(point)}: {key}=None cannot be passed to "
-                       f"scripts/train.py (--config.{key}=None arrives as the string 'None'): "
-                       f"leave {key!r} out of the point to keep get_config()'s value, or set "
-                       "it to None in get_config()")
+                       f"scripts/train.py (--config.{key}=None arrives as the string 'None'; "
+                       "only a field whose default is None, a path, takes None): leave "
+                       f"{key!r} out of the point to keep get_config()'s value, or set it to "
+                       "None in get_config()")
     if hasattr(value, "to_dict"):  # a ConfigDict, as config_flags gives a dict-valued override
       value = value.to_dict()
     if isinstance(value, bool):
@@ -209,6 +211,12 @@ def override_flags(point: Mapping[str, Any]) -> list[str]:
       text = str(value)
     out.append(f"--config.{key}={text}")
   return out
+
+
+def _unset_by_none(key: str) -> bool:
+  """Whether `--config.KEY=None` reaches a run as None: KEY's default is None."""
+  defaults = dict(experiment.field_values(experiment.base_config()))
+  return key in defaults and defaults[key] is None
 
 
 # ---------------------------------------------------------------- config files
