@@ -40,6 +40,10 @@ floor that names, numbers and other unchanged tokens give for free, into
 would ignore (`--split` with `--source`, `--beam_size` with `--baseline`, ...) is an error.
 Empty source or reference lines are counted in the result (`empty_sources`,
 `empty_references`) and warned about: sacreBLEU's chrF leaves out pairs with an empty reference.
+A test set of your own is compared with the run's training pairs (`train_overlap` in the
+result; `--nocheck_overlap` skips reading them): the pairs whose source or reference the run
+trained on, up to case and punctuation, are warned about by their line numbers. The run's own
+splits are held out by that measure already (docs/data.md).
 
 BLEU is sacreBLEU's default (cased, 13a tokenizer, exp smoothing) against the raw references;
 the signatures are in the output, and `bleu_ci95` is the half-width of its 95% bootstrap
@@ -93,6 +97,10 @@ def define(values):
   flags.DEFINE_string("name", None, "the name of the --source test set in the output files "
                       "(default: the source file's name without its extension)",
                       flag_values=values)
+  flags.DEFINE_boolean("check_overlap", True, "with --source: compare the test set with the "
+                       "run's training pairs (reads them all) and warn of pairs the run "
+                       "trained on, up to case and punctuation (train_overlap in the result)",
+                       flag_values=values)
   flags.DEFINE_integer("examples", 10, "pairs drawn at random (seed 0), plus the worst by "
                        "sentence chrF, written with their references to "
                        "examples.<split>.<search>.md; 0: none", lower_bound=0, flag_values=values)
@@ -102,6 +110,10 @@ def body(values, args):
   check_evaluate_flags(values)
   own = evaluation.own_test_set(values.source, values.reference, values.name)
   name, pairs, extra, origin = own or (values.split, None, None, None)
+  if own and values.check_overlap:
+    extra.update(evaluation.check_training_overlap(
+        translator_lib.workdir_config(values.workdir), values.workdir, pairs, origin,
+        values.data_dir))
   if values.baseline:
     run = translator_lib.workdir_config(values.workdir)
     if pairs is None:

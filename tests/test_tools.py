@@ -303,6 +303,37 @@ def test_missing_and_unwritable_files_name_their_flag(workdir, tmp_path, capsys)
                         "directory; pass --output_dir DIR"), err
 
 
+def test_a_test_set_of_ones_own_is_compared_with_the_training_pairs(workdir, tmp_path, capsys):
+  """Sentences the run trained on score what the model remembers: evaluate.py names the lines of
+  a --source test set whose source or reference is a training pair's, verbatim or up to case
+  and punctuation, and counts them in the result."""
+  from transformer_jax.data import raw_split
+  run = translator_lib.workdir_config(workdir)
+  train = raw_split(evaluation.data_config(run, workdir), "train")
+  (s0, t0), (s1, t1), (s2, _) = train[:3]
+  novel = [("Qxq zzv.", "Vvz qxq."), ("Zzq qq.", "Qq zzq.")]
+  pairs = [novel[0], (s0, t0), (s1.upper() + " !", "x"), novel[1], ("y", t1), (s2, "z")]
+  src, ref = tmp_path / "own.src", tmp_path / "own.ref"
+  src.write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+  ref.write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+  own = ["--workdir", workdir, "--source", str(src), "--reference", str(ref), "--baseline",
+         "copy", "--output_dir", str(tmp_path / "out")]
+  rc, out, err = run_main(evaluate_script, own, capsys)
+  assert rc == 0, err
+  assert json.loads(out)["train_overlap"] == {
+      "pairs": 6, "exact_source": 2, "normalized_source": 3, "verbatim_target": 2,
+      "normalized_target": 2, "any_normalized": 4}
+  assert (f"--source {src}: 4 (lines 2, 3, 5, 6) of 6 pairs have a source or reference that "
+          "the run trained on (2 sources and 2 references verbatim") in err, err
+  # Skipped on request; a dataset not built where --data_dir says: not compared, and why.
+  rc, out, err = run_main(evaluate_script, own + ["--nocheck_overlap"], capsys)
+  assert rc == 0 and "train_overlap" not in json.loads(out) and "trained on" not in err, err
+  rc, out, err = run_main(evaluate_script, own + ["--data_dir", str(tmp_path / "none")], capsys)
+  assert rc == 0 and json.loads(out)["train_overlap"] is None, err
+  assert (f"--source {src}: not compared with the run's training pairs: the run's dataset is "
+          f"not built in {tmp_path / 'none'} (pass --data_dir") in err, err
+
+
 def test_flags_the_command_would_ignore_are_refused(workdir, tmp_path, capsys):
   src = tmp_path / "src.en"
   src.write_text("seven\n", encoding="utf-8")
@@ -310,8 +341,10 @@ def test_flags_the_command_would_ignore_are_refused(workdir, tmp_path, capsys):
   cases = [
       (evaluate_script, own + ["--split", "test"], "--split is ignored with --source/--reference",
        "drop --split, or drop --source and --reference to score the split"),
-      (evaluate_script, own + ["--data_dir", str(tmp_path)], "--data_dir is ignored with "
-       "--source/--reference", "drop --data_dir"),
+      (evaluate_script, own + ["--nocheck_overlap", "--data_dir", str(tmp_path)],
+       "--data_dir is ignored with --source/--reference", "drop --data_dir"),
+      (evaluate_script, ["--workdir", workdir, "--check_overlap"], "--check_overlap is ignored "
+       "without --source/--reference", "drop --check_overlap"),
       (evaluate_script, ["--workdir", workdir, "--name", "nt14"], "--name is ignored without "
        "--source/--reference", "drop --name"),
       (evaluate_script, ["--workdir", workdir, "--baseline", "copy", "--beam_size", "4"],

@@ -51,20 +51,30 @@ def group_keys(pairs: Sequence[Pair]) -> list[str]:
 def report(splits: dict[str, Sequence[Pair]]) -> dict:
   """Leakage of validation and test into train: counts of held-out pairs whose exact source,
   normalized source, exact target or normalized target occurs in the training split."""
-  train = splits["train"]
-  sources = {s for s, _ in train}
-  targets = {t for _, t in train}
-  norm_sources = {normalize(s) for s, _ in train}
-  norm_targets = {normalize(t) for _, t in train}
-  out = {}
-  for split in ("validation", "test"):
-    pairs = splits[split]
-    exact = sum(s in sources for s, _ in pairs)
-    near = sum(normalize(s) in norm_sources for s, _ in pairs)
-    target = sum(t in targets for _, t in pairs)
-    near_target = sum(normalize(t) in norm_targets for _, t in pairs)
-    either = sum(normalize(s) in norm_sources or normalize(t) in norm_targets for s, t in pairs)
-    out[split] = {"pairs": len(pairs), "exact_source": exact, "normalized_source": near,
-                  "verbatim_target": target, "normalized_target": near_target,
-                  "any_normalized": either}
-  return out
+  keys = train_keys(splits["train"])
+  return {split: overlap(keys, splits[split])[0] for split in ("validation", "test")}
+
+
+def train_keys(train: Sequence[Pair]) -> tuple[set, set, set, set]:
+  """What `overlap` looks a pair up in: the training pairs' exact and normalized sources and
+  targets."""
+  return ({s for s, _ in train}, {normalize(s) for s, _ in train},
+          {t for _, t in train}, {normalize(t) for _, t in train})
+
+
+def overlap(keys: tuple[set, set, set, set], pairs: Sequence[Pair]) -> tuple[dict, list[int]]:
+  """(the counts of `pairs` whose exact source, normalized source, exact target or normalized
+  target is a training pair's (`train_keys`), and the numbers from 1 of the pairs with any of
+  them)."""
+  sources, norm_sources, targets, norm_targets = keys
+  counts = dict.fromkeys(("exact_source", "normalized_source", "verbatim_target",
+                          "normalized_target"), 0)
+  found = []
+  for i, (s, t) in enumerate(pairs):
+    hits = (s in sources, normalize(s) in norm_sources, t in targets,
+            normalize(t) in norm_targets)
+    for name, hit in zip(counts, hits):
+      counts[name] += hit
+    if hits[1] or hits[3]:  # an exact match is a normalized one too
+      found.append(i + 1)
+  return {"pairs": len(pairs), **counts, "any_normalized": len(found)}, found

@@ -445,6 +445,40 @@ def check_tokenized(pairs: Sequence[tuple[str, str]], split: str,
   return {"tokenized_looking_references": len(lines)}
 
 
+def check_training_overlap(run: dict, workdir: str, pairs: Sequence[tuple[str, str]],
+                           origin: tuple[str, str], data_dir: str | None = None,
+                           warn=warn_stderr) -> dict:
+  """Warn (one line) of the pairs of a test set of one's own whose source or reference is, up to
+  case and punctuation (`leakage.normalize`), one of the run's training pairs': BLEU on them
+  measures what the model remembers. The run's splits are held out by the same measure
+  (data/leakage.py); a test set from elsewhere is not. Reads every training pair of the run's
+  dataset where it is built (`data_dir`: where TFDS finds it instead of the run's
+  data.data_dir); says why not where it cannot. Returns `train_overlap` for the result:
+  `leakage.overlap`'s counts, or None where not checked."""
+  from transformer_jax.data import datasets, leakage, read_pairs
+  try:
+    config = data_config(run, workdir, data_dir)
+    builder = datasets.make_builder(config)
+    built = builder.is_prepared()
+  except (RunError, ValueError, OSError) as e:  # the corpus changed or is gone: said, not fatal
+    built, why = False, str(e).splitlines()[0]
+  else:
+    why = (f"the run's dataset is not built in {builder.data_dir_root} (pass --data_dir where "
+           "it is, or build it: python scripts/prepare_data.py --config <the run's config>)")
+  if not built:
+    warn(f"{origin[0]}: not compared with the run's training pairs: {why}")
+    return {"train_overlap": None}
+  keys = leakage.train_keys(read_pairs(builder.as_data_source(split="train"), config))
+  counts, found = leakage.overlap(keys, pairs)
+  if found:
+    warn(f"{origin[0]}: {_numbers(found, 'line')} of {len(pairs):,} pairs have a source or "
+         f"reference that the run trained on ({counts['exact_source']} sources and "
+         f"{counts['verbatim_target']} references verbatim, the rest up to case and "
+         "punctuation): their BLEU measures what the model remembers (train_overlap in the "
+         "result)")
+  return {"train_overlap": counts}
+
+
 def check_pairs(pairs: Sequence[tuple[str, str]], split: str,
                 origin: tuple[str, str] | None = None, warn=warn_stderr) -> dict:
   """`check_empty` and `check_tokenized`: the counts for the result, each warned about once."""
