@@ -29,11 +29,16 @@ from transformer_jax.run.trainer import Trainer
 import tiny_config as tiny_config_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The tiny corpus is 2 chunks of 1,024 pairs: the default window of 16 chunks packs 8 epochs of
+# it (16,384 pairs) each time a run starts or resumes, 2 to 3 s of the 3 to 6 s of a command. One
+# chunk a window here, in-process and in the scripts run, but in the end-to-end test's resumes.
+WINDOW_CHUNKS = 1
 
 
 def tiny_config(data_dir, **overrides):
   c = tiny_config_module.get_config()
   c.data.data_dir = str(data_dir)
+  c.data.window_chunks = WINDOW_CHUNKS
   for k, v in overrides.items():
     target = c
     *parents, leaf = k.split(".")
@@ -46,6 +51,21 @@ def tiny_config(data_dir, **overrides):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   return tmp_path_factory.mktemp("tfds")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir):
+  """A finished 3-step run (checkpoint at step 3); tests work on copies of it."""
+  path = str(tmp_path_factory.mktemp("trained") / "run")
+  loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=3), path)
+  return path
+
+
+@pytest.fixture
+def run(trained, tmp_path):
+  path = str(tmp_path / "run")
+  shutil.copytree(trained, path)
+  return path
 
 
 def train_losses(workdir):
@@ -282,9 +302,14 @@ def test_mesh_shapes():
 
 
 def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir, monkeypatch):
+  # The tiny config's own window of 16 chunks (8 epochs of the corpus): the resumes below re-read
+  # a window that spans epochs, and must get its batches back.
+  def config(**overrides):
+    return tiny_config(data_dir, **{
+        "data.window_chunks": tiny_config_module.get_config().data.window_chunks, **overrides})
+
   full = tmp_path / "full"
-  result = loop.train_and_evaluate(tiny_config(data_dir, eval_every_steps=6, bleu_every_steps=6),
-                                    str(full))
+  result = loop.train_and_evaluate(config(eval_every_steps=6, bleu_every_steps=6), str(full))
   assert result["step"] == 6
   records = metrics.read_metrics(str(full))
   logged = [r for r in records if "train_loss" in r]
@@ -305,12 +330,12 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir, monkeypatch
 
   # Interrupted after 3 steps, then the same command again: the same losses as uninterrupted.
   part = tmp_path / "part"
-  loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=3), str(part))
+  loop.train_and_evaluate(config(num_train_steps=3), str(part))
   # As if it had logged step 4 and half of step 5 before a crash: those steps run again, and
   # their old records go.
   with open(part / "metrics.jsonl", "a") as f:
     f.write(json.dumps({"step": 4, "train_loss": 999.0}) + "\n" + '{"step": 5, "train_lo')
-  loop.train_and_evaluate(tiny_config(data_dir), str(part))
+  loop.train_and_evaluate(config(), str(part))
   steps_logged = [r["step"] for r in metrics.read_metrics(str(part)) if "train_loss" in r]
   assert steps_logged == [1, 2, 3, 4, 5, 6]
   full_losses, resumed = train_losses(str(full)), train_losses(str(part))
@@ -320,14 +345,14 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir, monkeypatch
   assert full_losses[2] != pytest.approx(full_losses[6])
   # Logged every 3 steps on, resumed at 6: the compiling step 7 is not a record of its own but
   # in step 9's (the window an uninterrupted run logs it in), which is timed without it.
-  loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=9, log_every_steps=3), str(part))
+  loop.train_and_evaluate(config(num_train_steps=9, log_every_steps=3), str(part))
   after = [r for r in metrics.read_metrics(str(part)) if "train_loss" in r and r["step"] > 6]
   assert [r["step"] for r in after] == [9], after
   assert after[0]["tokens_per_sec"] > 0 and "includes_compilation" not in after[0]
 
   # init_from takes another run's parameters when the workdir is empty. Its vocabulary comes
   # along, copied: the fork trains no tokenizer of its own and stands on its own afterwards.
-  c = tiny_config(data_dir, num_train_steps=7, init_from=str(full / "checkpoints" / "6"))
+  c = config(num_train_steps=7, init_from=str(full / "checkpoints" / "6"))
   trainer = Trainer.create(c, str(tmp_path / "from"))
   assert trainer.data.tokenizer.path == str(tmp_path / "from" / "spm.model")
   assert (tmp_path / "from" / "spm.model").read_bytes() == (full / "spm.model").read_bytes()
@@ -357,7 +382,7 @@ def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir, monkeypatch
   assert result["bleu_example"] == outputs[0] and outputs[0] not in outputs[1:4], outputs
   # Parameters of another shape: the first parameter that differs, and the model fields of the
   # init_from run's config.json that differ (it said only "do not match this model's shapes").
-  c = tiny_config(data_dir, num_train_steps=7, init_from=str(full), **{"model.d_ff": 48})
+  c = config(num_train_steps=7, init_from=str(full), **{"model.d_ff": 48})
   with pytest.raises(workdir_lib.RunError) as e:
     Trainer.create(c, str(tmp_path / "wider")).initial_state()
   assert (f"config.init_from={str(full)!r}: its parameters do not match this model's shapes: "
@@ -490,9 +515,8 @@ def test_killed_in_the_final_evaluation_keeps_the_checkpoint_and_finishes_on_res
   assert again["step"] == 3 and again["bleu"] == result["bleu"]
 
 
-def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, data_dir):
-  workdir = str(tmp_path / "nan")
-  loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=3), workdir)
+def test_non_finite_loss_stops_and_keeps_checkpoint(run, data_dir):
+  workdir = run  # a finished 3-step run
   before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
   with pytest.raises(throughput.NonFiniteLossError, match="non-finite training loss"):
     loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=6, learning_rate=1e38,
@@ -619,8 +643,8 @@ def test_sigterm_saves_a_loadable_checkpoint(tmp_path, data_dir):
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   cmd = [sys.executable, os.path.join(REPO, "scripts", "train.py"),
          "--config", os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", str(workdir),
-         f"--config.data.data_dir={data_dir}", "--config.num_train_steps=100000",
-         "--config.checkpoint_every_steps=100000"]
+         f"--config.data.data_dir={data_dir}", f"--config.data.window_chunks={WINDOW_CHUNKS}",
+         "--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000"]
   proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
   deadline = time.time() + 240
   try:
@@ -988,10 +1012,9 @@ def test_config_overrides_without_config_point_to_the_runs_own_config(tmp_path, 
 
 
 def test_the_original_command_after_a_resume_that_changed_fields_says_what_it_undoes(
-    tmp_path, data_dir, capsys):
-  run = str(tmp_path / "run")
-  loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=3), run)
-  # Extended with a change (configs/resume.py:run --config.learning_rate=2.0 ...).
+    run, data_dir, capsys):
+  # A finished 3-step run (the `trained` fixture's, copied), extended with a change
+  # (configs/resume.py:run --config.learning_rate=2.0 ...).
   loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=4, learning_rate=2.0), run)
   assert [s for s, _ in workdir_lib.history(run)] == [3]
   capsys.readouterr()
@@ -1130,7 +1153,8 @@ def test_a_full_disk_run_resumes_with_a_lower_keep_checkpoints(tmp_path, data_di
   def command(workdir, *flags):
     return [sys.executable, os.path.join(REPO, "scripts", "train.py"), "--config",
             os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", workdir,
-            f"--config.data.data_dir={data_dir}", "--config.checkpoint_every_steps=1", *flags]
+            f"--config.data.data_dir={data_dir}", f"--config.data.window_chunks={WINDOW_CHUNKS}",
+            "--config.checkpoint_every_steps=1", *flags]
 
   # The sizes of this command's files (one process: not the 8 devices of this one's tests).
   sized = str(tmp_path / "sized")
