@@ -34,6 +34,7 @@ from transformer_jax.run import trainer as trainer_lib
 
 from scripts_under_test import load_script
 import tiny_config
+import xla_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_config.py")
@@ -116,7 +117,17 @@ def tiny_config_with(**model_fields):
   return c
 
 
-def test_benchmark_data_smoke(tmp_path, capsys):
+def test_benchmark_data_smoke(tmp_path, capsys, monkeypatch):
+  # The numbers dataset of tiny_config's size: the default's 50,000 pairs took 8 s to build and
+  # to train the tokenizer on, and nothing here depends on them.
+  default_data_config = bench_data.default_data_config
+
+  def smaller():
+    c = default_data_config()
+    c.numbers_train_size = tiny_config.get_config().data.numbers_train_size
+    return c
+
+  monkeypatch.setattr(bench_data, "default_data_config", smaller)
   code = benchmark.main(["--what", "data", "--datasets", "numbers", "--batching", "pack,pad",
                          "--batch_size", "16", "--max_len", "32", "--seconds", "0.3",
                          "--data_dir", str(tmp_path / "tfds"), "--workdir", str(tmp_path)])
@@ -775,8 +786,9 @@ assert code == 0, code
 assert not any(m.split(".")[0] in ("tensorflow_datasets", "grain") for m in sys.modules)
 print("OK")
 """.replace("{tiny!r}", repr(TINY))
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  # One CPU device (not the session's eight) and the tests' quick compile (tests/xla_env.py):
+  # 6 s of the subprocess's CPU time instead of 11.
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_env.flags(1))
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -1212,7 +1224,8 @@ def _batches_file(tmp_path, count: int, name="b.npz"):
   return path
 
 
-def test_compare_precision_same_setting_is_identical_and_bf16_close(tmp_path, capsys):
+def test_compare_precision_same_setting_is_identical_and_bf16_close(tmp_path, capsys,
+                                                                  monkeypatch):
   from transformer_jax.bench import precision
   path = _batches_file(tmp_path, 5)
   batches, ids = precision.load(path, 5)
@@ -1233,6 +1246,13 @@ def test_compare_precision_same_setting_is_identical_and_bf16_close(tmp_path, ca
   assert 4.5 < first < 6.5 and last < first
   # bfloat16: close, not equal; a tolerance below its difference fails.
   script = load_script("compare_precision")
+  curves, real_curve = {}, precision._curve
+
+  def recorded(config, model_cfg, host_batches):
+    curves[model_cfg] = real_curve(config, model_cfg, host_batches)
+    return curves[model_cfg]
+
+  monkeypatch.setattr(precision, "_curve", recorded)
   code = script.main(["--config", TINY, "--steps", "5", "--batches_file", path,
                       "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")])
   out = capsys.readouterr().out
@@ -1245,8 +1265,14 @@ def test_compare_precision_same_setting_is_identical_and_bf16_close(tmp_path, ca
   assert json.load(open(tmp_path / "r.json"))["figures"] == f
   assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
   tight = f["tail_rel_diff"] / 2
+  # The same two runs again, judged by a tolerance below their difference: their curves are the
+  # ones just computed (runs of one setting are identical to the bit, as checked above), so
+  # they are handed back instead of trained again.
+  monkeypatch.setattr(precision, "_curve", lambda config, model_cfg, host_batches:
+                      curves.pop(model_cfg))
   assert script.main(["--config", TINY, "--steps", "5", "--batches_file", path,
                       "--tolerance", str(tight)]) == 1
+  assert not curves   # both reused
   assert "FAIL" in capsys.readouterr().out
 
 

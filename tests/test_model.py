@@ -1,5 +1,6 @@
 """The Transformer's guarantees: causality, padding, packing, decoding, gradients, sizes."""
 import dataclasses
+import functools
 import os
 
 import flax
@@ -31,6 +32,13 @@ def setup(request):
                                random_tokens(1, (2, 7)))["params"]
   apply = jax.jit(lambda p, *a, **k: model.apply({"params": p}, *a, **k))
   return cfg, model, params, apply
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def logits_of(cfg, params, *args):
+  """The logits of `cfg`'s model, compiled once per config and shapes for the module's tests
+  (the whole model op by op costs more)."""
+  return tj.Transformer(cfg).apply({"params": params}, *args)
 
 
 def test_causality(setup):
@@ -144,12 +152,11 @@ def test_cached_decoding_equals_teacher_forcing(setup):
                                method=tj.Transformer.decode_step, mutable=["cache"])
 
 
-@pytest.mark.parametrize("norm", ["post", "pre"])
-def test_gradients_finite_and_nonzero_for_every_parameter(norm):
-  cfg, _ = make(norm)
+def test_gradients_finite_and_nonzero_for_every_parameter(setup):
+  cfg, _, params, _ = setup   # the module's initial parameters, post and pre: no init to compile
   model = tj.Transformer(cfg)  # dropout on
   src, tgt = random_tokens(14, (2, 8)), random_tokens(15, (2, 6))
-  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(1), src, tgt)["params"])
+  params = nn.meta.unbox(params)
 
   def loss(p):
     logits = model.apply({"params": p}, src, tgt, rngs={"dropout": jax.random.key(2)})
@@ -163,7 +170,9 @@ def test_gradients_finite_and_nonzero_for_every_parameter(norm):
 
 def test_every_parameter_has_logical_axis_names():
   cfg, model = make("pre", tie_output_embedding=False, position_encoding="learned")
-  variables = model.init(jax.random.key(0), random_tokens(0, (1, 4)), random_tokens(1, (1, 3)))
+  # The names are the boxes' metadata: traced (eval_shape), not computed, they are the same.
+  variables = jax.eval_shape(model.init, jax.random.key(0), random_tokens(0, (1, 4)),
+                             random_tokens(1, (1, 3)))
   leaves = jax.tree.leaves(variables["params"], is_leaf=lambda x: isinstance(x, nn.Partitioned))
   assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
   for box in leaves:
@@ -201,19 +210,20 @@ def test_parameter_counts_of_paper_sizes(size, expected_millions):
 
 def test_fused_attention_path_matches_reference(setup):
   cfg, _, params, apply = setup
-  fused = tj.Transformer(cfg.replace(deterministic=True, attention_impl="cudnn"))
   src, tgt = random_tokens(16, (2, 9)), random_tokens(17, (2, 7))
   src = src.at[0, 6:].set(0)
   tgt = tgt.at[0, 4:].set(0)
+
+  def logits(**fields):
+    return logits_of(cfg.replace(deterministic=True, **fields), params, src, tgt)
+
   ref = apply(params, src, tgt)
-  out = fused.apply({"params": params}, src, tgt)
+  out = logits(attention_impl="cudnn")
   np.testing.assert_allclose(out[1], ref[1], atol=1e-5)
   np.testing.assert_allclose(out[0, :4], ref[0, :4], atol=1e-5)
   # In bfloat16 too (cuDNN's kernel on GPUs; elsewhere XLA's, which is what runs here).
-  bf16 = dict(deterministic=True, dtype="bfloat16")
-  out = tj.Transformer(cfg.replace(attention_impl="cudnn", **bf16)).apply({"params": params},
-                                                                          src, tgt)
-  ref = tj.Transformer(cfg.replace(**bf16)).apply({"params": params}, src, tgt)
+  out = logits(attention_impl="cudnn", dtype="bfloat16")
+  ref = logits(dtype="bfloat16")
   np.testing.assert_allclose(np.asarray(out[1], np.float32), np.asarray(ref[1], np.float32),
                              atol=0.1)
 
@@ -247,6 +257,10 @@ def test_padding_as_lengths_gives_the_dense_masks_results(setup, remat):
 
 
 def test_unpacked_rows_reach_the_fused_kernel_as_lengths_and_packed_rows_as_a_mask(monkeypatch):
+  cfg = tj.model_config("tiny", vocab_size=VOCAB, attention_impl="cudnn", deterministic=True)
+  src, tgt = right_padded(33, (3, 9), [6, 9, 0]), right_padded(34, (3, 7), [4, 7, 5])
+  model = tj.Transformer(cfg)
+  params = jax.jit(model.init)(jax.random.key(0), src, tgt)["params"]  # before the spy: traced
   calls = []
   real = jax.nn.dot_product_attention
 
@@ -257,11 +271,6 @@ def test_unpacked_rows_reach_the_fused_kernel_as_lengths_and_packed_rows_as_a_ma
     return real(q, k, v, bias, mask, **kw)
 
   monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
-  cfg = tj.model_config("tiny", vocab_size=VOCAB, attention_impl="cudnn", deterministic=True)
-  src, tgt = right_padded(33, (3, 9), [6, 9, 0]), right_padded(34, (3, 7), [4, 7, 5])
-  model = tj.Transformer(cfg)
-  params = model.init(jax.random.key(0), src, tgt)["params"]
-  calls.clear()
   model.apply({"params": params}, src, tgt)
   encoder = (True, False, [6, 9, 1], [6, 9, 1])   # no mask; lengths, an empty row given 1
   decoder_self = (True, True, [4, 7, 5], [4, 7, 5])
@@ -277,6 +286,15 @@ def test_unpacked_rows_reach_the_fused_kernel_as_lengths_and_packed_rows_as_a_ma
   assert calls == [(False, False, None, None)] * 6
 
 
+def value_and_vjp(fn, args, cot):
+  """`fn(*args)` and its vector-Jacobian product with `cot`, compiled as one program: cheaper
+  than the forward and backward passes op by op."""
+  def both(*args):
+    out, vjp = jax.vjp(fn, *args)
+    return out, vjp(cot)
+  return jax.jit(both)(*args)
+
+
 def test_fused_attention_of_lengths_equals_its_dense_mask():
   # Dead rows (padding queries, and every query of a row with no keys) come out as zeros, and
   # no gradient is lost or made up elsewhere.
@@ -289,13 +307,14 @@ def test_fused_attention_of_lengths_equals_its_dense_mask():
     kv_len = 5 if mask.causal else 7
     args = (q, k[:, :kv_len], v[:, :kv_len])
     dense = mask.dense(5, kv_len)
-    out, vjp = jax.vjp(lambda *a, m=mask: tj.layers.fused_attention(cfg, *a, m), *args)
-    ref, ref_vjp = jax.vjp(lambda *a, m=dense: tj.layers.fused_attention(cfg, *a, m), *args)
+    cot = jax.random.normal(jax.random.key(3), q.shape)
+    out, grads = value_and_vjp(lambda *a, m=mask: tj.layers.fused_attention(cfg, *a, m), args, cot)
+    ref, ref_grads = value_and_vjp(lambda *a, m=dense: tj.layers.fused_attention(cfg, *a, m),
+                                   args, cot)
     np.testing.assert_allclose(out, ref, atol=1e-6)
     live = np.asarray(dense.any(-1))[:, 0]
     assert not live.all() and np.all(np.asarray(out)[~live] == 0)
-    cot = jax.random.normal(jax.random.key(3), out.shape)
-    for a, b in zip(vjp(cot), ref_vjp(cot)):
+    for a, b in zip(grads, ref_grads):
       np.testing.assert_allclose(a, b, atol=1e-6)
 
 
@@ -374,8 +393,8 @@ def test_fused_attention_module_matches_reference_on_rows_that_attend_nowhere(bi
   cot = jax.random.normal(jax.random.key(3), x.shape)
 
   def value_and_grads(module):
-    out, vjp = jax.vjp(lambda p, x, kv: module.apply({"params": p}, x, kv, mask), params, x, kv)
-    return out, vjp(cot)
+    return value_and_vjp(lambda p, x, kv: module.apply({"params": p}, x, kv, mask),
+                         (params, x, kv), cot)
 
   (ref_out, ref_grads), (out, grads) = value_and_grads(ref), value_and_grads(fused)
   dead = np.array([[0, 0, 0, 1, 1], [0, 0, 0, 0, 1]], bool)
@@ -389,9 +408,8 @@ def test_fused_attention_module_matches_reference_on_rows_that_attend_nowhere(bi
 
 def test_bfloat16_compute_stays_close_to_float32(setup):
   cfg, _, params, apply = setup
-  model = tj.Transformer(cfg.replace(deterministic=True, dtype="bfloat16"))
   src, tgt = random_tokens(18, (2, 9)), random_tokens(19, (2, 7))
-  out = model.apply({"params": params}, src, tgt)
+  out = logits_of(cfg.replace(deterministic=True, dtype="bfloat16"), params, src, tgt)
   assert out.dtype == jnp.bfloat16
   ref = apply(params, src, tgt)
   probs = jax.nn.softmax(out.astype(jnp.float32))
@@ -401,7 +419,7 @@ def test_bfloat16_compute_stays_close_to_float32(setup):
 def test_variants_run():
   src, tgt = random_tokens(20, (2, 6)), random_tokens(21, (2, 5))
   # remat="layer" is left to test_padding_as_lengths_gives_the_dense_masks_results (gradients
-  # included): op by op, its init alone took 12 s here.
+  # included).
   for overrides in [dict(position_encoding="learned", activation="gelu", use_bias=False,
                          kernel_init="normal", scale_embeddings=False),
                     dict(attention_bias=True, share_embeddings=False, tie_output_embedding=False,
@@ -409,10 +427,14 @@ def test_variants_run():
                          relu_dropout_rate=0.1)]:
     cfg, _ = make("pre", num_encoder_layers=1, num_decoder_layers=1, **overrides)
     model = tj.Transformer(cfg)
-    # Op by op: on these shapes that is faster than compiling init and apply for each variant.
-    with jax.disable_jit():
+
+    @jax.jit
+    def init_and_apply(src, tgt, model=model):
       v = model.init(jax.random.key(0), src, tgt)
-      out = model.apply(v, src, tgt, rngs={"dropout": jax.random.key(1)})
+      return model.apply(v, src, tgt, rngs={"dropout": jax.random.key(1)})
+    # init and apply compiled as one program: 2.5 s a variant at the tests' -O0
+    # (tests/xla_env.py), against 4-9 s op by op.
+    out = init_and_apply(src, tgt)
     assert out.shape == (2, 5, cfg.output_vocab_size), overrides
     assert np.all(np.isfinite(out)), overrides
 
@@ -515,7 +537,8 @@ def test_token_validity_of_packed_rows_is_their_segment_ids():
 
 
 def test_learned_position_tables_start_at_std_0_02():
-  cfg, model = make(position_encoding="learned")
+  # One layer a side: the tables sit below the layers, whose number does not change them.
+  cfg, model = make(position_encoding="learned", num_encoder_layers=1, num_decoder_layers=1)
   params = jax.jit(model.init)(jax.random.key(0), random_tokens(0, (1, 8)),
                                random_tokens(1, (1, 8)))["params"]
   for side in ("encoder", "decoder"):
