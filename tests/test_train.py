@@ -29,16 +29,11 @@ from transformer_jax.run.trainer import Trainer
 import tiny_config as tiny_config_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The tiny corpus is 2 chunks of 1,024 pairs: the default window of 16 chunks packs 8 epochs of
-# it (16,384 pairs) each time a run starts or resumes, 2 to 3 s of the 3 to 6 s of a command. One
-# chunk a window here, in-process and in the scripts run, but in the end-to-end test's resumes.
-WINDOW_CHUNKS = 1
 
 
 def tiny_config(data_dir, **overrides):
   c = tiny_config_module.get_config()
   c.data.data_dir = str(data_dir)
-  c.data.window_chunks = WINDOW_CHUNKS
   for k, v in overrides.items():
     target = c
     *parents, leaf = k.split(".")
@@ -302,11 +297,10 @@ def test_mesh_shapes():
 
 
 def test_end_to_end_and_resume_reproduces_losses(tmp_path, data_dir, monkeypatch):
-  # The tiny config's own window of 16 chunks (8 epochs of the corpus): the resumes below re-read
-  # a window that spans epochs, and must get its batches back.
+  # The default window of 16 chunks (8 epochs of the tiny corpus, whose config sets 1): the
+  # resumes below re-read a window that spans epochs, and must get its batches back.
   def config(**overrides):
-    return tiny_config(data_dir, **{
-        "data.window_chunks": tiny_config_module.get_config().data.window_chunks, **overrides})
+    return tiny_config(data_dir, **{"data.window_chunks": 16, **overrides})
 
   full = tmp_path / "full"
   result = loop.train_and_evaluate(config(eval_every_steps=6, bleu_every_steps=6), str(full))
@@ -643,7 +637,7 @@ def test_sigterm_saves_a_loadable_checkpoint(tmp_path, data_dir):
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   cmd = [sys.executable, os.path.join(REPO, "scripts", "train.py"),
          "--config", os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", str(workdir),
-         f"--config.data.data_dir={data_dir}", f"--config.data.window_chunks={WINDOW_CHUNKS}",
+         f"--config.data.data_dir={data_dir}",
          "--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000"]
   proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
   deadline = time.time() + 240
@@ -1153,7 +1147,7 @@ def test_a_full_disk_run_resumes_with_a_lower_keep_checkpoints(tmp_path, data_di
   def command(workdir, *flags):
     return [sys.executable, os.path.join(REPO, "scripts", "train.py"), "--config",
             os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", workdir,
-            f"--config.data.data_dir={data_dir}", f"--config.data.window_chunks={WINDOW_CHUNKS}",
+            f"--config.data.data_dir={data_dir}",
             "--config.checkpoint_every_steps=1", *flags]
 
   # The sizes of this command's files (one process: not the 8 devices of this one's tests).

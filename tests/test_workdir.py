@@ -39,19 +39,13 @@ replay_script = load_script("replay_early_stopping")
 compare_script = load_script("compare_runs")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The tiny corpus is 2 chunks of 1,024 pairs: the default window of 16 chunks packs 8 epochs of
-# it (16,384 pairs) each time a run starts or resumes, 2 to 3 s of the 3 to 6 s of a command. No
-# test here is about the data's windows: one chunk a window, in-process and in the scripts run.
-WINDOW_CHUNKS = 1
 TRAIN = [sys.executable, os.path.join(REPO, "scripts", "train.py"), "--config",
-         os.path.join(REPO, "tests", "tiny_config.py"),
-         f"--config.data.window_chunks={WINDOW_CHUNKS}"]
+         os.path.join(REPO, "tests", "tiny_config.py")]
 
 
 def config(data_dir, **overrides):
   c = tiny_config.get_config()
   c.data.data_dir = str(data_dir)
-  c.data.window_chunks = WINDOW_CHUNKS
   c.num_train_steps = 3
   for key, value in overrides.items():
     *parents, leaf = key.split(".")
