@@ -36,6 +36,20 @@ def test_report_counts_each_kind_of_leak():
                   "normalized_target": 1, "any_normalized": 3}
 
 
+def test_overlap_names_the_pairs_that_meet_the_training_pairs():
+  """evaluate.py's check of a test set of one's own: the counts, and the pairs (from 1) whose
+  source or target meets a training pair's after normalizing, an exact match included."""
+  keys = leakage.train_keys([("Open the file", "Datei öffnen"), ("Quit", "Beenden")])
+  pairs = [("Close", "Schließen"), ("open the FILE.", "y"), ("Open the file", "Datei öffnen"),
+           ("Exit", "beenden!"), ("Help", "Hilfe")]
+  assert leakage.overlap(keys, pairs) == (
+      {"pairs": 5, "exact_source": 1, "normalized_source": 2, "verbatim_target": 1,
+       "normalized_target": 2, "any_normalized": 3}, [2, 3, 4])
+  assert leakage.overlap(keys, []) == ({"pairs": 0, "exact_source": 0, "normalized_source": 0,
+                                        "verbatim_target": 0, "normalized_target": 0,
+                                        "any_normalized": 0}, [])
+
+
 def test_grouped_split_keeps_near_duplicates_on_one_side():
   pairs = _families(400)
   splits = builders.split_pairs(pairs, held_out_per_mille=100)
