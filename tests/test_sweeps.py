@@ -632,6 +632,10 @@ def test_sweep_files_and_reports_are_written_whole_and_reach_the_disk(tmp_path, 
   assert synced == ["file", "directory"] * 4
   png = open(prefix + ".png", "rb").read()
   assert png.startswith(b"\x89PNG")
+  # The format is the name's, as savefig's own: an .svg is SVG.
+  report_module.plot(rows, ["a"], "bleu", str(tmp_path / "other.svg"))
+  assert b"<svg" in (tmp_path / "other.svg").read_bytes()[:1000]
+  os.unlink(tmp_path / "other.svg")
 
   def no_space(fd):
     raise OSError(28, "No space left on device")
@@ -1946,8 +1950,19 @@ def test_a_point_whose_workdir_a_live_process_holds_is_running(tmp_path):
   with open(os.path.join(d, "metrics.jsonl"), "w") as f:
     f.write('{"step": 1, "train_loss": 5.0}\n')
   lock = os.path.join(d, ".lock")
-  sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  # Its command name holds parentheses, which /proc/PID/stat shows unescaped.
+  sleeper = subprocess.Popen([sys.executable, "-c", "import time; open('/proc/self/comm', 'w')"
+                              ".write('a) b) c'); time.sleep(60)"])
   try:
+    comm = f"/proc/{sleeper.pid}/comm"
+    for _ in range(200):
+      if open(comm).read().strip() == "a) b) c":
+        break
+      time.sleep(0.05)
+    assert open(comm).read().strip() == "a) b) c"
+    # Started after this process: a later start time (clock ticks after boot).
+    started = workdir_lib.process_start(sleeper.pid)
+    assert int(started) > int(workdir_lib.process_start(os.getpid()))
     # A holder whose pid went to another process since (it was killed with -9 long ago): not
     # running. Lock.acquire records its process's start time, which tells them apart.
     with open(lock, "w") as f:
