@@ -48,21 +48,6 @@ def data_dir(tmp_path_factory):
   return tmp_path_factory.mktemp("tfds")
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, data_dir):
-  """A finished 3-step run (checkpoint at step 3); tests work on copies of it."""
-  path = str(tmp_path_factory.mktemp("trained") / "run")
-  loop.train_and_evaluate(tiny_config(data_dir, num_train_steps=3), path)
-  return path
-
-
-@pytest.fixture
-def run(trained, tmp_path):
-  path = str(tmp_path / "run")
-  shutil.copytree(trained, path)
-  return path
-
-
 def train_losses(workdir):
   return {m["step"]: m["train_loss"] for m in metrics.read_metrics(workdir) if "train_loss" in m}
 

@@ -61,21 +61,6 @@ def data_dir(tmp_path_factory):
   return tmp_path_factory.mktemp("tfds")
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, data_dir):
-  """A finished 3-step run (checkpoint at step 3); tests work on copies of it."""
-  path = str(tmp_path_factory.mktemp("trained") / "run")
-  loop.train_and_evaluate(config(data_dir), path)
-  return path
-
-
-@pytest.fixture
-def run(trained, tmp_path):
-  path = str(tmp_path / "run")
-  shutil.copytree(trained, path)
-  return path
-
-
 def edit_run_config(run: str, edit) -> dict:
   """Apply `edit` to the run's config.json in place (as an older or another version wrote it)."""
   path = os.path.join(run, workdir_lib.CONFIG)
