@@ -173,9 +173,8 @@ def _unset_none_overrides(values: flags.FlagValues) -> None:
   """`--config.data.vocab_path=None` and `--config.data.vocab_path=` leave a field whose default
   is None (a path: unset) unset: config flags parse both as strings, and "None" would be a
   file or directory of that name in the current directory (a tokenizer trained into ./None)."""
-  defaults = dict(experiment.field_values(experiment.base_config()))
   for name, value in config_flags.get_override_values(values["config"]).items():
-    if value in ("", "None") and name in defaults and defaults[name] is None:
+    if value in ("", "None") and experiment.unset_by_none(name):
       *parents, leaf = name.split(".")
       target = values.config
       for parent in parents:

@@ -123,6 +123,15 @@ def field_values(config, prefix: str = ""):
       yield f"{prefix}{key}", value
 
 
+def unset_by_none(name: str) -> bool:
+  """Whether the field `name` (dotted) takes None from a command line: its default
+  (`base_config`) is None, a path left unset. Config flags parse `--config.F=None` as the
+  string "None" (and `--config.F=` as ""); transformer_jax/cli.py reads both as None for these
+  fields only, and a sweep point's None becomes that flag for them only (sweeps/spec.py)."""
+  defaults = dict(field_values(base_config()))
+  return name in defaults and defaults[name] is None
+
+
 def field_names(c: ml_collections.ConfigDict) -> list[str]:
   """The dotted name of every field of a ConfigDict (`field_values`)."""
   return [name for name, _ in field_values(c)]

@@ -195,7 +195,7 @@ def override_flags(point: Mapping[str, Any]) -> list[str]:
   is refused here."""
   out = []
   for key, value in point.items():
-    if value is None and not _unset_by_none(key):
+    if value is None and not experiment.unset_by_none(key):
       raise SweepError(f"sweep point {dict(point)}: {key}=None cannot be passed to "
                        f"scripts/train.py (--config.{key}=None arrives as the string 'None'; "
                        "only a field whose default is None, a path, takes None): leave "
@@ -211,12 +211,6 @@ def override_flags(point: Mapping[str, Any]) -> list[str]:
       text = str(value)
     out.append(f"--config.{key}={text}")
   return out
-
-
-def _unset_by_none(key: str) -> bool:
-  """Whether `--config.KEY=None` reaches a run as None: KEY's default is None."""
-  defaults = dict(experiment.field_values(experiment.base_config()))
-  return key in defaults and defaults[key] is None
 
 
 # ---------------------------------------------------------------- config files
