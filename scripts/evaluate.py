@@ -71,6 +71,7 @@ from transformer_jax.inference import evaluation
 from transformer_jax.inference import translator as translator_lib
 from transformer_jax.inference.flags import (
   check_evaluate_flags,
+  define_check_overlap,
   define_checkpoint_flags,
   translators_from_flags,
 )
@@ -97,10 +98,7 @@ def define(values):
   flags.DEFINE_string("name", None, "the name of the --source test set in the output files "
                       "(default: the source file's name without its extension)",
                       flag_values=values)
-  flags.DEFINE_boolean("check_overlap", True, "with --source: compare the test set with the "
-                       "run's training pairs (reads them all) and warn of pairs the run "
-                       "trained on, up to case and punctuation (train_overlap in the result)",
-                       flag_values=values)
+  define_check_overlap(values, "BLEU")
   flags.DEFINE_integer("examples", 10, "pairs drawn at random (seed 0), plus the worst by "
                        "sentence chrF, written with their references to "
                        "examples.<split>.<search>.md; 0: none", lower_bound=0, flag_values=values)

@@ -21,6 +21,11 @@ checkpoint, and the time (`compile_seconds` apart). <out> is evaluate.py's
 (`<workdir>/eval/step_<N>`, `averaged_last<k>_<N>`, ..., `.ensemble<M>_<digest>` after it with
 `--ensemble`; `--output_dir` to choose); <name> is
 the split, or the `--target` file's name without its extension (`--name` to choose).
+
+Pairs of one's own are compared with the run's training pairs first, as evaluate.py compares a
+test set (`train_overlap` in the result, `--nocheck_overlap` to skip reading them): a pair whose
+source or target the run trained on, up to case and punctuation, is named by its line, as its
+perplexity is no held-out one.
 """
 import json
 import logging
@@ -33,8 +38,10 @@ from absl import flags
 from transformer_jax import cli
 from transformer_jax.data import raw_split
 from transformer_jax.inference import evaluation, scoring
+from transformer_jax.inference import translator as translator_lib
 from transformer_jax.inference.flags import (
-  check_pair_flags,
+  check_own_pairs_flags,
+  define_check_overlap,
   define_checkpoint_flags,
   translator_from_flags,
 )
@@ -56,17 +63,22 @@ def define(values):
   flags.DEFINE_string("output_dir", None, "where the files go (default: <workdir>/eval/step_<N> "
                       "or averaged_last<k>_<N>, + .ensemble<M>_<digest> with --ensemble)",
                       flag_values=values)
+  define_check_overlap(values, "perplexity")
 
 
 def body(values, args):
-  check_pair_flags(values, "target", "the source file and the translations to score")
+  check_own_pairs_flags(values, "target", "the source file and the translations to score")
   name, named_by = values.name, "--name"
   if values.target and not name:
     name = os.path.splitext(os.path.basename(values.target))[0]
     named_by = "from --target's file name"
   own = evaluation.own_test_set(values.source, values.target, name, target_flag="target",
                                 named_by=named_by)
-  name, pairs, extra, _ = own or (values.split, None, {}, None)
+  name, pairs, extra, origin = own or (values.split, None, {}, None)
+  if own and values.check_overlap:
+    extra.update(evaluation.check_training_overlap(
+        translator_lib.workdir_config(values.workdir), values.workdir, pairs, origin,
+        values.data_dir, measure="perplexity", target="target"))
   translator = translator_from_flags(values)
   if pairs is None:
     pairs = raw_split(evaluation.data_config(translator.run, values.workdir, values.data_dir),

@@ -1276,6 +1276,40 @@ def test_compare_precision_same_setting_is_identical_and_bf16_close(tmp_path, ca
   assert "FAIL" in capsys.readouterr().out
 
 
+def test_compare_precision_takes_bucketed_batches(tmp_path):
+  # "bucket" batching: each batch has its bucket's shape. The check of a batches file accepts
+  # each of them, both curves train on them (a compile per shape), and a shape of no bucket is
+  # refused with the buckets' shapes.
+  from transformer_jax.bench import precision
+  from transformer_jax.data.config import batch_shapes
+  c = tiny_config.get_config()
+  c.data.batching, c.data.bucket_boundaries = "bucket", (16,)
+  shapes = batch_shapes(c.data)
+  assert [s["inputs"] for s in shapes] == [(16, 16), (8, 32)]
+  rng = np.random.default_rng(0)
+  batches = []
+  for shape in shapes:
+    rows, length = shape["inputs"]
+    batch = {k: rng.integers(4, c.data.vocab_size, (rows, length), dtype=np.int32)
+             for k in ("inputs", "targets")}
+    batch["targets"][:, length - 3:] = 0    # right padding
+    batches.append(batch)
+  ids = {"vocab_size": c.data.vocab_size, "pad_id": 0, "bos_id": 2, "eos_id": 3}
+  path = str(tmp_path / "bucketed.npz")
+  precision.save(path, batches, ids)
+  loaded, loaded_ids = precision.load(path, 2, c)
+  assert loaded_ids == ids and [b["inputs"].shape for b in loaded] == [(16, 16), (8, 32)]
+  # One curve (run() trains two such, as the tests above show for packed batches).
+  losses, _, _ = precision._curve(c, tj.experiment.transformer_config(c, c.data.vocab_size),
+                                  loaded)
+  assert len(losses) == 2 and all(4 < x < 7 for x in losses), losses
+  c.data.bucket_boundaries = (8,)   # buckets of 8 and 32: the file's 16 fits none
+  with pytest.raises(precision.BatchesFileError,
+                     match=re.escape("(batch 0), the config's are one of the 'bucket' batching's "
+                                     "2: [{'inputs': (32, 8), 'targets': (32, 8)}, ")):
+    precision.load(path, 2, c)
+
+
 def test_compare_precision_says_what_is_wrong(tmp_path, capsys):
   script = load_script("compare_precision")
   path = _batches_file(tmp_path, 2)

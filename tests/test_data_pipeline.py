@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import batch as batch_lib
+from transformer_jax.data import config as data_config
 from transformer_jax.data import datasets, default_data_config, get_data, pipeline
 
 KEYS = batch_lib.KEYS
@@ -430,11 +431,11 @@ def test_pack_rows_is_first_fit_decreasing():
 
 def test_bucket_lengths_and_rows():
   # Boundaries at or past the longest length are cut; the longest length is always a bucket.
-  assert pipeline.bucket_lengths((8, 16, 24, 32, 40), 32) == [8, 16, 24, 32]
-  assert pipeline.bucket_lengths((16, 8), 20) == [8, 16, 20]
+  assert data_config.bucket_lengths((8, 16, 24, 32, 40), 32) == [8, 16, 24, 32]
+  assert data_config.bucket_lengths((16, 8), 20) == [8, 16, 20]
   # 512 tokens: 64 rows of 8, 32 of 16, 21 of 24 rounded down to a multiple of 4 = 20, and at
   # least the multiple when a bucket's length alone exceeds the budget.
-  assert pipeline.bucket_rows([8, 16, 24, 1024], 512, 4) == [64, 32, 20, 4]
+  assert data_config.bucket_rows([8, 16, 24, 1024], 512, 4) == [64, 32, 20, 4]
 
 
 def test_eval_lengths_round_up_to_eight_and_never_truncate(base):
@@ -505,6 +506,13 @@ def test_bucket_budget_is_batch_tokens_split_over_processes_else_rows_times_leng
   # A budget of 1 token is a budget: the fewest rows allowed (the multiple), not rows x length.
   c.batch_tokens = 1
   assert pipeline.Batcher(c, rows=16, process_count=1).rows == [1, 1, 1]
+  # The shapes of a global batch (one process), as compare_precision.py checks saved batches:
+  # one per bucket, of its length on both sides; rows x each side's length otherwise.
+  c.batch_tokens = 1024
+  assert data_config.batch_shapes(c) == [{"inputs": (r, n), "targets": (r, n)}
+                                         for r, n in ((128, 8), (64, 16), (32, 32))]
+  c.batching, c.max_target_len = "pack", 16
+  assert data_config.batch_shapes(c) == [{"inputs": (32, 32), "targets": (32, 16)}]
 
 
 def test_train_dataset_defaults_to_one_process_and_refuses_a_process_without_data(base):

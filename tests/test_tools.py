@@ -1082,6 +1082,8 @@ def test_score_pairs_of_ones_own(workdir, tmp_path, capsys):
   assert "1 pair(s) with an empty source not scored (hyps pair 2)" in err
   assert records[2]["target_tokens"] == 1 and records[2]["log_prob"] < 0
   assert result["scored"] == 3 and result["skipped_empty_sources"] == 1
+  # Compared with the training pairs (as evaluate.py compares a test set): none of these.
+  assert result["train_overlap"]["pairs"] == 4 and result["train_overlap"]["any_normalized"] == 0
   # The same source with another target: the model prefers neither by accident of batching.
   translator = translator_lib.Translator(run, batch_size=4)
   alone = scoring.pair_scores(translator, [("seven", "acht")])[0]["log_prob"]
@@ -1092,9 +1094,28 @@ def test_score_pairs_of_ones_own(workdir, tmp_path, capsys):
       (["--source", str(src), "--target", str(tgt), "--split", "test"],
        "--split is ignored with --source/--target"),
       (["--name", "x"], "--name is ignored without --source/--target"),
+      (["--check_overlap"], "--check_overlap is ignored without --source/--target"),
+      (["--source", str(src), "--target", str(tgt), "--nocheck_overlap", "--data_dir", run],
+       "--data_dir is ignored with --source/--target"),
       (["--beam_size", "4"], "Unknown command line flag 'beam_size'")):
     rc, _, err = run_main(score_script, ["--workdir", run] + argv, capsys)
     assert rc != 0 and message in err, (argv, err)
+  # A pair the run trained on: its perplexity is no held-out one, so its line is named and
+  # counted; --nocheck_overlap skips reading the training pairs.
+  from transformer_jax.data import raw_split
+  ((s0, t0),) = raw_split(evaluation.data_config(translator_lib.workdir_config(run), run),
+                          "train")[:1]
+  mine_src, mine_tgt = tmp_path / "mine.en", tmp_path / "mine.de"
+  mine_src.write_text(f"seven\n{s0}\n", encoding="utf-8")
+  mine_tgt.write_text(f"sieben\n{t0}\n", encoding="utf-8")
+  mine = ["--workdir", run, "--source", str(mine_src), "--target", str(mine_tgt)]
+  rc, out, err = run_main(score_script, mine, capsys)
+  assert rc == 0 and json.loads(out)["train_overlap"]["exact_source"] == 1, err
+  assert (f"--source {mine_src}: 1 (line 2) of 2 pairs have a source or target that the run "
+          "trained on (1 sources and 1 targets verbatim, the rest up to case and punctuation): "
+          "their perplexity measures what the model remembers") in err, err
+  rc, out, err = run_main(score_script, mine + ["--nocheck_overlap"], capsys)
+  assert rc == 0 and "train_overlap" not in json.loads(out) and "trained on" not in err, err
   # Another target file of the same name replaces the files, and says so.
   other = tmp_path / "other"
   other.mkdir()

@@ -27,7 +27,7 @@ import numpy as np
 
 from transformer_jax import sharding
 from transformer_jax.bench.accelerator import tree_rel_err
-from transformer_jax.data.config import global_rows
+from transformer_jax.data.config import batch_shapes
 from transformer_jax.experiment import transformer_config
 from transformer_jax.files import save_figure
 from transformer_jax.steps import TrainSetup
@@ -72,9 +72,9 @@ def save(path: str, batches: list[dict], ids: dict) -> None:
 
 def load(path: str, count: int, config=None) -> tuple[list[dict], dict]:
   """Batches saved by `save`; a BatchesFileError naming the file if it is not such a file, holds
-  fewer than `count` batches, or (with `config`) holds batches of another shape than the
-  config's: a training batch's rows (`data.config.global_rows`: data.batch_size, or
-  data.batch_tokens // the longest row) of `max_source_len` / `max_target_len` tokens."""
+  fewer than `count` batches, or (with `config`) holds batches of a shape the config's
+  training batches never have (`data.config.batch_shapes`: with "pack" and "pad", rows of
+  `max_source_len` / `max_target_len` tokens; with "bucket", one shape per bucket)."""
   try:
     with np.load(path) as f:
       arrays = {name: f[name] for name in f.keys()}
@@ -100,16 +100,17 @@ def load(path: str, count: int, config=None) -> tuple[list[dict], dict]:
     if int(i) < count:
       batches[int(i)][key] = array
   if config is not None:
-    d = config.data
-    rows = global_rows(d)
-    want = {"inputs": (rows, d.max_source_len), "targets": (rows, d.max_target_len)}
+    shapes = batch_shapes(config.data)
     for i, batch in enumerate(batches):
-      have = {k: tuple(batch[k].shape) for k in want if k in batch}
-      if have != want:
+      have = {k: tuple(batch[k].shape) for k in shapes[0] if k in batch}
+      if have not in shapes:
+        want = (f"are {shapes[0]}" if len(shapes) == 1 else
+                f"are one of the {config.data.batching!r} batching's {len(shapes)}: {shapes}")
         raise BatchesFileError(
-            f"{path} holds batches of {have} (batch {i}), the config's are {want} "
-            "(data.batch_size or data.batch_tokens, max_source_len, max_target_len): save them "
-            "again with this config, or pass the config they were saved with")
+            f"{path} holds batches of {have} (batch {i}), the config's {want} (data.batching, "
+            "data.batch_size or data.batch_tokens, max_source_len, max_target_len, and the "
+            "bucket fields): save them again with this config, or pass the config they were "
+            "saved with")
   return batches, ids
 
 

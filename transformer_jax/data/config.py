@@ -103,6 +103,36 @@ def global_rows(c) -> int:
   return c.batch_size
 
 
+def bucket_lengths(boundaries, max_len: int) -> list[int]:
+  """Sorted bucket lengths, cut at `max_len`, with `max_len` itself as the last one."""
+  return sorted({b for b in boundaries if b < max_len} | {max_len})
+
+
+def bucket_rows(lengths, token_budget: int, multiple: int) -> list[int]:
+  """Rows per batch of each bucket: the budget divided by the length, rounded down to
+  `multiple` (the device count, so a batch shards evenly), and at least `multiple`."""
+  return [max(multiple, token_budget // length // multiple * multiple) for length in lengths]
+
+
+def buckets(c, rows: int, process_count: int = 1) -> tuple[list[int], list[int]]:
+  """"bucket" batching's lengths and each one's rows per batch, for one of `process_count`
+  processes whose other batches hold `rows` rows (its share of `global_rows`)."""
+  max_len = max(c.max_source_len, c.max_target_len)
+  lengths = bucket_lengths(c.bucket_boundaries, max_len)
+  budget = c.batch_tokens // process_count if c.batch_tokens > 0 else rows * max_len
+  return lengths, bucket_rows(lengths, budget, c.bucket_rows_multiple)
+
+
+def batch_shapes(c) -> list[dict]:
+  """The shapes a global training batch may have, as {"inputs": (rows, length), "targets":
+  (rows, length)}: one ("pack", "pad"), or one per bucket ("bucket": rows of the bucket's
+  length on both sides)."""
+  rows = global_rows(c)
+  if c.batching != "bucket":
+    return [{"inputs": (rows, c.max_source_len), "targets": (rows, c.max_target_len)}]
+  return [{"inputs": (r, n), "targets": (r, n)} for n, r in zip(*buckets(c, rows))]
+
+
 def _check_choice(c, field, allowed):
   value = c[field]
   if value not in allowed:

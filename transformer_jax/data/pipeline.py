@@ -40,7 +40,7 @@ import grain
 import numpy as np
 
 from transformer_jax import batch as batch_lib
-from transformer_jax.data.config import DataError
+from transformer_jax.data.config import DataError, buckets
 from transformer_jax.data.datasets import as_text, get_items
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
@@ -224,17 +224,6 @@ def pad_rows(pairs, source_len: int, target_len: int) -> tuple[dict, int]:
   return rows, len(pairs)
 
 
-def bucket_lengths(boundaries: Sequence[int], max_len: int) -> list[int]:
-  """Sorted bucket lengths, cut at `max_len`, with `max_len` itself as the last one."""
-  return sorted({b for b in boundaries if b < max_len} | {max_len})
-
-
-def bucket_rows(lengths: Sequence[int], token_budget: int, multiple: int) -> list[int]:
-  """Rows per batch of each bucket: the budget divided by the length, rounded down to
-  `multiple` (the device count, so a batch shards evenly), and at least `multiple`."""
-  return [max(multiple, token_budget // length // multiple * multiple) for length in lengths]
-
-
 class Batcher:
   """Turns one window of pairs into a list of batches, by `data.batching`."""
 
@@ -242,10 +231,7 @@ class Batcher:
     self._mode, self._seed, self._rows = c.batching, c.shuffle_seed, rows
     self._source_len, self._target_len = c.max_source_len, c.max_target_len
     if self._mode == "bucket":
-      max_len = max(c.max_source_len, c.max_target_len)
-      self.lengths = bucket_lengths(c.bucket_boundaries, max_len)
-      budget = c.batch_tokens // process_count if c.batch_tokens > 0 else rows * max_len
-      self.rows = bucket_rows(self.lengths, budget, c.bucket_rows_multiple)
+      self.lengths, self.rows = buckets(c, rows, process_count)
 
   @property
   def layout(self) -> dict:

@@ -447,14 +447,16 @@ def check_tokenized(pairs: Sequence[tuple[str, str]], split: str,
 
 def check_training_overlap(run: dict, workdir: str, pairs: Sequence[tuple[str, str]],
                            origin: tuple[str, str], data_dir: str | None = None,
-                           warn=warn_stderr) -> dict:
-  """Warn (one line) of the pairs of a test set of one's own whose source or reference is, up to
-  case and punctuation (`leakage.normalize`), one of the run's training pairs': BLEU on them
-  measures what the model remembers. The run's splits are held out by the same measure
-  (data/leakage.py); a test set from elsewhere is not. Reads every training pair of the run's
-  dataset where it is built (`data_dir`: where TFDS finds it instead of the run's
-  data.data_dir); says why not where it cannot. Returns `train_overlap` for the result:
-  `leakage.overlap`'s counts, or None where not checked."""
+                           warn=warn_stderr, measure: str = "BLEU",
+                           target: str = "reference") -> dict:
+  """Warn (one line) of the pairs of a test set of one's own whose source or `target` (the
+  reference; score.py's target) is, up to case and punctuation (`leakage.normalize`), one of the
+  run's training pairs': the `measure` on them (BLEU; score.py's perplexity) says what the model
+  remembers. The run's splits are held out by the same measure (data/leakage.py); a test set
+  from elsewhere is not. Reads every training pair of the run's dataset where it is built
+  (`data_dir`: where TFDS finds it instead of the run's data.data_dir); says why not where it
+  cannot. Returns `train_overlap` for the result: `leakage.overlap`'s counts, or None where not
+  checked."""
   from transformer_jax.data import datasets, leakage, read_pairs
   try:
     config = data_config(run, workdir, data_dir)
@@ -472,10 +474,10 @@ def check_training_overlap(run: dict, workdir: str, pairs: Sequence[tuple[str, s
   counts, found = leakage.overlap(keys, pairs)
   if found:
     warn(f"{origin[0]}: {_numbers(found, 'line')} of {len(pairs):,} pairs have a source or "
-         f"reference that the run trained on ({counts['exact_source']} sources and "
-         f"{counts['verbatim_target']} references verbatim, the rest up to case and "
-         "punctuation): their BLEU measures what the model remembers (train_overlap in the "
-         "result)")
+         f"{target} that the run trained on ({counts['exact_source']} sources and "
+         f"{counts['verbatim_target']} {target}s verbatim, the rest up to case and "
+         f"punctuation): their {measure} measures what the model remembers (train_overlap in "
+         "the result)")
   return {"train_overlap": counts}
 
 

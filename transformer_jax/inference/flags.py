@@ -237,15 +237,29 @@ def check_pair_flags(values: flags.FlagValues, target_flag: str, files: str,
                    "of your own)", "drop {flags}")
 
 
+def check_own_pairs_flags(values: flags.FlagValues, target_flag: str, files: str) -> None:
+  """`check_pair_flags` for a script with `--check_overlap` (evaluate.py, score.py): with it,
+  `--data_dir` finds the run's training pairs and stays; without --source it is refused."""
+  check_pair_flags(values, target_flag, files,
+                   ["split"] if values.check_overlap else ["split", "data_dir"])
+  if not values.source:
+    refuse_ignored(values, ["check_overlap"], f"without --source/--{target_flag} (a split of "
+                   "the run's own is held out from its training pairs)", "drop {flags}")
+
+
+def define_check_overlap(values: flags.FlagValues, measure: str) -> None:
+  """`--check_overlap`: compare a test set of one's own with the run's training pairs."""
+  flags.DEFINE_boolean("check_overlap", True, "with --source: compare the pairs with the "
+                       "run's training pairs (reads them all) and warn of those the run "
+                       f"trained on, up to case and punctuation, whose {measure} measures what "
+                       "the model remembers (train_overlap in the result)", flag_values=values)
+
+
 def check_evaluate_flags(values: flags.FlagValues) -> None:
   """Refuse a flag of scripts/evaluate.py that the others make it ignore: ignored, it would
   look applied."""
-  # --data_dir finds the run's training pairs for --check_overlap.
-  check_pair_flags(values, "reference", "the test set's source file and its reference "
-                   "translations", ["split"] if values.check_overlap else ["split", "data_dir"])
-  if not values.source:
-    refuse_ignored(values, ["check_overlap"], "without --source/--reference (a split of the "
-                   "run's own is held out from its training pairs)", "drop {flags}")
+  check_own_pairs_flags(values, "reference", "the test set's source file and its reference "
+                        "translations")
   if values.baseline:
     refuse_ignored(values, MODEL_FLAGS, f"with --baseline {values.baseline}, which uses no "
                    "model", "drop {flags}, or drop --baseline to evaluate the model")
