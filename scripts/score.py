@@ -40,7 +40,7 @@ from transformer_jax.data import raw_split
 from transformer_jax.inference import evaluation, scoring
 from transformer_jax.inference import translator as translator_lib
 from transformer_jax.inference.flags import (
-  check_own_pairs_flags,
+  check_pair_flags,
   define_check_overlap,
   define_checkpoint_flags,
   translator_from_flags,
@@ -67,7 +67,7 @@ def define(values):
 
 
 def body(values, args):
-  check_own_pairs_flags(values, "target", "the source file and the translations to score")
+  check_pair_flags(values, "target", "the source file and the translations to score")
   name, named_by = values.name, "--name"
   if values.target and not name:
     name = os.path.splitext(os.path.basename(values.target))[0]

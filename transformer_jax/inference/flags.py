@@ -220,29 +220,22 @@ def translators_from_flags(values: flags.FlagValues,
   return count, each()
 
 
-def check_pair_flags(values: flags.FlagValues, target_flag: str, files: str,
-                     replaced: Sequence[str] = ("split", "data_dir")) -> None:
+def check_pair_flags(values: flags.FlagValues, target_flag: str, files: str) -> None:
   """evaluate.py's and score.py's pairs of their own: `--source` and `--<target_flag>` (the
-  `files`, as the error calls them) go together and replace the `replaced` flags (`--split`
-  and `--data_dir`); `--name` names them, and is refused without them."""
+  `files`, as the error calls them) go together and replace `--split` (and `--data_dir`, unless
+  `--check_overlap` reads the run's training pairs from there); `--name` names them, and
+  `--check_overlap` compares them: both are refused without them."""
   target = values[target_flag].value
   if values.source or target:
     if not (values.source and target):
       raise RunError(f"--source and --{target_flag} go together: {files}, line-aligned")
-    refuse_ignored(values, replaced, f"with --source/--{target_flag} (a test set "
-                   "of your own is scored instead of a split)", "drop {flags}, or drop --source "
+    refuse_ignored(values, ["split"] if values.check_overlap else ["split", "data_dir"],
+                   f"with --source/--{target_flag} (a test set of your own is scored instead "
+                   "of a split)", "drop {flags}, or drop --source "
                    f"and --{target_flag} to score the split")
   else:
     refuse_ignored(values, ["name"], f"without --source/--{target_flag} (it names a test set "
                    "of your own)", "drop {flags}")
-
-
-def check_own_pairs_flags(values: flags.FlagValues, target_flag: str, files: str) -> None:
-  """`check_pair_flags` for a script with `--check_overlap` (evaluate.py, score.py): with it,
-  `--data_dir` finds the run's training pairs and stays; without --source it is refused."""
-  check_pair_flags(values, target_flag, files,
-                   ["split"] if values.check_overlap else ["split", "data_dir"])
-  if not values.source:
     refuse_ignored(values, ["check_overlap"], f"without --source/--{target_flag} (a split of "
                    "the run's own is held out from its training pairs)", "drop {flags}")
 
@@ -258,8 +251,8 @@ def define_check_overlap(values: flags.FlagValues, measure: str) -> None:
 def check_evaluate_flags(values: flags.FlagValues) -> None:
   """Refuse a flag of scripts/evaluate.py that the others make it ignore: ignored, it would
   look applied."""
-  check_own_pairs_flags(values, "reference", "the test set's source file and its reference "
-                        "translations")
+  check_pair_flags(values, "reference", "the test set's source file and its reference "
+                   "translations")
   if values.baseline:
     refuse_ignored(values, MODEL_FLAGS, f"with --baseline {values.baseline}, which uses no "
                    "model", "drop {flags}, or drop --baseline to evaluate the model")
