@@ -1,4 +1,7 @@
 """Train/test leakage: the normalized keys, the near-duplicate groups and the grouped split."""
+import json
+import unicodedata
+
 from transformer_jax.data import builders, leakage, numbers
 
 
@@ -48,6 +51,24 @@ def test_overlap_names_the_pairs_that_meet_the_training_pairs():
   assert leakage.overlap(keys, []) == ({"pairs": 0, "exact_source": 0, "normalized_source": 0,
                                         "verbatim_target": 0, "normalized_target": 0,
                                         "any_normalized": 0}, [])
+  # The training pairs may come one by one (evaluate.py reads them a chunk at a time), the
+  # counts are plain ints (the result is JSON), and no training pairs meet nothing.
+  streamed = leakage.train_keys(p for p in [("Open the file", "Datei öffnen"), ("Quit", "Beenden")])
+  counts, found = leakage.overlap(streamed, pairs)
+  assert json.dumps(counts) and (counts, found) == leakage.overlap(keys, pairs)
+  assert leakage.overlap(leakage.train_keys([]), pairs)[1] == []
+
+
+def test_normalize_keeps_letters_digits_and_spaces_and_spaces_out_the_rest():
+  """`normalize` as its definition says, character by character, for every character of the
+  Basic Multilingual Plane between two letters (it replaces each other character by a space
+  through a table filled as characters are met)."""
+  def reference(text):
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join("".join(c if c.isalnum() or c.isspace() else " " for c in text).split())
+  texts = ["a" + chr(c) + "b" for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF]
+  texts.append("".join(chr(c) for c in range(0x20, 0x3000, 7)))
+  assert [leakage.normalize(t) for t in texts] == [reference(t) for t in texts]
 
 
 def test_grouped_split_keeps_near_duplicates_on_one_side():

@@ -266,6 +266,10 @@ def test_prepare_data_counts_the_training_pairs_too_long_to_train_on(tmp_path, c
   result = json.loads(capsys.readouterr().out)
   train = raw_split(c, "train")
   assert 0 < sum("long" in s for s, _ in train) < 40  # some held out: the count is train's
+  # Read a chunk at a time (evaluate.py's overlap check): the same pairs in the same order.
+  from transformer_jax.data import datasets, iter_pairs
+  source = datasets.load_sources(c)["train"]
+  assert len(train) > 7 and list(iter_pairs(source, c, chunk=7)) == train
   assert result["sizes"]["train"] == len(train)
   assert result["too_long_to_train_on"] == {"pairs": sum("long" in s for s, _ in train),
                                             "of": len(train), "max_source_len": 20,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Iterator
 
 import numpy as np
 
@@ -171,12 +172,19 @@ def vocab_settings_not_followed(data_config, path: str, pieces: int) -> str | No
           + ", ".join(differ))
 
 
-def read_pairs(source, data_config) -> list[tuple[str, str]]:
-  """Every (source, target) string pair of one split's data source, in the stored order."""
+def iter_pairs(source, data_config, chunk: int = 10_000) -> Iterator[tuple[str, str]]:
+  """Every (source, target) string pair of one split's data source, in the stored order, read
+  `chunk` records at a time (a whole WMT training split at once would hold gigabytes)."""
   from transformer_jax.data import datasets
-  examples = datasets.get_items(source, list(range(len(source))))
-  return [(datasets.as_text(e[data_config.source_lang]),
-           datasets.as_text(e[data_config.target_lang])) for e in examples]
+  for start in range(0, len(source), chunk):
+    examples = datasets.get_items(source, list(range(start, min(start + chunk, len(source)))))
+    yield from ((datasets.as_text(e[data_config.source_lang]),
+                 datasets.as_text(e[data_config.target_lang])) for e in examples)
+
+
+def read_pairs(source, data_config) -> list[tuple[str, str]]:
+  """`iter_pairs` as a list."""
+  return list(iter_pairs(source, data_config))
 
 
 def raw_split(data_config, split: str) -> list[tuple[str, str]]:

@@ -457,7 +457,7 @@ def check_training_overlap(run: dict, workdir: str, pairs: Sequence[tuple[str, s
   (`data_dir`: where TFDS finds it instead of the run's data.data_dir); says why not where it
   cannot. Returns `train_overlap` for the result: `leakage.overlap`'s counts, or None where not
   checked."""
-  from transformer_jax.data import datasets, leakage, read_pairs
+  from transformer_jax.data import datasets, iter_pairs, leakage
   try:
     config = data_config(run, workdir, data_dir)
     builder = datasets.make_builder(config)
@@ -470,7 +470,7 @@ def check_training_overlap(run: dict, workdir: str, pairs: Sequence[tuple[str, s
   if not built:
     warn(f"{origin[0]}: not compared with the run's training pairs: {why}")
     return {"train_overlap": None}
-  keys = leakage.train_keys(read_pairs(builder.as_data_source(split="train"), config))
+  keys = leakage.train_keys(iter_pairs(builder.as_data_source(split="train"), config))
   counts, found = leakage.overlap(keys, pairs)
   if found:
     warn(f"{origin[0]}: {_numbers(found, 'line')} of {len(pairs):,} pairs have a source or "
