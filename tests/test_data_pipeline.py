@@ -542,12 +542,12 @@ def test_dropped_pairs_are_said_once_and_a_chunk_that_keeps_less_than_half_once_
     read._check_kept(0, 0, 10, pairs(10), pairs(10))  # none dropped
     read._check_kept(0, 1, 0, [], [])                 # an empty chunk: nothing to say
     assert not caplog.records
-    read._check_kept(0, 2, 5, pairs(10), pairs(10))  # half: dropping is said
+    read._check_kept(0, 2, 5, pairs(8), pairs(8))    # 3 of 8 dropped: dropping is said
     read._check_kept(0, 3, 9, pairs(10), pairs(10))  # again: said once is enough
     read._check_kept(0, 4, 5, pairs(11), pairs(11))  # less than half kept
     read._check_kept(1, 0, 0, pairs(9), pairs(9))    # again: said once is enough
   assert [r.getMessage() for r in caplog.records] == [
-      f"training data: a chunk dropped 5 of 10 pairs (50.0%), longer than {limits}: training "
+      f"training data: a chunk dropped 3 of 8 pairs (37.5%), longer than {limits}: training "
       "skips such pairs (said once); raise the limits to train on them",
       f"training data: a chunk kept 5 of 11 pairs; the rest are longer than {limits}"]
   # A first drop of most of a chunk is said once, not twice.

@@ -282,6 +282,12 @@ def test_lines_longer_than_sentencepieces_limit_are_trained_on(tmp_path):
   in them got no piece (<unk>), and a sample of only such lines failed inside SentencePiece."""
   long_line = "Ω " * 2100 + "end"  # 6,303 bytes
   assert len(long_line.encode()) > tok_lib.SPM_MAX_SENTENCE_LENGTH
+  # The trainer's argument is raised only past its default of 4,192 bytes (bytes, not
+  # characters: "Ω" is two): a sample that fits keeps the default, and its model's bytes.
+  limit = tok_lib._sentence_limit
+  assert limit([]) == {} and limit(["x" * 4192, "y"]) == {} and limit(["Ω" * 2096]) == {}
+  assert limit(["x" * 4193]) == {"max_sentence_length": 4193}
+  assert limit(["a", "Ω" * 2097, "x" * 4000]) == {"max_sentence_length": 4194}
   made = train(TEXTS + [long_line] * 3, tmp_path / "mixed" / "spm.model", 120)
   assert tok_lib.UNK_ID not in made.encode("Ω")
   only_long = [(f"word{i} " * 700).strip() for i in range(10)]  # 4,199 bytes each
