@@ -81,7 +81,8 @@ def define(values):
   define_checkpoint_flags(values, grid=True)
   flags.DEFINE_enum("split", "test", list(evaluation.SPLITS), "the split to score",
                     flag_values=values)
-  flags.DEFINE_string("data_dir", None, "TFDS data dir (default: the run's config.data.data_dir)",
+  flags.DEFINE_string("data_dir", None, "TFDS data dir (default: the run's config.data.data_dir); "
+                      "with --source, where --check_overlap reads the run's training pairs",
                       flag_values=values)
   flags.DEFINE_string("output_dir", None, "where the hypotheses go (default: <workdir>/eval/"
                       "step_<N> or averaged_last<k>_<N>, + .ensemble<M>_<digest> with --ensemble; "
@@ -108,12 +109,15 @@ def body(values, args):
   check_evaluate_flags(values)
   own = evaluation.own_test_set(values.source, values.reference, values.name)
   name, pairs, extra, origin = own or (values.split, None, None, None)
-  if own and values.check_overlap:
-    extra.update(evaluation.check_training_overlap(
-        translator_lib.workdir_config(values.workdir), values.workdir, pairs, origin,
-        values.data_dir))
+
+  def check_overlap(run):  # after the checkpoint flags are checked: minutes for WMT's pairs
+    if own and values.check_overlap:
+      extra.update(evaluation.check_training_overlap(run, values.workdir, pairs, origin,
+                                                     values.data_dir))
+
   if values.baseline:
     run = translator_lib.workdir_config(values.workdir)
+    check_overlap(run)
     if pairs is None:
       pairs = raw_split(evaluation.data_config(run, values.workdir, values.data_dir), name)
     output_dir = values.output_dir or os.path.join(values.workdir, "baselines")
@@ -125,6 +129,7 @@ def body(values, args):
           f"{result['sentences']} sentences", file=sys.stderr)
   else:
     count, translators = translators_from_flags(values)
+    check_overlap(translator_lib.workdir_config(values.workdir))
     data = None
     results = []
     for n, translator in enumerate(translators):

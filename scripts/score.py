@@ -38,7 +38,6 @@ from absl import flags
 from transformer_jax import cli
 from transformer_jax.data import raw_split
 from transformer_jax.inference import evaluation, scoring
-from transformer_jax.inference import translator as translator_lib
 from transformer_jax.inference.flags import (
   check_pair_flags,
   define_check_overlap,
@@ -51,7 +50,8 @@ def define(values):
   define_checkpoint_flags(values, search=False)
   flags.DEFINE_enum("split", "test", list(evaluation.SPLITS), "the split whose references to "
                     "score", flag_values=values)
-  flags.DEFINE_string("data_dir", None, "TFDS data dir (default: the run's config.data.data_dir)",
+  flags.DEFINE_string("data_dir", None, "TFDS data dir (default: the run's config.data.data_dir); "
+                      "with --source, where --check_overlap reads the run's training pairs",
                       flag_values=values)
   flags.DEFINE_string("source", None, "score pairs of your own instead of a split: the source "
                       "file, one sentence per line (with --target)", flag_values=values)
@@ -75,11 +75,11 @@ def body(values, args):
   own = evaluation.own_test_set(values.source, values.target, name, target_flag="target",
                                 named_by=named_by)
   name, pairs, extra, origin = own or (values.split, None, {}, None)
-  if own and values.check_overlap:
-    extra.update(evaluation.check_training_overlap(
-        translator_lib.workdir_config(values.workdir), values.workdir, pairs, origin,
-        values.data_dir, measure="perplexity", target="target"))
   translator = translator_from_flags(values)
+  if own and values.check_overlap:  # after the checkpoint flags: minutes for WMT's pairs
+    extra.update(evaluation.check_training_overlap(
+        translator.run, values.workdir, pairs, origin, values.data_dir, measure="perplexity",
+        target="target"))
   if pairs is None:
     pairs = raw_split(evaluation.data_config(translator.run, values.workdir, values.data_dir),
                       name)

@@ -1281,10 +1281,10 @@ def test_compare_precision_takes_bucketed_batches(tmp_path):
   # each of them, both curves train on them (a compile per shape), and a shape of no bucket is
   # refused with the buckets' shapes.
   from transformer_jax.bench import precision
-  from transformer_jax.data.config import batch_shapes
+  from transformer_jax.data.config import train_batch_shapes
   c = tiny_config.get_config()
   c.data.batching, c.data.bucket_boundaries = "bucket", (16,)
-  shapes = batch_shapes(c.data)
+  shapes = train_batch_shapes(c.data)
   assert [s["inputs"] for s in shapes] == [(16, 16), (8, 32)]
   rng = np.random.default_rng(0)
   batches = []
@@ -1307,6 +1307,15 @@ def test_compare_precision_takes_bucketed_batches(tmp_path):
   with pytest.raises(precision.BatchesFileError,
                      match=re.escape("(batch 0), the config's are one of the 'bucket' batching's "
                                      "2: [{'inputs': (32, 8), 'targets': (32, 8)}, ")):
+    precision.load(path, 2, c)
+  # Packed rows of a bucket's shape (the last bucket's is the packed rows' with the default
+  # rows): refused, the model would take them as packed.
+  c.data.bucket_boundaries = (16,)
+  packed = [dict(b, inputs_segmentation=np.ones_like(b["inputs"])) for b in batches]
+  precision.save(path, packed, ids)
+  with pytest.raises(precision.BatchesFileError,
+                     match=re.escape("holds packed rows (batch 0 has inputs_segmentation), the "
+                                     "config's data.batching='bucket' gives one pair per row")):
     precision.load(path, 2, c)
 
 

@@ -57,6 +57,12 @@ def test_overlap_names_the_pairs_that_meet_the_training_pairs():
   counts, found = leakage.overlap(streamed, pairs)
   assert json.dumps(counts) and (counts, found) == leakage.overlap(keys, pairs)
   assert leakage.overlap(leakage.train_keys([]), pairs)[1] == []
+  # Blank lines and punctuation alone normalize to nothing: they meet no training pair, even one
+  # that also normalizes to nothing.
+  blank = leakage.train_keys([("...", "Hallo"), ("Hi", "-"), ("", "")])
+  assert leakage.overlap(blank, [("", ""), ("!", "?"), ("Hi", "x")]) == (
+      {"pairs": 3, "exact_source": 1, "normalized_source": 1, "verbatim_target": 0,
+       "normalized_target": 0, "any_normalized": 1}, [3])
 
 
 def test_normalize_keeps_letters_digits_and_spaces_and_spaces_out_the_rest():

@@ -509,10 +509,10 @@ def test_bucket_budget_is_batch_tokens_split_over_processes_else_rows_times_leng
   # The shapes of a global batch (one process), as compare_precision.py checks saved batches:
   # one per bucket, of its length on both sides; rows x each side's length otherwise.
   c.batch_tokens = 1024
-  assert data_config.batch_shapes(c) == [{"inputs": (r, n), "targets": (r, n)}
+  assert data_config.train_batch_shapes(c) == [{"inputs": (r, n), "targets": (r, n)}
                                          for r, n in ((128, 8), (64, 16), (32, 32))]
   c.batching, c.max_target_len = "pack", 16
-  assert data_config.batch_shapes(c) == [{"inputs": (32, 32), "targets": (32, 16)}]
+  assert data_config.train_batch_shapes(c) == [{"inputs": (32, 32), "targets": (32, 16)}]
 
 
 def test_train_dataset_defaults_to_one_process_and_refuses_a_process_without_data(base):

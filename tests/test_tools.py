@@ -345,9 +345,13 @@ def test_flags_the_command_would_ignore_are_refused(workdir, tmp_path, capsys):
       (evaluate_script, own + ["--split", "test"], "--split is ignored with --source/--reference",
        "drop --split, or drop --source and --reference to score the split"),
       (evaluate_script, own + ["--nocheck_overlap", "--data_dir", str(tmp_path)],
-       "--data_dir is ignored with --source/--reference", "drop --data_dir"),
+       "--data_dir is ignored with --source/--reference and --nocheck_overlap",
+       "drop --data_dir, or drop --nocheck_overlap"),
       (evaluate_script, ["--workdir", workdir, "--check_overlap"], "--check_overlap is ignored "
        "without --source/--reference", "drop --check_overlap"),
+      (evaluate_script, ["--workdir", workdir, "--name", "x", "--check_overlap"],
+       "--name --check_overlap are ignored without --source/--reference",
+       "drop --name --check_overlap"),
       (evaluate_script, ["--workdir", workdir, "--name", "nt14"], "--name is ignored without "
        "--source/--reference", "drop --name"),
       (evaluate_script, ["--workdir", workdir, "--baseline", "copy", "--beam_size", "4"],
@@ -1116,6 +1120,14 @@ def test_score_pairs_of_ones_own(workdir, tmp_path, capsys):
           "their perplexity measures what the model remembers") in err, err
   rc, out, err = run_main(score_script, mine + ["--nocheck_overlap"], capsys)
   assert rc == 0 and "train_overlap" not in json.loads(out) and "trained on" not in err, err
+  # --data_dir says where the training pairs are: not built there, not compared, and why.
+  rc, out, err = run_main(score_script, mine + ["--data_dir", str(tmp_path / "none")], capsys)
+  assert rc == 0 and json.loads(out)["train_overlap"] is None, err
+  assert (f"--source {mine_src}: not compared with the run's training pairs: the run's dataset "
+          f"is not built in {tmp_path / 'none'}") in err, err
+  # A checkpoint flag that names nothing is said before the training pairs are read.
+  rc, out, err = run_main(score_script, mine + ["--step", "99"], capsys)
+  assert rc == 1 and "step 99 is not in" in err and "trained on" not in err, err
   # Another target file of the same name replaces the files, and says so.
   other = tmp_path / "other"
   other.mkdir()

@@ -25,9 +25,10 @@ import zipfile
 import jax
 import numpy as np
 
+from transformer_jax import batch as batch_lib
 from transformer_jax import sharding
 from transformer_jax.bench.accelerator import tree_rel_err
-from transformer_jax.data.config import batch_shapes
+from transformer_jax.data.config import train_batch_shapes
 from transformer_jax.experiment import transformer_config
 from transformer_jax.files import save_figure
 from transformer_jax.steps import TrainSetup
@@ -73,8 +74,9 @@ def save(path: str, batches: list[dict], ids: dict) -> None:
 def load(path: str, count: int, config=None) -> tuple[list[dict], dict]:
   """Batches saved by `save`; a BatchesFileError naming the file if it is not such a file, holds
   fewer than `count` batches, or (with `config`) holds batches of a shape the config's
-  training batches never have (`data.config.batch_shapes`: with "pack" and "pad", rows of
-  `max_source_len` / `max_target_len` tokens; with "bucket", one shape per bucket)."""
+  training batches never have (`data.config.train_batch_shapes`: with "pack" and "pad", rows of
+  `max_source_len` / `max_target_len` tokens; with "bucket", one shape per bucket), or packed
+  rows where the config's batching gives one pair per row ("pad", "bucket")."""
   try:
     with np.load(path) as f:
       arrays = {name: f[name] for name in f.keys()}
@@ -100,8 +102,15 @@ def load(path: str, count: int, config=None) -> tuple[list[dict], dict]:
     if int(i) < count:
       batches[int(i)][key] = array
   if config is not None:
-    shapes = batch_shapes(config.data)
+    shapes = train_batch_shapes(config.data)
     for i, batch in enumerate(batches):
+      packing = [k for k in batch_lib.PACKING if k in batch]
+      if packing and not batch_lib.packs(config.data.batching):
+        # The model would take the rows as packed: a "bucket" curve of packed batches.
+        raise BatchesFileError(
+            f"{path} holds packed rows (batch {i} has {', '.join(packing)}), the config's "
+            f"data.batching={config.data.batching!r} gives one pair per row: save them again "
+            "with this config, or pass the config they were saved with")
       have = {k: tuple(batch[k].shape) for k in shapes[0] if k in batch}
       if have not in shapes:
         want = (f"are {shapes[0]}" if len(shapes) == 1 else

@@ -123,7 +123,7 @@ def buckets(c, rows: int, process_count: int = 1) -> tuple[list[int], list[int]]
   return lengths, bucket_rows(lengths, budget, c.bucket_rows_multiple)
 
 
-def batch_shapes(c) -> list[dict]:
+def train_batch_shapes(c) -> list[dict]:
   """The shapes a global training batch may have, as {"inputs": (rows, length), "targets":
   (rows, length)}: one ("pack", "pad"), or one per bucket ("bucket": rows of the bucket's
   length on both sides)."""

@@ -76,8 +76,8 @@ def train_keys(train: Iterable[Pair]) -> tuple[np.ndarray, ...]:
   targets, each as the sorted 64-bit hashes of the strings (Python's `hash`, fixed within a
   process: keys and lookups are made in one). Strings would hold gigabytes for WMT's 4.5M
   pairs, the hashes 36 MB a key, and `train` can be read a chunk at a time. Two different
-  strings share a hash with probability 2^-64: a 3,000-pair test set against 4.5M training
-  pairs has a pair wrongly found about once in 10^9 checks."""
+  strings share a hash with probability 2^-64: a 3,000-pair test set's 12,000 lookups against
+  4.5M training pairs' keys find a pair wrongly about once in 3 x 10^8 checks."""
   columns = tuple(array("q") for _ in range(4))
   for s, t in train:
     for column, text in zip(columns, (s, normalize(s), t, normalize(t))):
@@ -87,6 +87,8 @@ def train_keys(train: Iterable[Pair]) -> tuple[np.ndarray, ...]:
 
 
 def _has(keys: np.ndarray, text: str) -> bool:
+  if not text:  # a blank line, or punctuation alone, normalized: no sentence the run saw
+    return False
   h = hash(text)
   i = int(np.searchsorted(keys, h))
   return bool(i < len(keys) and keys[i] == h)
@@ -95,7 +97,7 @@ def _has(keys: np.ndarray, text: str) -> bool:
 def overlap(keys: tuple[np.ndarray, ...], pairs: Sequence[Pair]) -> tuple[dict, list[int]]:
   """(the counts of `pairs` whose exact source, normalized source, exact target or normalized
   target is a training pair's (`train_keys`), and the numbers from 1 of the pairs with any of
-  them)."""
+  them). An empty side, or one that normalizes to nothing ("...", "-"), meets nothing."""
   sources, norm_sources, targets, norm_targets = keys
   counts = dict.fromkeys(("exact_source", "normalized_source", "verbatim_target",
                           "normalized_target"), 0)

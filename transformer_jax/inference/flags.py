@@ -222,22 +222,27 @@ def translators_from_flags(values: flags.FlagValues,
 
 def check_pair_flags(values: flags.FlagValues, target_flag: str, files: str) -> None:
   """evaluate.py's and score.py's pairs of their own: `--source` and `--<target_flag>` (the
-  `files`, as the error calls them) go together and replace `--split` (and `--data_dir`, unless
-  `--check_overlap` reads the run's training pairs from there); `--name` names them, and
-  `--check_overlap` compares them: both are refused without them."""
+  `files`, as the error calls them) go together and replace `--split`; `--data_dir` stays as
+  where `--check_overlap` reads the run's training pairs, and is refused with
+  `--nocheck_overlap`; `--name` (it names them) and `--check_overlap` are refused without
+  them."""
   target = values[target_flag].value
   if values.source or target:
     if not (values.source and target):
       raise RunError(f"--source and --{target_flag} go together: {files}, line-aligned")
-    refuse_ignored(values, ["split"] if values.check_overlap else ["split", "data_dir"],
-                   f"with --source/--{target_flag} (a test set of your own is scored instead "
-                   "of a split)", "drop {flags}, or drop --source "
-                   f"and --{target_flag} to score the split")
+    refuse_ignored(values, ["split"], f"with --source/--{target_flag} (a test set of your own "
+                   "is scored instead of a split)", "drop {flags}, or drop --source and "
+                   f"--{target_flag} to score the split")
+    if not values.check_overlap:
+      refuse_ignored(values, ["data_dir"], f"with --source/--{target_flag} and "
+                     "--nocheck_overlap (it says where the run's training pairs are read for "
+                     "the comparison, which --nocheck_overlap skips)", "drop {flags}, or drop "
+                     "--nocheck_overlap to compare the pairs with the training pairs there")
   else:
-    refuse_ignored(values, ["name"], f"without --source/--{target_flag} (it names a test set "
-                   "of your own)", "drop {flags}")
-    refuse_ignored(values, ["check_overlap"], f"without --source/--{target_flag} (a split of "
-                   "the run's own is held out from its training pairs)", "drop {flags}")
+    refuse_ignored(values, ["name", "check_overlap"], f"without --source/--{target_flag} "
+                   "(--name names a test set of your own, --check_overlap compares it with the "
+                   "run's training pairs: a split of the run's own is held out from them)",
+                   "drop {flags}")
 
 
 def define_check_overlap(values: flags.FlagValues, measure: str) -> None:
