@@ -109,8 +109,9 @@ def test_arrays_that_are_not_batch_slash_key_are_named(tmp_path):
 
 def test_a_batches_file_of_another_shape_than_the_configs_is_refused(tmp_path):
   import ml_collections
-  config = ml_collections.ConfigDict({"data": {"batch_size": 2, "batch_tokens": 0,
-                                               "max_source_len": 6, "max_target_len": 5}})
+  config = ml_collections.ConfigDict({"data": {"batching": "pack", "batch_size": 2,
+                                               "batch_tokens": 0, "max_source_len": 6,
+                                               "max_target_len": 5}})
   path = str(tmp_path / "b.npz")
   precision.save(path, [{"inputs": np.zeros((2, 6), np.int32),
                          "targets": np.zeros((2, 5), np.int32)}], IDS)
