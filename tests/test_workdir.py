@@ -1135,6 +1135,11 @@ def test_compare_runs_says_how_to_get_a_test_score_and_refuses_a_directory_as_ou
   # A metric training logs is still told apart from its misspelling.
   assert compare_script.main([run, "--metric", "blue"]) == 1
   assert "no run logged it; did you mean 'bleu'?" in capsys.readouterr().err
+  # keep_best's best_<metric> names no split: a best_ metric no run logged is a misspelling of
+  # a logged one, not an evaluate.py score of a "best" split.
+  assert compare_script.main([run, "--metric", "best_chrf"]) == 1
+  err = capsys.readouterr().err
+  assert "--metric best_chrf: no run logged it." in err and "best split" not in err, err
   (tmp_path / "tables").mkdir()
   for out in (str(tmp_path / "tables"), f"{tmp_path}/new/"):
     assert compare_script.main([run, "--out", out]) == 1
