@@ -492,8 +492,13 @@ def test_bucket_budget_is_batch_tokens_split_over_processes_else_rows_times_leng
                 batch_tokens=1024).config
   # 1,024 tokens, whatever the rows: 128 rows of 8, 64 of 16, 32 of 32.
   assert pipeline.Batcher(c, rows=16, process_count=1).rows == [128, 64, 32]
-  # Each of 2 processes gets half the budget.
+  # Each of 2 processes gets half the budget; rows are whole numbers (they shape arrays), also
+  # of a budget that does not halve evenly.
   assert pipeline.Batcher(c, rows=16, process_count=2).rows == [64, 32, 16]
+  c.batch_tokens = 1025
+  rows = pipeline.Batcher(c, rows=16, process_count=2).rows
+  assert rows == [64, 32, 16] and all(type(r) is int for r in rows), rows
+  c.batch_tokens = 1024
   # But several processes would bucket their own shards into batches of different shapes at
   # the same step (a collective mismatch): refused.
   tmp, _ = base

@@ -82,8 +82,7 @@ def train_keys(train: Iterable[Pair]) -> tuple[np.ndarray, ...]:
   for s, t in train:
     for column, text in zip(columns, (s, normalize(s), t, normalize(t))):
       column.append(hash(text))
-  return tuple(np.unique(np.frombuffer(c, np.int64)) if c else np.zeros(0, np.int64)
-               for c in columns)
+  return tuple(np.unique(np.frombuffer(c, np.int64)) for c in columns)
 
 
 def _has(keys: np.ndarray, text: str) -> bool:
