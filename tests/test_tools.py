@@ -306,6 +306,18 @@ def test_missing_and_unwritable_files_name_their_flag(workdir, tmp_path, capsys)
                         "directory; pass --output_dir DIR"), err
 
 
+def assert_overlap_skipped_or_unbuilt(script, argv, source, tmp_path, capsys):
+  """`script` (evaluate.py, score.py) run with `argv`, a `--source` test set of one's own: with
+  --nocheck_overlap it reads no training pairs; with a --data_dir where the run's dataset is not
+  built it scores the pairs, compares none, and says why."""
+  rc, out, err = run_main(script, argv + ["--nocheck_overlap"], capsys)
+  assert rc == 0 and "train_overlap" not in json.loads(out) and "trained on" not in err, err
+  rc, out, err = run_main(script, argv + ["--data_dir", str(tmp_path / "none")], capsys)
+  assert rc == 0 and json.loads(out)["train_overlap"] is None, err
+  assert (f"--source {source}: not compared with the run's training pairs: the run's dataset "
+          f"is not built in {tmp_path / 'none'} (pass --data_dir") in err, err
+
+
 def test_a_test_set_of_ones_own_is_compared_with_the_training_pairs(workdir, tmp_path, capsys):
   """Sentences the run trained on score what the model remembers: evaluate.py names the lines of
   a --source test set whose source or reference is a training pair's, verbatim or up to case
@@ -328,13 +340,7 @@ def test_a_test_set_of_ones_own_is_compared_with_the_training_pairs(workdir, tmp
       "normalized_target": 2, "any_normalized": 4}
   assert (f"--source {src}: 4 (lines 2, 3, 5, 6) of 6 pairs have a source or reference that "
           "the run trained on (2 sources and 2 references verbatim") in err, err
-  # Skipped on request; a dataset not built where --data_dir says: not compared, and why.
-  rc, out, err = run_main(evaluate_script, own + ["--nocheck_overlap"], capsys)
-  assert rc == 0 and "train_overlap" not in json.loads(out) and "trained on" not in err, err
-  rc, out, err = run_main(evaluate_script, own + ["--data_dir", str(tmp_path / "none")], capsys)
-  assert rc == 0 and json.loads(out)["train_overlap"] is None, err
-  assert (f"--source {src}: not compared with the run's training pairs: the run's dataset is "
-          f"not built in {tmp_path / 'none'} (pass --data_dir") in err, err
+  assert_overlap_skipped_or_unbuilt(evaluate_script, own, src, tmp_path, capsys)
 
 
 def test_flags_the_command_would_ignore_are_refused(workdir, tmp_path, capsys):
@@ -1118,13 +1124,7 @@ def test_score_pairs_of_ones_own(workdir, tmp_path, capsys):
   assert (f"--source {mine_src}: 1 (line 2) of 2 pairs have a source or target that the run "
           "trained on (1 sources and 1 targets verbatim, the rest up to case and punctuation): "
           "their perplexity measures what the model remembers") in err, err
-  rc, out, err = run_main(score_script, mine + ["--nocheck_overlap"], capsys)
-  assert rc == 0 and "train_overlap" not in json.loads(out) and "trained on" not in err, err
-  # --data_dir says where the training pairs are: not built there, not compared, and why.
-  rc, out, err = run_main(score_script, mine + ["--data_dir", str(tmp_path / "none")], capsys)
-  assert rc == 0 and json.loads(out)["train_overlap"] is None, err
-  assert (f"--source {mine_src}: not compared with the run's training pairs: the run's dataset "
-          f"is not built in {tmp_path / 'none'}") in err, err
+  assert_overlap_skipped_or_unbuilt(score_script, mine, mine_src, tmp_path, capsys)
   # A checkpoint flag that names nothing is said before the training pairs are read.
   rc, out, err = run_main(score_script, mine + ["--step", "99"], capsys)
   assert rc == 1 and "step 99 is not in" in err and "trained on" not in err, err

@@ -692,6 +692,15 @@ def test_evaluation_reads_the_run_s_own_corpus_and_refuses_a_changed_one(tmp_pat
   with pytest.raises(workdir_lib.RunError, match=f"{corpus}: its content changed") as raised:
     evaluation.data_config(absolute, "w")
   assert "Relative corpus paths" not in str(raised.value)
+  # A test set of one's own is still scored: that its pairs were not compared with the changed
+  # (or gone) corpus's training pairs is one warning line, the error's first, and no counts.
+  for change in (lambda: None, corpus.unlink):
+    change()
+    warned = []
+    assert evaluation.check_training_overlap(run, "w", [("one", "eins")], ("--source x", "x"),
+                                             warn=warned.append) == {"train_overlap": None}
+    assert warned == ["--source x: not compared with the run's training pairs: w's corpus "
+                      "files differ from those it was trained on:"], warned
 
 
 def test_a_run_split_before_the_grouping_is_told_how_to_resume(run, data_dir):
