@@ -45,7 +45,7 @@ def define(values):
   flags.DEFINE_multi_string("slurm_option", [], "an #SBATCH line, e.g. --gres=gpu:8", **v)
   flags.DEFINE_integer("slurm_max_concurrent", 0, "most array tasks at once (0: all)", **v)
   flags.DEFINE_bool("list", False, "print the points and their status", **v)
-  flags.DEFINE_bool("report", False, "write report.csv/.md/.png", **v)
+  flags.DEFINE_bool("report", False, "write report.csv, report.md and report_<metric>.png", **v)
   flags.DEFINE_string("metric", "bleu", "report: the metric to sort and plot", **v)
   flags.DEFINE_bool("lower_is_better", None, "report: sort ascending (default: losses)", **v)
   cli.define_evaluations(values)  # report: --averaged, --beam_size
