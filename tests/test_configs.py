@@ -114,7 +114,7 @@ def test_the_defaults_a_run_gets_for_the_fields_it_does_not_set():
       "locale_include_ding": False, "max_source_len": 64, "max_target_len": 64,
       "num_threads": 2, "numbers_eval_size": 1000, "numbers_seed": 0,
       "numbers_train_size": 50000, "prefetch": 4, "shuffle_seed": 0, "source_lang": "en",
-      "source_path": None, "split": "grouped", "target_lang": "de", "target_path": None,
+      "source_path": None, "split": "grouped_v2", "target_lang": "de", "target_path": None,
       "tsv_path": None, "vocab_byte_fallback": False, "vocab_max_chars": 10_000_000,
       "vocab_model_type": "bpe", "vocab_path": None, "vocab_size": 2000,
       "vocab_split_digits": True, "window_chunks": 16}

@@ -29,6 +29,37 @@ def test_group_keys_link_shared_sources_and_targets_transitively():
   assert leakage.group_keys(pairs[::-1])[::-1] == keys
 
 
+def test_a_side_of_punctuation_alone_links_only_by_its_exact_text():
+  """Subtitle corpora hold lines of "..." and "?" beside sentences. Split "grouped" gave every
+  side that normalizes to nothing one key, so those pairs and every pair their other sides
+  reached were one group, in one split; "grouped_v2" links them by their exact text (what
+  `report` counts), and every group that no such side reaches keeps its key."""
+  families = _families(300)
+  marks = ["...", "?", "♪"]
+  # Every tenth family's target once more, its source a mark: families 0, 30, 60... meet "...".
+  reached = range(0, 300, 10)
+  pairs = families + [(marks[i // 10 % 3], f"Datei {i} speichern") for i in reached]
+  pairs += [("...", "..."), ("?", "-"), ("♪", "♪")]
+  old = leakage.group_keys(pairs, empty_links_all=True)
+  new = leakage.group_keys(pairs)
+  assert len({old[3 * i] for i in reached} | set(old[-3:])) == 1
+  assert [len({new[3 * i] for i in reached[m::3]}) for m in range(3)] == [1, 1, 1]
+  assert len({new[3 * i] for i in reached[:3]} | {new[-2]}) == 3 and new[-1] == new[3 * 20]
+  others = [j for j in range(len(families)) if j // 3 % 10]
+  assert [new[j] for j in others] == [old[j] for j in others]
+  # The splits: none of the measures `report` counts meets a training pair; "grouped" is kept
+  # for the runs split by it.
+  for mode, keys in (("grouped_v2", new), ("grouped", old)):
+    splits = builders.split_pairs(pairs, held_out_per_mille=200, mode=mode)
+    assert splits == {s: [p for p, k in zip(pairs, keys) if numbers.split_of(k, 200) == s]
+                      for s in builders.SPLITS}
+    report = leakage.report(splits)
+    assert all(v == 0 for split in ("validation", "test") for k, v in report[split].items()
+               if k != "pairs")
+  # The three marks' groups fall apart from one another (here, two of them held out).
+  assert len({numbers.split_of(new[-k], 200) for k in (1, 2, 3)}) > 1
+
+
 def test_report_counts_each_kind_of_leak():
   splits = {"train": [("Open the file", "Datei öffnen")],
             "validation": [],

@@ -703,22 +703,39 @@ def test_evaluation_reads_the_run_s_own_corpus_and_refuses_a_changed_one(tmp_pat
                       "files differ from those it was trained on:"], warned
 
 
-def test_a_run_split_before_the_grouping_is_told_how_to_resume(run, data_dir):
-  # A run that recorded its split gets no such hint for a change of it.
-  with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.split: 'grouped' -> 'source'") \
-      as refused:
-    workdir_lib.check_config(run, config(data_dir, **{"data.split": "source"}))
+def test_a_run_split_by_an_older_rule_is_told_how_to_resume(run, data_dir, tmp_path,
+                                                           monkeypatch):
+  """data.split decides a text or locale run's held-out pairs: a change is refused, naming the
+  value to resume with (the default moved to "grouped_v2" on 2026-12-07); a numbers run, split
+  by its own rule, reads no value of it, so none is a change."""
+  for value in ("grouped", "source"):
+    assert workdir_lib.check_config(run, config(data_dir, **{"data.split": value}))[1] == []
+  # The run as if it had trained on a text corpus, split as runs were until 2026-12-07.
+  _relative_corpus(tmp_path, monkeypatch)
+
+  def text(**overrides):
+    return config(data_dir, **{"data.dataset": "text", "data.tsv_path": "corpus.tsv",
+                               **overrides})
+
+  def as_text(stored):
+    stored["data"].update(dataset="text", tsv_path="corpus.tsv", split="grouped")
+    stored[workdir_lib.RESOLVED_DATA] = {"inputs": fingerprint.fingerprint(text().data)}
+
+  edit_run_config(run, as_text)
+  with pytest.raises(workdir_lib.ConfigChangeRefused,
+                     match="data.split: 'grouped' -> 'grouped_v2'") as refused:
+    workdir_lib.check_config(run, text())
+  assert ("(the run's held-out pairs are those of data.split=grouped: add "
+          "--config.data.split=grouped to resume it)") in str(refused.value)
   assert "was made before" not in str(refused.value)
-  path = os.path.join(run, workdir_lib.CONFIG)
-  with open(path) as f:
-    stored = json.load(f)
-  del stored["data"]["split"]                            # as written before 2026-11-23
-  with open(path, "w") as f:
-    json.dump(stored, f)
-  with pytest.raises(workdir_lib.ConfigChangeRefused, match="--config.data.split=source"):
-    workdir_lib.check_config(run, config(data_dir))
+  assert workdir_lib.check_config(run, text(**{"data.split": "grouped"}))[1] == []
+  edit_run_config(run, lambda stored: stored["data"].pop("split"))  # as before 2026-11-23
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="--config.data.split=source") \
+      as refused:
+    workdir_lib.check_config(run, text())
+  assert "held-out pairs are those of" not in str(refused.value)
   # Following the hint resumes it (the value it used, not a change), and so does its own config.
-  assert workdir_lib.check_config(run, config(data_dir, **{"data.split": "source"}))[1] == []
+  assert workdir_lib.check_config(run, text(**{"data.split": "source"}))[1] == []
   own = workdir_lib.experiment_config(run)
   assert own.data.split == "source" and workdir_lib.check_config(run, own)[1] == []
 
@@ -751,6 +768,7 @@ def test_fields_added_to_the_code_since_a_run_read_back_as_their_defaults(run, d
   with open(os.path.join(half, "spm.model.json")) as f:
     trained = json.load(f)
   del trained["vocab_max_chars"]
+  trained["split"] = "grouped"  # the default until 2026-12-07, which numbers does not read
   with open(os.path.join(half, "spm.model.json"), "w") as f:
     json.dump(trained, f)
   assert workdir_lib.check_config(half, config(data_dir)) == (None, [])

@@ -32,12 +32,16 @@ SPLITS = ("train", "validation", "test")
 
 
 def split_pairs(pairs, held_out_per_mille: int,
-                mode: str = "grouped") -> dict[str, list[tuple[str, str]]]:
+                mode: str = "grouped_v2") -> dict[str, list[tuple[str, str]]]:
   """validation / test / train by a hash of each pair's near-duplicate group
-  (`leakage.group_keys`; mode "grouped"): a group never straddles two splits, so no held-out
-  pair shares a normalized source or target with a training pair. Mode "source" hashes the
-  exact source (the split of runs made before the grouping)."""
-  keys = leakage.group_keys(pairs) if mode == "grouped" else [s for s, _ in pairs]
+  (`leakage.group_keys`; mode "grouped_v2"): a group never straddles two splits, so no held-out
+  pair shares a normalized source or target with a training pair. Mode "grouped" groups as runs
+  made 2026-11-23 to 2026-12-07 did (a side of punctuation alone joined one common group); mode
+  "source" hashes the exact source (the split of runs made before the grouping)."""
+  if mode == "source":
+    keys = [s for s, _ in pairs]
+  else:
+    keys = leakage.group_keys(pairs, empty_links_all=mode == "grouped")
   out = {split: [] for split in SPLITS}
   for pair, key in zip(pairs, keys):
     out[numbers.split_of(key, held_out_per_mille)].append(pair)

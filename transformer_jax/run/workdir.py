@@ -497,8 +497,20 @@ def config_changes(stored: dict, new: dict) -> list[tuple[str, object, object]]:
   old = _unset_empty(recorded_values(stored))
   now = _unset_empty({**field_defaults(),
                       **flatten({k: v for k, v in new.items() if not k.startswith("resolved_")})})
+  ignored = _unread_fields(old, now)
   return [(k, old.get(k), now.get(k)) for k in sorted(set(old) | set(now))
-          if k not in LAUNCH_FIELDS and old.get(k) != now.get(k)]
+          if k not in LAUNCH_FIELDS and k not in ignored and old.get(k) != now.get(k)]
+
+
+def _unread_fields(old: dict, new: dict) -> tuple[str, ...]:
+  """The fields of flat configs `old` and `new` that their dataset does not read, so that they
+  differ in is no change: data.split where neither is split here ("numbers", WMT). Its default
+  became "grouped_v2" on 2026-12-07, and a numbers run made before (the README's) resumes with
+  the same command."""
+  from transformer_jax.data.config import SPLIT_DATASETS  # see config_json
+  if {old.get("data.dataset"), new.get("data.dataset")} & set(SPLIT_DATASETS):
+    return ()
+  return ("data.split",)
 
 
 def _unset_empty(values: dict) -> dict:
@@ -643,10 +655,13 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
   if refused:
     lines = "\n".join(f"  {f}: {old!r} -> {new!r} (changes {why})" for f, old, new, why in refused)
     recorded, values = flatten(stored), recorded_values(stored)
-    for f, _, _, _ in refused:
+    for f, old, _, _ in refused:
       if f in LEGACY_VALUES and f not in recorded:
         lines += (f"\n  (the run was made before {f} existed, and did what {f}={values[f]} "
                   f"does: add --config.{f}={values[f]} to resume it)")
+      elif f == "data.split":  # its default moved: "grouped" until 2026-12-07
+        lines += (f"\n  (the run's held-out pairs are those of data.split={old}: add "
+                  f"--config.data.split={old} to resume it)")
     learned = stored.get("model", {}).get("position_encoding") == "learned"
     shapes = [f for f, _, _, _ in refused if f.startswith("model.")
               and f[len("model."):] not in SAFE_MODEL_FIELDS + SAME_SHAPE_MODEL_FIELDS
@@ -748,7 +763,9 @@ def _check_tokenizer(workdir: str, config) -> None:
   trained = {k[len("data."):]: v for k, v in recorded.items() if k.startswith("data.")}
   new = {k[len("data."):]: v for k, v in _unset_empty(
       flatten({"data": json.loads(config.data.to_json_best_effort())})).items()}
-  names = [f[len("data."):] for f in TOKENIZER_FIELDS]
+  unread = _unread_fields({f"data.{k}": v for k, v in trained.items()},
+                          {f"data.{k}": v for k, v in new.items()})
+  names = [f[len("data."):] for f in TOKENIZER_FIELDS if f not in unread]
   differ = [n for n in names if trained.get(n) != new.get(n)]
   # spm.model.json records the files' bytes since 2026-11-25: the same corpus under other
   # paths (moved, or named from another directory) is no change, and the same paths on other
