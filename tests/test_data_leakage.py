@@ -2,6 +2,8 @@
 import json
 import unicodedata
 
+import pytest
+
 from transformer_jax.data import builders, leakage, numbers
 
 
@@ -58,6 +60,8 @@ def test_a_side_of_punctuation_alone_links_only_by_its_exact_text():
                if k != "pairs")
   # The three marks' groups fall apart from one another (here, two of them held out).
   assert len({numbers.split_of(new[-k], 200) for k in (1, 2, 3)}) > 1
+  with pytest.raises(ValueError, match="split mode 'grouped3': not one of grouped_v2"):
+    builders.split_pairs(pairs, held_out_per_mille=200, mode="grouped3")
 
 
 def test_report_counts_each_kind_of_leak():

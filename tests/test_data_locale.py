@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from transformer_jax.data import default_data_config, get_data, locale
+from transformer_jax.data import builders, default_data_config, get_data, locale
 from transformer_jax.data.lines import NotUTF8Error
 
 from gettext_catalogs import write_mo
@@ -22,8 +22,9 @@ def test_cleaning_rules():
   for bad in ["Cannot open %s", "%d files", "copied %1$s to %2$s", "Hello %(name)s",
               "Hello {name}", "Set ${HOME}", "Usage: ls [OPTION]... --all", "  -a, --all",
               "first line\nsecond line", "a\tb", "<b>bold</b>", "Tom &amp; Jerry", "123",
-              "..."]:
+              "...", "\ufe70", "\uff9e!"]:   # (letters to `_LETTER`, marks after NFKC)
     assert locale.clean_message(bad) is None, bad
+  assert locale.clean_message("\ufe70 a") == "\ufe70 a"
   assert locale.clean_pair("File", "Datei") == ("File", "Datei")
   assert locale.clean_pair("OK", "OK") is None  # Untranslated copy.
   assert locale.clean_pair("A long English sentence here", "Ja") is None  # Ratio.
@@ -78,6 +79,13 @@ def test_dataset_from_a_small_catalog_both_directions(tmp_path):
     assert next(iter(data.train_dataset()))["inputs"].shape == (64, 16)
   assert ("Open the file", "Datei öffnen") in sum(seen["en"].values(), [])
   assert ("Datei öffnen", "Open the file") in sum(seen["de"].values(), [])
+  # The two groupings split catalogs alike: one build serves both, "source" is another.
+  c.split = "grouped_v2"
+  name = builders.make_builder(c, c.data_dir).builder_config.name
+  c.split = "grouped"
+  assert builders.make_builder(c, c.data_dir).builder_config.name == name
+  c.split = "source"
+  assert builders.make_builder(c, c.data_dir).builder_config.name != name
 
 
 def test_missing_catalogs_say_what_to_do(tmp_path):

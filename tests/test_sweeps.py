@@ -946,10 +946,12 @@ def test_compare_runs_tabulates_what_runs_made_by_hand_differ_in(tmp_path, capsy
   _made_run(str(runs / "base_seed1"), 4, 22.0, test(23.5), seed=1)
   _made_run(str(runs / "lr2"), 4, 30.0, test(19.0), learning_rate=2.0)
   _made_run(str(runs / "lr2_short"), 2, 35.0, learning_rate=2.0, seed=1)  # stopped at step 2
-  # An older run's config.json without a field added since: read as the default it had...
+  # An older run's config.json without a field added since: read as the default it had (and
+  # data.split's default before 2026-12-07, which a numbers run does not read: no column)...
   path = runs / "base_seed1" / "config.json"
   old = json.loads(path.read_text())
   del old["early_stopping_min_delta"]
+  old["data"]["split"] = "grouped"
   path.write_text(json.dumps(old))
   # ... and a sweep beside the runs: its started point counts, the other has no run yet.
   sweep = runs / "sweep"
@@ -1664,6 +1666,21 @@ def test_a_refused_command_leaves_sweep_json_as_it_was(tmp_path, capsys):
       "values\n")
   with open(spec) as f:
     assert f.read() == before
+  # A value every started point ran with (its config.json says) changes none of them: taken,
+  # and given to the rest (a text corpus's sweep made before data.split's default moved).
+  from transformer_jax import experiment
+  from transformer_jax.run import workdir as workdir_lib
+  first = sweeps.Runner(TINY, sweep_dir, str(fake)).points[0]
+  c = sweeps.apply_overrides(tiny_config.get_config(), {**first, "data.split": "grouped"})
+  started = sweeps.point_dir(sweep_dir, first)
+  workdir_lib.write_config(started, c, experiment.transformer_config(c, vocab_size=32))
+  assert sweeps.Runner(TINY, sweep_dir, str(fake), {"data.split": "grouped"}).overrides == {
+      "num_train_steps": 3, "data.split": "grouped"}
+  with pytest.raises(sweeps.SweepError, match="differs in data.split: its points"):
+    sweeps.Runner(TINY, sweep_dir, str(fake), {"data.split": "source"})
+  os.remove(os.path.join(started, workdir_lib.CONFIG))
+  with pytest.raises(sweeps.SweepError, match="differs in data.split: its points"):
+    sweeps.Runner(TINY, sweep_dir, str(fake), {"data.split": "grouped"})
   # No flags at all: the sweep's own (as --list takes them), not the config's defaults; and
   # a new num_train_steps alone extends a sweep run with other flags too.
   assert sweeps.Runner(TINY, sweep_dir, str(fake)).overrides == {"num_train_steps": 3}

@@ -710,12 +710,19 @@ def test_a_run_split_by_an_older_rule_is_told_how_to_resume(run, data_dir, tmp_p
   by its own rule, reads no value of it, so none is a change."""
   for value in ("grouped", "source"):
     assert workdir_lib.check_config(run, config(data_dir, **{"data.split": value}))[1] == []
-  # The run as if it had trained on a text corpus, split as runs were until 2026-12-07.
   _relative_corpus(tmp_path, monkeypatch)
 
   def text(**overrides):
     return config(data_dir, **{"data.dataset": "text", "data.tsv_path": "corpus.tsv",
                                **overrides})
+
+  # Another dataset is refused as such: the split's hint would not resume it.
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="data.dataset: 'numbers' -> 'text'") \
+      as refused:
+    workdir_lib.check_config(run, text(**{"data.split": "source"}))
+  assert "data.split: 'grouped_v2' -> 'source'" in str(refused.value)
+  assert "held-out pairs are those of" not in str(refused.value)
+  # The run as if it had trained on a text corpus, split as runs were until 2026-12-07.
 
   def as_text(stored):
     stored["data"].update(dataset="text", tsv_path="corpus.tsv", split="grouped")
@@ -729,6 +736,14 @@ def test_a_run_split_by_an_older_rule_is_told_how_to_resume(run, data_dir, tmp_p
           "--config.data.split=grouped to resume it)") in str(refused.value)
   assert "was made before" not in str(refused.value)
   assert workdir_lib.check_config(run, text(**{"data.split": "grouped"}))[1] == []
+  # Gettext catalogs split alike by both groupings (no message normalizes to nothing): a
+  # locale run made before goes on with its command; "source" is another split.
+  stored = workdir_lib.load_run_config(run)
+  stored["data"].update(dataset="locale", tsv_path=None)
+  locale_run = json.loads(config(data_dir, **{"data.dataset": "locale"}).to_json_best_effort())
+  assert workdir_lib.config_changes(stored, locale_run) == []
+  locale_run["data"]["split"] = "source"
+  assert workdir_lib.config_changes(stored, locale_run) == [("data.split", "grouped", "source")]
   edit_run_config(run, lambda stored: stored["data"].pop("split"))  # as before 2026-11-23
   with pytest.raises(workdir_lib.ConfigChangeRefused, match="--config.data.split=source") \
       as refused:
@@ -772,6 +787,15 @@ def test_fields_added_to_the_code_since_a_run_read_back_as_their_defaults(run, d
   with open(os.path.join(half, "spm.model.json"), "w") as f:
     json.dump(trained, f)
   assert workdir_lib.check_config(half, config(data_dir)) == (None, [])
+  # A text corpus's tokenizer was trained on the training split of that value: refused.
+  trained.update(dataset="text", tsv_path="corpus.tsv")
+  with open(os.path.join(half, "spm.model.json"), "w") as f:
+    json.dump(trained, f)
+  text = config(data_dir, **{"data.dataset": "text", "data.tsv_path": "corpus.tsv"})
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match="split"):
+    workdir_lib.check_config(half, text)
+  text.data.split = "grouped"
+  assert workdir_lib.check_config(half, text) == (None, [])
 
 
 def test_a_run_from_before_attention_bias_resumes_and_decodes_with_its_biases(tmp_path,

@@ -40,8 +40,10 @@ def split_pairs(pairs, held_out_per_mille: int,
   "source" hashes the exact source (the split of runs made before the grouping)."""
   if mode == "source":
     keys = [s for s, _ in pairs]
-  else:
+  elif mode in ("grouped", "grouped_v2"):
     keys = leakage.group_keys(pairs, empty_links_all=mode == "grouped")
+  else:
+    raise ValueError(f"split mode {mode!r}: not one of grouped_v2, grouped, source")
   out = {split: [] for split in SPLITS}
   for pair, key in zip(pairs, keys):
     out[numbers.split_of(key, held_out_per_mille)].append(pair)
@@ -237,7 +239,9 @@ def make_builder(data_config, data_dir: str) -> _PairsBuilder:
       inputs.append(_file_signature(ding_path))
     params = {"locale_dir": locale_dir, "lang": lang, "reverse": reverse,
               "include_ding": c.locale_include_ding, "ding_path": ding_path,
-              "held_out_per_mille": c.held_out_per_mille, "split": c.split,
+              "held_out_per_mille": c.held_out_per_mille,
+              # One build for both: they split gettext catalogs alike (locale.clean_message).
+              "split": "grouped" if c.split == "grouped_v2" else c.split,
               "inputs": _digest(inputs)}
   elif c.dataset == "text":
     cls = TextTranslate

@@ -12,9 +12,9 @@ import ml_collections
 DATASETS = ("numbers", "locale", "text", "wmt14", "wmt17")
 BATCHING = ("pack", "bucket", "pad")
 SPLITS = ("grouped_v2", "grouped", "source")
-# The datasets split here (`split`, `held_out_per_mille`); "numbers" and the WMT builds have
-# splits of their own.
-SPLIT_DATASETS = ("locale", "text")
+# The datasets with splits of their own, which read neither `split` nor `held_out_per_mille`
+# (a dataset not listed is taken to read them).
+OWN_SPLIT_DATASETS = ("numbers", "wmt14", "wmt17")
 VOCAB_MODEL_TYPES = ("unigram", "bpe")
 
 

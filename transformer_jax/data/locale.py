@@ -38,6 +38,7 @@ import struct
 from typing import Iterable, Iterator
 
 from transformer_jax.data.config import DataError
+from transformer_jax.data.leakage import normalize
 from transformer_jax.data.lines import NotUTF8Error, read_lines
 
 DEFAULT_LOCALE_DIR = "/usr/share/locale"
@@ -62,7 +63,9 @@ def clean_message(text: str) -> str | None:
     return None
   text = _ACCELERATOR.sub("", text)
   text = " ".join(text.split())
-  if not text or not _LETTER.search(text):
+  # A letter by `_LETTER` that NFKC turns into punctuation (U+FE70..FE7E, say) is none: no
+  # message normalizes to nothing, so the split modes "grouped" and "grouped_v2" agree here.
+  if not text or not _LETTER.search(text) or not normalize(text):
     return None
   return text
 

@@ -497,20 +497,27 @@ def config_changes(stored: dict, new: dict) -> list[tuple[str, object, object]]:
   old = _unset_empty(recorded_values(stored))
   now = _unset_empty({**field_defaults(),
                       **flatten({k: v for k, v in new.items() if not k.startswith("resolved_")})})
-  ignored = _unread_fields(old, now)
+  same = same_run_fields(old, now)
   return [(k, old.get(k), now.get(k)) for k in sorted(set(old) | set(now))
-          if k not in LAUNCH_FIELDS and k not in ignored and old.get(k) != now.get(k)]
+          if k not in LAUNCH_FIELDS and k not in same and old.get(k) != now.get(k)]
 
 
-def _unread_fields(old: dict, new: dict) -> tuple[str, ...]:
-  """The fields of flat configs `old` and `new` that their dataset does not read, so that they
-  differ in is no change: data.split where neither is split here ("numbers", WMT). Its default
-  became "grouped_v2" on 2026-12-07, and a numbers run made before (the README's) resumes with
-  the same command."""
-  from transformer_jax.data.config import SPLIT_DATASETS  # see config_json
-  if {old.get("data.dataset"), new.get("data.dataset")} & set(SPLIT_DATASETS):
-    return ()
-  return ("data.split",)
+# The values of data.split that split gettext catalogs alike (`same_run_fields`).
+LOCALE_SAME_SPLITS = {"grouped", "grouped_v2"}
+
+
+def same_run_fields(*configs: dict) -> tuple[str, ...]:
+  """The fields flat configs `configs` may differ in and still make the same run: data.split
+  where none is split here (numbers, WMT: `OWN_SPLIT_DATASETS`), and its "grouped" and
+  "grouped_v2" for gettext catalogs, which split alike (no message normalizes to nothing,
+  `locale.clean_message`). Its default became "grouped_v2" on 2026-12-07: the runs and sweeps
+  of those datasets made before go on with the same commands."""
+  from transformer_jax.data.config import OWN_SPLIT_DATASETS  # see config_json
+  datasets = {c.get("data.dataset") for c in configs}
+  if datasets <= set(OWN_SPLIT_DATASETS) or (
+      datasets == {"locale"} and {c.get("data.split") for c in configs} <= LOCALE_SAME_SPLITS):
+    return ("data.split",)
+  return ()
 
 
 def _unset_empty(values: dict) -> dict:
@@ -659,7 +666,8 @@ def check_config(workdir: str, config) -> tuple[dict | None, list]:
       if f in LEGACY_VALUES and f not in recorded:
         lines += (f"\n  (the run was made before {f} existed, and did what {f}={values[f]} "
                   f"does: add --config.{f}={values[f]} to resume it)")
-      elif f == "data.split":  # its default moved: "grouped" until 2026-12-07
+      elif f == "data.split" and "data.dataset" not in {g for g, *_ in refused}:
+        # Its default moved ("grouped" until 2026-12-07) under the runs of text corpora.
         lines += (f"\n  (the run's held-out pairs are those of data.split={old}: add "
                   f"--config.data.split={old} to resume it)")
     learned = stored.get("model", {}).get("position_encoding") == "learned"
@@ -763,9 +771,9 @@ def _check_tokenizer(workdir: str, config) -> None:
   trained = {k[len("data."):]: v for k, v in recorded.items() if k.startswith("data.")}
   new = {k[len("data."):]: v for k, v in _unset_empty(
       flatten({"data": json.loads(config.data.to_json_best_effort())})).items()}
-  unread = _unread_fields({f"data.{k}": v for k, v in trained.items()},
-                          {f"data.{k}": v for k, v in new.items()})
-  names = [f[len("data."):] for f in TOKENIZER_FIELDS if f not in unread]
+  same = same_run_fields({f"data.{k}": v for k, v in trained.items()},
+                         {f"data.{k}": v for k, v in new.items()})
+  names = [f[len("data."):] for f in TOKENIZER_FIELDS if f not in same]
   differ = [n for n in names if trained.get(n) != new.get(n)]
   # spm.model.json records the files' bytes since 2026-11-25: the same corpus under other
   # paths (moved, or named from another directory) is no change, and the same paths on other

@@ -22,6 +22,7 @@ from transformer_jax.run.workdir import (
     load_run_config,
     recorded_values,
     run_config_path,
+    same_run_fields,
 )
 from transformer_jax.sweeps.report import (
     EVERY,
@@ -123,10 +124,13 @@ def _read(workdir: str, warnings: list[str]) -> dict | None:
 def differing_fields(configs: Sequence[dict]) -> list[str]:
   """The flat config fields (`model.d_model`) this code has whose value is not the same in
   every config of `configs` (`recorded_values` dicts, which hold every such field), in the
-  config's order; how a process joined a run (LAUNCH_FIELDS) is left out. Values compare as
-  JSON read them back: 1 equals 1.0 (as sweeps name them), a list a list."""
+  config's order; how a process joined a run (LAUNCH_FIELDS) is left out, and so are fields
+  that make the same run (`same_run_fields`: data.split of numbers runs made before and after
+  its default moved). Values compare as JSON read them back: 1 equals 1.0 (as sweeps name
+  them), a list a list."""
   first, *rest = configs
-  return [k for k in field_defaults() if k not in LAUNCH_FIELDS
+  same = same_run_fields(*configs)
+  return [k for k in field_defaults() if k not in LAUNCH_FIELDS and k not in same
           and any(c[k] != first[k] for c in rest)]
 
 

@@ -20,7 +20,13 @@ from typing import Any, Mapping, Sequence
 from transformer_jax.files import file_lock, write_atomically
 from transformer_jax.run.early_stopping import stopped_at
 from transformer_jax.run.metrics import evaluated
-from transformer_jax.run.workdir import running_here
+from transformer_jax.run.workdir import (
+    CONFIG,
+    RunError,
+    load_run_config,
+    recorded_values,
+    running_here,
+)
 from transformer_jax.sweeps.spec import (
   SweepError,
   join_config_arg,
@@ -359,14 +365,15 @@ class Runner:
 
   def _check_same_flags(self) -> None:
     """Refuse flags other than those a started sweep recorded (but num_train_steps, which
-    extends its points): its done points would be skipped, and its report would show their
-    results under this command's values."""
+    extends its points, and a value every started point ran with): its done points would be
+    skipped, and its report would show their results under this command's values."""
     if not any(os.path.isdir(point_dir(self.sweep_dir, p)) for p in self.points):
       return  # no point started: any flags
     if self._recorded is not None:
       old, new = self._recorded, _as_json(self.overrides)
       differ = sorted(k for k in set(old) | set(new)
-                      if k != "num_train_steps" and old.get(k) != new.get(k))
+                      if k != "num_train_steps" and old.get(k) != new.get(k)
+                      and not self._points_ran_with(k, new))
       sweep_flags = override_flags(old)
     elif self.recorded_flags is not None:  # recorded before "overrides" (2026-11-25)
       old_flags = self.recorded_flags
@@ -383,6 +390,19 @@ class Runner:
           "be skipped or resumed, and reported, as if run with this command's values. Give the "
           "sweep's own flags to go on with it (a new --config.num_train_steps extends it), "
           "or another --workdir for other values")
+
+  def _points_ran_with(self, field: str, overrides: dict) -> bool:
+    """Whether `overrides` gives `field` the value every started point recorded in its
+    config.json (and one did): such a flag changes none of them, and the rest get it too.
+    `--config.data.split=grouped` goes on with a sweep of a text corpus made before that
+    default moved (2026-12-07), whose points would otherwise be refused."""
+    dirs = [d for d in (point_dir(self.sweep_dir, p) for p in self.points)
+            if os.path.exists(os.path.join(d, CONFIG))]
+    try:
+      return field in overrides and bool(dirs) and all(
+          recorded_values(load_run_config(d)).get(field) == overrides[field] for d in dirs)
+    except RunError:  # a config.json that does not parse: the refusal stands
+      return False
 
   def write_spec(self) -> None:
     """sweep.json: the config, the flags and the points. Written when the sweep runs or is
