@@ -710,7 +710,7 @@ def test_a_run_split_by_an_older_rule_is_told_how_to_resume(run, data_dir, tmp_p
   by its own rule, reads no value of it, so none is a change."""
   for value in ("grouped", "source"):
     assert workdir_lib.check_config(run, config(data_dir, **{"data.split": value}))[1] == []
-  _relative_corpus(tmp_path, monkeypatch)
+  corpus = _relative_corpus(tmp_path, monkeypatch)
 
   def text(**overrides):
     return config(data_dir, **{"data.dataset": "text", "data.tsv_path": "corpus.tsv",
@@ -736,6 +736,14 @@ def test_a_run_split_by_an_older_rule_is_told_how_to_resume(run, data_dir, tmp_p
           "--config.data.split=grouped to resume it)") in str(refused.value)
   assert "was made before" not in str(refused.value)
   assert workdir_lib.check_config(run, text(**{"data.split": "grouped"}))[1] == []
+  # A fork of it with the new default would hold out other pairs, and is warned; the same
+  # corpus named by another path is the same split.
+  assert ("(data.split: 'grouped' there, 'grouped_v2' here)" in
+          workdir_lib.init_from_split_warning(text(init_from=run)))
+  same = text(init_from=run, **{"data.split": "grouped", "data.tsv_path": str(corpus)})
+  assert workdir_lib.init_from_split_warning(same) is None
+  same.data.tsv_path = str(tmp_path / "b" / "corpus.tsv")
+  assert "data.tsv_path: 'corpus.tsv' there" in workdir_lib.init_from_split_warning(same)
   # Gettext catalogs split alike by both groupings (no message normalizes to nothing): a
   # locale run made before goes on with its command; "source" is another split.
   stored = workdir_lib.load_run_config(run)
@@ -1626,7 +1634,8 @@ def test_a_text_run_records_its_corpus_and_refuses_an_edited_one(tmp_path, data_
   assert not os.path.exists(tmp_path / "new" / workdir_lib.CONFIG)
 
 
-def test_mistakes_with_a_new_run_are_refused_before_anything_is_written(run, data_dir, tmp_path):
+def test_mistakes_with_a_new_run_are_refused_before_anything_is_written(run, data_dir, tmp_path,
+                                                                        capsys):
   # A new run inside another run's checkpoints would go when that run rotates them.
   for inside in (os.path.join(run, "checkpoints", "3"), os.path.join(run, "checkpoints"),
                  os.path.join(run, "best_bleu", "new")):
@@ -1664,8 +1673,23 @@ def test_mistakes_with_a_new_run_are_refused_before_anything_is_written(run, dat
   with pytest.raises(workdir_lib.RunError, match="is not the tokenizer of the init_from run"):
     loop.train_and_evaluate(config(data_dir, init_from=run), fork)
   os.remove(os.path.join(fork, "spm.model"))
-  assert loop.train_and_evaluate(config(data_dir, init_from=run, num_train_steps=4),
-                                 fork)["step"] == 4
+  # A fork that splits its data otherwise (here, other sentences): the run it starts from may
+  # have trained on the pairs it holds out, and is said to.
+  capsys.readouterr()
+  assert loop.train_and_evaluate(config(data_dir, init_from=run, num_train_steps=4,
+                                        **{"data.numbers_seed": 1}), fork)["step"] == 4
+  assert (f"warning: config.init_from={run}: that run split its data otherwise "
+          "(data.numbers_seed: 0 there, 1 here), so pairs it trained on may be in this run's "
+          "validation and test splits") in capsys.readouterr().err
+  assert workdir_lib.init_from_split_warning(config(data_dir, init_from=run)) is None
+  # Named by its checkpoints (or one step of them) as well; a bare checkpoint cannot tell.
+  for other_split in ({"data.numbers_seed": 1}, {"data.numbers_eval_size": 32}):
+    fields = {**other_split, "init_from": os.path.join(run, "checkpoints")}
+    (field, value), = other_split.items()
+    warning = workdir_lib.init_from_split_warning(config(data_dir, **fields))
+    assert warning.startswith(f"config.init_from={run}/checkpoints: that run split its data "
+                              f"otherwise ({field}: ") and f"{value!r} here)" in warning
+  assert workdir_lib.init_from_split_warning(config(data_dir, init_from=str(tmp_path))) is None
   with open(os.path.join(fork, "spm.model"), "rb") as a, open(os.path.join(run, "spm.model"),
                                                              "rb") as b:
     assert a.read() == b.read()

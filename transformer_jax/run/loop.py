@@ -104,6 +104,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       ignored = stored is None and trainer.data.vocab_settings_not_followed()
       if ignored:
         run.progress.write(f"warning: {ignored}")
+      forked = stored is None and config.init_from and workdir_lib.init_from_split_warning(config)
+      if forked:
+        run.progress.write(f"warning: {forked}")
       listed = "; ".join(f"{f}: {old!r} -> {new!r}" for f, old, new in changes)
       if run.finished:
         # Nothing runs with this config: recorded, it would become the run's own (a later

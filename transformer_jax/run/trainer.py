@@ -30,6 +30,7 @@ from transformer_jax.run.workdir import (
   CONFIG,
   SPM_MODEL,
   RunError,
+  init_from_file,
   init_from_vocabulary,
   load_run_config,
 )
@@ -145,17 +146,16 @@ class Trainer:
   def _init_from_model_fields(self) -> str:
     """The model fields in which the init_from run's config.json differs from this model, as
     "model.X: A there, B here" ("" when it has no config.json that reads)."""
-    path = os.path.abspath(self.config.init_from)
-    for run_dir in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
-      if os.path.exists(os.path.join(run_dir, CONFIG)):
-        try:
-          theirs = load_run_config(run_dir)["resolved_model"]
-        except (RunError, OSError, ValueError):
-          return ""
-        ours = self.model_cfg.to_dict()
-        return ", ".join(f"model.{k}: {theirs[k]!r} there, {ours[k]!r} here"
-                         for k in ours if k in theirs and theirs[k] != ours[k])
-    return ""
+    found = init_from_file(self.config.init_from, CONFIG)
+    if not found:
+      return ""
+    try:
+      theirs = load_run_config(os.path.dirname(found))["resolved_model"]
+    except (RunError, OSError, ValueError):
+      return ""
+    ours = self.model_cfg.to_dict()
+    return ", ".join(f"model.{k}: {theirs[k]!r} there, {ours[k]!r} here"
+                     for k in ours if k in theirs and theirs[k] != ours[k])
 
   def train_batches(self, saved_data_state: dict | None) -> "TrainBatches":
     """This process's training batches, continuing where the checkpoint's record says."""

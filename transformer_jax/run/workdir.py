@@ -290,14 +290,53 @@ def vocabulary_path(workdir: str, run: dict) -> str:
   return run.get("data", {}).get("vocab_path") or os.path.join(workdir, SPM_MODEL)
 
 
-def init_from_vocabulary(path: str) -> str | None:
-  """The `spm.model` of the run that `init_from` points into (its workdir, its checkpoints
-  directory or one step of it), if there is one."""
+def init_from_file(path: str, name: str) -> str | None:
+  """The file `name` (spm.model, config.json) of the run that `init_from` `path` points into
+  (its workdir, its checkpoints directory or one step of it), if there is one."""
   path = os.path.abspath(path)
   for candidate in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
-    if os.path.exists(os.path.join(candidate, SPM_MODEL)):
-      return os.path.join(candidate, SPM_MODEL)
+    if os.path.exists(os.path.join(candidate, name)):
+      return os.path.join(candidate, name)
   return None
+
+
+def init_from_vocabulary(path: str) -> str | None:
+  """The `spm.model` of the run that `init_from` points into, if there is one."""
+  return init_from_file(path, SPM_MODEL)
+
+
+# The data fields that decide which pairs a run holds out for validation and test.
+HELD_OUT_FIELDS = tuple(f"data.{f}" for f in (
+    "dataset", "source_lang", "target_lang", "held_out_per_mille", "split", "numbers_train_size",
+    "numbers_eval_size", "numbers_seed", "locale_dir", "locale_include_ding", "locale_ding_path",
+    "tsv_path", "source_path", "target_path"))
+
+
+def init_from_split_warning(config) -> str | None:
+  """Why the run `config.init_from` points into may have trained on this run's held-out pairs:
+  it split its data otherwise (the fields, theirs and ours), so their loss and BLEU would
+  measure what its parameters remember. None where it split the same, or has no config.json
+  to tell (a bare checkpoint)."""
+  found = init_from_file(config.init_from, CONFIG)
+  if not found:
+    return None
+  try:
+    stored = load_run_config(os.path.dirname(found))
+  except RunError:
+    return None
+  theirs = _unset_empty(recorded_values(stored))
+  ours = _unset_empty(flatten(json.loads(config.to_json_best_effort())))
+  same = same_run_fields(theirs, ours)
+  differ = [f for f in HELD_OUT_FIELDS if f not in same and theirs.get(f) != ours.get(f)]
+  if set(differ) <= set(CORPUS_PATH_FIELDS) and _same_bytes(stored, config):
+    return None  # its corpus files under other paths (or named from another directory)
+  if not differ:
+    return None
+  listed = "; ".join(f"{f}: {theirs.get(f)!r} there, {ours.get(f)!r} here" for f in differ)
+  return (f"config.init_from={config.init_from}: that run split its data otherwise ({listed}), "
+          "so pairs it trained on may be in this run's validation and test splits, where loss "
+          "and BLEU would measure what its parameters remember; to hold out the pairs it held "
+          "out, fork with its data fields")
 
 
 # ---------------------------------------------------------------- one run per workdir
