@@ -1678,6 +1678,13 @@ def test_a_refused_command_leaves_sweep_json_as_it_was(tmp_path, capsys):
       "num_train_steps": 3, "data.split": "grouped"}
   with pytest.raises(sweeps.SweepError, match="differs in data.split: its points"):
     sweeps.Runner(TINY, sweep_dir, str(fake), {"data.split": "source"})
+  # Every config the point ran with: one resumed with another value is changed by it.
+  c.data.split = "source"
+  workdir_lib.write_config(started, c, experiment.transformer_config(c, vocab_size=32),
+                           name="config.2.json")
+  with pytest.raises(sweeps.SweepError, match="differs in data.split: its points"):
+    sweeps.Runner(TINY, sweep_dir, str(fake), {"data.split": "grouped"})
+  os.remove(os.path.join(started, "config.2.json"))
   os.remove(os.path.join(started, workdir_lib.CONFIG))
   with pytest.raises(sweeps.SweepError, match="differs in data.split: its points"):
     sweeps.Runner(TINY, sweep_dir, str(fake), {"data.split": "grouped"})

@@ -736,14 +736,25 @@ def test_a_run_split_by_an_older_rule_is_told_how_to_resume(run, data_dir, tmp_p
           "--config.data.split=grouped to resume it)") in str(refused.value)
   assert "was made before" not in str(refused.value)
   assert workdir_lib.check_config(run, text(**{"data.split": "grouped"}))[1] == []
-  # A fork of it with the new default would hold out other pairs, and is warned; the same
-  # corpus named by another path is the same split.
+  # A fork of it with the new default would hold out other pairs, and is warned; so is one
+  # holding out a larger share, or of other bytes. The same corpus by another path, or a
+  # smaller share, holds out only pairs the run held out too.
+  def fork_warning(c):
+    return workdir_lib.init_from_split_warning(c, fingerprint.record(c.data))
+
   assert ("(data.split: 'grouped' there, 'grouped_v2' here)" in
-          workdir_lib.init_from_split_warning(text(init_from=run)))
+          fork_warning(text(init_from=run)))
   same = text(init_from=run, **{"data.split": "grouped", "data.tsv_path": str(corpus)})
-  assert workdir_lib.init_from_split_warning(same) is None
+  assert fork_warning(same) is None
+  same.data.held_out_per_mille = 10
+  assert fork_warning(same) is None
+  same.data.held_out_per_mille = 31
+  assert "(data.held_out_per_mille: 30 there, 31 here)" in fork_warning(same)
+  same.data.held_out_per_mille = 30
+  (tmp_path / "b" / "corpus.tsv").write_text("one\teins\ntwo\tzwei\n")
   same.data.tsv_path = str(tmp_path / "b" / "corpus.tsv")
-  assert "data.tsv_path: 'corpus.tsv' there" in workdir_lib.init_from_split_warning(same)
+  assert "(its corpus files held other bytes, or it recorded none" in fork_warning(same)
+  (tmp_path / "b" / "corpus.tsv").unlink()
   # Gettext catalogs split alike by both groupings (no message normalizes to nothing): a
   # locale run made before goes on with its command; "source" is another split.
   stored = workdir_lib.load_run_config(run)
@@ -1673,23 +1684,29 @@ def test_mistakes_with_a_new_run_are_refused_before_anything_is_written(run, dat
   with pytest.raises(workdir_lib.RunError, match="is not the tokenizer of the init_from run"):
     loop.train_and_evaluate(config(data_dir, init_from=run), fork)
   os.remove(os.path.join(fork, "spm.model"))
-  # A fork that splits its data otherwise (here, other sentences): the run it starts from may
-  # have trained on the pairs it holds out, and is said to.
+  # A fork that holds out a larger share of the sentences: the run it starts from may have
+  # trained on the pairs it holds out, and is said to.
   capsys.readouterr()
   assert loop.train_and_evaluate(config(data_dir, init_from=run, num_train_steps=4,
-                                        **{"data.numbers_seed": 1}), fork)["step"] == 4
-  assert (f"warning: config.init_from={run}: that run split its data otherwise "
-          "(data.numbers_seed: 0 there, 1 here), so pairs it trained on may be in this run's "
-          "validation and test splits") in capsys.readouterr().err
-  assert workdir_lib.init_from_split_warning(config(data_dir, init_from=run)) is None
-  # Named by its checkpoints (or one step of them) as well; a bare checkpoint cannot tell.
-  for other_split in ({"data.numbers_seed": 1}, {"data.numbers_eval_size": 32}):
-    fields = {**other_split, "init_from": os.path.join(run, "checkpoints")}
-    (field, value), = other_split.items()
-    warning = workdir_lib.init_from_split_warning(config(data_dir, **fields))
-    assert warning.startswith(f"config.init_from={run}/checkpoints: that run split its data "
-                              f"otherwise ({field}: ") and f"{value!r} here)" in warning
-  assert workdir_lib.init_from_split_warning(config(data_dir, init_from=str(tmp_path))) is None
+                                        **{"data.numbers_eval_size": 128}), fork)["step"] == 4
+  assert (f"warning: config.init_from={run}: that run split its data otherwise (a held-out "
+          "share of 57 per mille here, 30 there (data.numbers_train_size and numbers_eval_size)"
+          "), so pairs it trained on may be in this run's validation and test splits") \
+      in capsys.readouterr().err
+  # Other sentences (a seed) or a smaller share hold out only sources it held out (their hash
+  # decides); named by its checkpoints or one step of them too; a bare checkpoint cannot tell.
+  step = os.path.join(run, "checkpoints", "3")
+  for fields, warned in (({}, False), ({"data.numbers_seed": 1}, False),
+                         ({"data.numbers_eval_size": 32}, False),
+                         ({"data.numbers_train_size": 1000}, True),
+                         ({"data.dataset": "text", "data.tsv_path": "x.tsv"}, True)):
+    for init_from in (run, os.path.join(run, "checkpoints"), step):
+      warning = workdir_lib.init_from_split_warning(
+          config(data_dir, init_from=init_from, **fields), {})
+      assert (warning is not None) == warned, (fields, warning)
+  assert "(data.dataset: 'numbers' there, 'text' here)" in warning
+  assert workdir_lib.init_from_split_warning(config(data_dir, init_from=str(tmp_path)), {}) \
+      is None
   with open(os.path.join(fork, "spm.model"), "rb") as a, open(os.path.join(run, "spm.model"),
                                                              "rb") as b:
     assert a.read() == b.read()

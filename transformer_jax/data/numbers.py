@@ -319,6 +319,13 @@ def sentence(rng: random.Random) -> tuple[str, str]:
 SPLITS = ("train", "validation", "test")
 
 
+def held_out_share(num_train: int, num_validation: int, num_test: int) -> int:
+  """The per-mille of sources `generate_pairs` hashes into validation and into test each, tuned
+  so that the held-out splits fill at about the rate of train."""
+  return max(1, min(300, round(1000 * max(num_validation, num_test)
+                               / max(1, num_train + num_validation + num_test))))
+
+
 def split_of(source: str, held_out_per_mille: int = 20) -> str:
   """Split assignment by a hash of the source sentence: a source is always in the same split.
 
@@ -347,9 +354,7 @@ def generate_pairs(num_train: int, num_validation: int, num_test: int, seed: int
   seen: dict[str, str] = {}
   seen_reverse: set[str] = set()
   rng = random.Random(seed)
-  # The held-out share is tuned so the held-out splits fill at about the rate of train.
-  held_out = max(1, min(300, round(1000 * max(num_validation, num_test)
-                                   / max(1, num_train + num_validation + num_test))))
+  held_out = held_out_share(num_train, num_validation, num_test)
   draws, max_draws = 0, 50 * sum(wanted.values()) + 1000
   while any(len(out[s]) < wanted[s] for s in SPLITS):
     draws += 1

@@ -104,9 +104,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       ignored = stored is None and trainer.data.vocab_settings_not_followed()
       if ignored:
         run.progress.write(f"warning: {ignored}")
-      forked = stored is None and config.init_from and workdir_lib.init_from_split_warning(config)
-      if forked:
-        run.progress.write(f"warning: {forked}")
       listed = "; ".join(f"{f}: {old!r} -> {new!r}" for f, old, new in changes)
       if run.finished:
         # Nothing runs with this config: recorded, it would become the run's own (a later
@@ -118,6 +115,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         reverted = _reverted(workdir, changes)
         path = workdir_lib.record_config(workdir, config, trainer.model_cfg, run.step, stored,
                                          changes)
+        forked = stored is None and config.init_from and workdir_lib.init_from_split_warning(
+            config, workdir_lib.load_run_config(workdir).get(workdir_lib.RESOLVED_DATA, {}))
+        if forked:
+          run.progress.write(f"warning: {forked}")
         if changes:
           run.progress.write(f"config changes on resume at step {run.step}, recorded in "
                              f"{path} (the run's earlier configs are kept): {listed}")

@@ -305,38 +305,64 @@ def init_from_vocabulary(path: str) -> str | None:
   return init_from_file(path, SPM_MODEL)
 
 
-# The data fields that decide which pairs a run holds out for validation and test.
-HELD_OUT_FIELDS = tuple(f"data.{f}" for f in (
-    "dataset", "source_lang", "target_lang", "held_out_per_mille", "split", "numbers_train_size",
-    "numbers_eval_size", "numbers_seed", "locale_dir", "locale_include_ding", "locale_ding_path",
-    "tsv_path", "source_path", "target_path"))
-
-
-def init_from_split_warning(config) -> str | None:
-  """Why the run `config.init_from` points into may have trained on this run's held-out pairs:
-  it split its data otherwise (the fields, theirs and ours), so their loss and BLEU would
-  measure what its parameters remember. None where it split the same, or has no config.json
-  to tell (a bare checkpoint)."""
+def init_from_split_warning(config, record: dict) -> str | None:
+  """Why the run `config.init_from` points into may have trained on pairs this run holds out
+  (`record`: this run's `resolved_data`), so that their loss and BLEU would measure what its
+  parameters remember; None where it cannot have, or has no config.json to tell (a bare
+  checkpoint). A source's split is a hash bucket under the held-out share (`numbers.split_of`;
+  of its near-duplicate group for "locale" and "text"): over the same sentences and groups, a
+  run holding out no larger a share holds out only what that run held out too."""
   found = init_from_file(config.init_from, CONFIG)
-  if not found:
-    return None
   try:
-    stored = load_run_config(os.path.dirname(found))
-  except RunError:
+    stored = found and load_run_config(os.path.dirname(found))
+  except (RunError, OSError, ValueError):
+    stored = None
+  if not stored:
     return None
   theirs = _unset_empty(recorded_values(stored))
   ours = _unset_empty(flatten(json.loads(config.to_json_best_effort())))
-  same = same_run_fields(theirs, ours)
-  differ = [f for f in HELD_OUT_FIELDS if f not in same and theirs.get(f) != ours.get(f)]
-  if set(differ) <= set(CORPUS_PATH_FIELDS) and _same_bytes(stored, config):
-    return None  # its corpus files under other paths (or named from another directory)
-  if not differ:
+  why = [f"{f}: {theirs.get(f)!r} there, {ours.get(f)!r} here"
+         for f in ("data.dataset", "data.source_lang", "data.target_lang")
+         if theirs.get(f) != ours.get(f)]
+  dataset = ours["data.dataset"]
+  if why or dataset in ("wmt14", "wmt17"):  # (TFDS's own splits)
+    pass
+  elif dataset == "numbers":
+    from transformer_jax.data import numbers  # see config_json
+    shares = [numbers.held_out_share(*(c[f"data.numbers_{n}"] for n in
+                                       ("train_size", "eval_size", "eval_size")))
+              for c in (theirs, ours)]
+    if shares[1] > shares[0]:
+      why.append(f"a held-out share of {shares[1]} per mille here, {shares[0]} there "
+                 "(data.numbers_train_size and numbers_eval_size)")
+  else:
+    if "data.split" not in same_run_fields(theirs, ours) and theirs["data.split"] != ours[
+        "data.split"]:
+      why.append(f"data.split: {theirs['data.split']!r} there, {ours['data.split']!r} here")
+    if ours["data.held_out_per_mille"] > theirs["data.held_out_per_mille"]:
+      why.append(f"data.held_out_per_mille: {theirs['data.held_out_per_mille']} there, "
+                 f"{ours['data.held_out_per_mille']} here")
+    if _corpus_identity(stored.get(RESOLVED_DATA, {}), stored["data"]) != _corpus_identity(
+        record, None):
+      why.append("its corpus files held other bytes, or it recorded none (a run from before "
+                 "2026-11-25)")
+  if not why:
     return None
-  listed = "; ".join(f"{f}: {theirs.get(f)!r} there, {ours.get(f)!r} here" for f in differ)
-  return (f"config.init_from={config.init_from}: that run split its data otherwise ({listed}), "
-          "so pairs it trained on may be in this run's validation and test splits, where loss "
-          "and BLEU would measure what its parameters remember; to hold out the pairs it held "
-          "out, fork with its data fields")
+  return (f"config.init_from={config.init_from}: that run split its data otherwise "
+          f"({'; '.join(why)}), so pairs it trained on may be in this run's validation and "
+          "test splits, where loss and BLEU would measure what its parameters remember; to "
+          "hold out only pairs it held out, fork with its corpus, languages and split")
+
+
+def _corpus_identity(recorded: dict, data: dict | None) -> list | None:
+  """The content of a recorded corpus (`fingerprint.record`): each file's SHA-256 with the field
+  that named it (none for the locale catalogs); None where it recorded no files."""
+  from transformer_jax.data import fingerprint  # see config_json
+  inputs = recorded.get("inputs")
+  if not inputs:
+    return None
+  role = {path: field for field, path in fingerprint.recorded_roles(recorded, data).items()}
+  return sorted((role.get(p, ""), e["sha256"]) for p, e in inputs.items())
 
 
 # ---------------------------------------------------------------- one run per workdir

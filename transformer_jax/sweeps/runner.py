@@ -23,7 +23,8 @@ from transformer_jax.run.metrics import evaluated
 from transformer_jax.run.workdir import (
     CONFIG,
     RunError,
-    load_run_config,
+    history,
+    read_json,
     recorded_values,
     running_here,
 )
@@ -393,15 +394,17 @@ class Runner:
 
   def _points_ran_with(self, field: str, overrides: dict) -> bool:
     """Whether `overrides` gives `field` the value every started point recorded in its
-    config.json (and one did): such a flag changes none of them, and the rest get it too.
-    `--config.data.split=grouped` goes on with a sweep of a text corpus made before that
-    default moved (2026-12-07), whose points would otherwise be refused."""
+    config.json and every later config.<step>.json (and one did): such a flag changes none of
+    them, and the rest get it too. `--config.data.split=grouped` goes on with a sweep of a text
+    corpus made before that default moved (2026-12-07), whose points would otherwise be
+    refused."""
     dirs = [d for d in (point_dir(self.sweep_dir, p) for p in self.points)
             if os.path.exists(os.path.join(d, CONFIG))]
+    paths = [p for d in dirs for p in [os.path.join(d, CONFIG)] + [p for _, p in history(d)]]
     try:
       return field in overrides and bool(dirs) and all(
-          recorded_values(load_run_config(d)).get(field) == overrides[field] for d in dirs)
-    except RunError:  # a config.json that does not parse: the refusal stands
+          recorded_values(read_json(p)).get(field) == overrides[field] for p in paths)
+    except RunError:  # a config that does not parse: the refusal stands
       return False
 
   def write_spec(self) -> None:
