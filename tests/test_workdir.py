@@ -785,6 +785,9 @@ def test_fields_added_to_the_code_since_a_run_read_back_as_their_defaults(run, d
   with open(path, "w") as f:
     json.dump(stored, f)
   assert workdir_lib.check_config(run, config(data_dir))[1] == []
+  # An unset path given empty (`--config.data.vocab_path=`) is the same run, as every reader
+  # takes both for unset.
+  assert workdir_lib.check_config(run, config(data_dir, **{"data.vocab_path": ""}))[1] == []
   # A value other than the default is still a change, refused where the old one would be;
   # the hints for runs from before data.split and weight_decay_mask are not given for it.
   with pytest.raises(workdir_lib.ConfigChangeRefused,
@@ -880,6 +883,12 @@ def test_weight_decay_on_the_matrices_resumes_and_a_change_of_what_decays_is_ref
   assert workdir_lib.check_config(
       run, config(data_dir, weight_decay=0.1, weight_decay_mask="all", num_train_steps=4))[1] == []
   assert workdir_lib.experiment_config(run).weight_decay_mask == "all"
+  # Another rate keeps AdamW's state; none (plain Adam) has another.
+  assert workdir_lib.check_config(run, config(data_dir, weight_decay=0.2, weight_decay_mask="all",
+                                              num_train_steps=4))[1] == [("weight_decay", 0.1, 0.2)]
+  with pytest.raises(workdir_lib.ConfigChangeRefused,
+                     match=r"weight_decay: 0.1 -> 0.0 \(changes the optimizer state"):
+    workdir_lib.check_config(run, config(data_dir, weight_decay=0.0, weight_decay_mask="all"))
   # Without weight decay there is no such state: the mask may change freely.
   stored["weight_decay"] = 0.0
   with open(path, "w") as f:
@@ -988,6 +997,12 @@ def test_readers_of_a_best_directory_left_with_two_steps_take_the_best(tmp_path)
     step, params = checkpointing.load_params(directory + "/")
     assert step == 2 and params["w"].tolist() == [2.0, 2.0]
     assert checkpointing.resolve_checkpoint(run, directory, step=4) == (directory, 4)
+  # Steps that recorded no value (no meta): the newest, as in any other directory.
+  bare = os.path.join(tmp_path, "bare", "best_bleu")
+  for step in (2, 4, 6):
+    checkpointing.save_params(bare, step, {"w": np.full((2,), step, np.float32)}, {})
+  assert best_lib.BestKeeper(os.path.dirname(bare), "bleu").step is None
+  assert checkpointing.load_params(bare)[0] == 6
   other = os.path.join(run, "averaged")
   shutil.copytree(directory, other)
   assert checkpointing.resolve_checkpoint(run, other) == (other, 4)
@@ -1685,14 +1700,19 @@ def test_mistakes_with_a_new_run_are_refused_before_anything_is_written(run, dat
     loop.train_and_evaluate(config(data_dir, init_from=run), fork)
   os.remove(os.path.join(fork, "spm.model"))
   # A fork that holds out a larger share of the sentences: the run it starts from may have
-  # trained on the pairs it holds out, and is said to.
+  # trained on the pairs it holds out, and is said to; so is a data.vocab_* field that its
+  # tokenizer (init_from's) was not trained with. Each once, when the fork starts.
   capsys.readouterr()
-  assert loop.train_and_evaluate(config(data_dir, init_from=run, num_train_steps=4,
-                                        **{"data.numbers_eval_size": 128}), fork)["step"] == 4
+  forked = config(data_dir, init_from=run, num_train_steps=4,
+                  **{"data.numbers_eval_size": 128, "data.vocab_max_chars": 1000})
+  assert loop.train_and_evaluate(forked, fork)["step"] == 4
+  err = capsys.readouterr().err
   assert (f"warning: config.init_from={run}: that run split its data otherwise (a held-out "
           "share of 57 per mille here, 30 there (data.numbers_train_size and numbers_eval_size)"
-          "), so pairs it trained on may be in this run's validation and test splits") \
-      in capsys.readouterr().err
+          "), so pairs it trained on may be in this run's validation and test splits") in err
+  assert "warning: " + os.path.join(fork, "spm.model") + " was trained with other" in err, err
+  loop.train_and_evaluate(forked, fork)
+  assert "warning" not in capsys.readouterr().err
   # Other sentences (a seed) or a smaller share hold out only sources it held out (their hash
   # decides); named by its checkpoints or one step of them too; a bare checkpoint cannot tell.
   step = os.path.join(run, "checkpoints", "3")
