@@ -1685,6 +1685,11 @@ def test_a_refused_command_leaves_sweep_json_as_it_was(tmp_path, capsys):
   with pytest.raises(sweeps.SweepError, match="differs in data.split: its points"):
     sweeps.Runner(TINY, sweep_dir, str(fake), {"data.split": "grouped"})
   os.remove(os.path.join(started, "config.2.json"))
+  # A config.json that does not read tells nothing: refused as before.
+  with open(os.path.join(started, workdir_lib.CONFIG), "w") as f:
+    f.write('{"data": ')
+  with pytest.raises(sweeps.SweepError, match="differs in data.split: its points"):
+    sweeps.Runner(TINY, sweep_dir, str(fake), {"data.split": "grouped"})
   os.remove(os.path.join(started, workdir_lib.CONFIG))
   with pytest.raises(sweeps.SweepError, match="differs in data.split: its points"):
     sweeps.Runner(TINY, sweep_dir, str(fake), {"data.split": "grouped"})

@@ -755,6 +755,15 @@ def test_a_run_split_by_an_older_rule_is_told_how_to_resume(run, data_dir, tmp_p
   same.data.tsv_path = str(tmp_path / "b" / "corpus.tsv")
   assert "(its corpus files held other bytes, or it recorded none" in fork_warning(same)
   (tmp_path / "b" / "corpus.tsv").unlink()
+  # TFDS's WMT builds have splits of their own: no data.split or held-out share moves them.
+  edit_run_config(run, lambda stored: stored["data"].update(dataset="wmt14", tsv_path=None))
+  wmt = config(data_dir, init_from=run, **{"data.dataset": "wmt14", "data.split": "source",
+                                          "data.held_out_per_mille": 60})
+  assert workdir_lib.init_from_split_warning(wmt, {}) is None
+  assert workdir_lib.same_run_fields(*({"data.dataset": d, "data.split": s} for d, s in (
+      ("numbers", "grouped"), ("wmt14", "source"), ("wmt17", "grouped_v2")))) == ("data.split",)
+  edit_run_config(run, lambda stored: stored["data"].update(dataset="text",
+                                                            tsv_path="corpus.tsv"))
   # Gettext catalogs split alike by both groupings (no message normalizes to nothing): a
   # locale run made before goes on with its command; "source" is another split.
   stored = workdir_lib.load_run_config(run)
