@@ -351,7 +351,8 @@ def init_from_split_warning(config, record: dict) -> str | None:
   return (f"config.init_from={config.init_from}: that run split its data otherwise "
           f"({'; '.join(why)}), so pairs it trained on may be in this run's validation and "
           "test splits, where loss and BLEU would measure what its parameters remember; to "
-          "hold out only pairs it held out, fork with its corpus, languages and split")
+          "hold out only pairs it held out, fork with its corpus, languages and split, and a "
+          "held-out share no larger than its")
 
 
 def _corpus_identity(recorded: dict, data: dict | None) -> list | None:
