@@ -23,7 +23,7 @@ import sys
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import leakage, locale, numbers
-from transformer_jax.data.config import DataError, check_languages
+from transformer_jax.data.config import LOCALE_SAME_SPLITS, DataError, check_languages
 from transformer_jax.data.lines import read_lines
 from transformer_jax.data.tokenizer import normalize_spaces
 from transformer_jax.files import file_lock
@@ -240,10 +240,10 @@ def make_builder(data_config, data_dir: str) -> _PairsBuilder:
     params = {"locale_dir": locale_dir, "lang": lang, "reverse": reverse,
               "include_ding": c.locale_include_ding, "ding_path": ding_path,
               "held_out_per_mille": c.held_out_per_mille,
-              # One build for both: they split gettext catalogs alike (locale.clean_message;
-              # the texts it began to drop on 2026-12-07 are in none of the 3,674 catalogs of
-              # this machine's 197 languages, so no earlier build holds one).
-              "split": "grouped" if c.split == "grouped_v2" else c.split,
+              # One build for LOCALE_SAME_SPLITS (the texts clean_message began to drop on
+              # 2026-12-07 are in none of the 3,674 catalogs of this machine's 197 languages, so
+              # no earlier build holds one).
+              "split": "grouped" if c.split in LOCALE_SAME_SPLITS else c.split,
               "inputs": _digest(inputs)}
   elif c.dataset == "text":
     cls = TextTranslate

@@ -15,6 +15,9 @@ SPLITS = ("grouped_v2", "grouped", "source")
 # The datasets with splits of their own, which read neither `split` nor `held_out_per_mille`
 # (a dataset not listed is taken to read them).
 OWN_SPLIT_DATASETS = ("numbers", "wmt14", "wmt17")
+# The `split` values that split gettext catalogs alike: no message normalizes to nothing
+# (locale.clean_message), where the two groupings differ. One "locale" build serves both.
+LOCALE_SAME_SPLITS = ("grouped", "grouped_v2")
 VOCAB_MODEL_TYPES = ("unigram", "bpe")
 
 

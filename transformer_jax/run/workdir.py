@@ -324,8 +324,9 @@ def init_from_split_warning(config, record: dict) -> str | None:
   why = [f"{f}: {theirs.get(f)!r} there, {ours.get(f)!r} here"
          for f in ("data.dataset", "data.source_lang", "data.target_lang")
          if theirs.get(f) != ours.get(f)]
+  from transformer_jax.data.config import OWN_SPLIT_DATASETS  # see config_json
   dataset = ours["data.dataset"]
-  if why or dataset in ("wmt14", "wmt17"):  # (TFDS's own splits)
+  if why:
     pass
   elif dataset == "numbers":
     from transformer_jax.data import numbers  # see config_json
@@ -335,7 +336,7 @@ def init_from_split_warning(config, record: dict) -> str | None:
     if shares[1] > shares[0]:
       why.append(f"a held-out share of {shares[1]} per mille here, {shares[0]} there "
                  "(data.numbers_train_size and numbers_eval_size)")
-  else:
+  elif dataset not in OWN_SPLIT_DATASETS:  # locale, text (WMT: TFDS's own splits)
     if "data.split" not in same_run_fields(theirs, ours) and theirs["data.split"] != ours[
         "data.split"]:
       why.append(f"data.split: {theirs['data.split']!r} there, {ours['data.split']!r} here")
@@ -568,20 +569,19 @@ def config_changes(stored: dict, new: dict) -> list[tuple[str, object, object]]:
           if k not in LAUNCH_FIELDS and k not in same and old.get(k) != now.get(k)]
 
 
-# The values of data.split that split gettext catalogs alike (`same_run_fields`).
-LOCALE_SAME_SPLITS = {"grouped", "grouped_v2"}
-
-
 def same_run_fields(*configs: dict) -> tuple[str, ...]:
   """The fields flat configs `configs` may differ in and still make the same run: data.split
   where none is split here (numbers, WMT: `OWN_SPLIT_DATASETS`), and its "grouped" and
   "grouped_v2" for gettext catalogs, which split alike (no message normalizes to nothing,
   `locale.clean_message`). Its default became "grouped_v2" on 2026-12-07: the runs and sweeps
   of those datasets made before go on with the same commands."""
-  from transformer_jax.data.config import OWN_SPLIT_DATASETS  # see config_json
+  from transformer_jax.data.config import (  # see config_json
+      LOCALE_SAME_SPLITS,
+      OWN_SPLIT_DATASETS,
+  )
   datasets = {c.get("data.dataset") for c in configs}
-  if datasets <= set(OWN_SPLIT_DATASETS) or (
-      datasets == {"locale"} and {c.get("data.split") for c in configs} <= LOCALE_SAME_SPLITS):
+  if datasets <= set(OWN_SPLIT_DATASETS) or (datasets == {"locale"} and {
+      c.get("data.split") for c in configs} <= set(LOCALE_SAME_SPLITS)):
     return ("data.split",)
   return ()
 
