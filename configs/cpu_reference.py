@@ -11,7 +11,8 @@ The performance issue quotes about 1,700 target tokens/s for the Flax WMT exampl
 a 2-core machine; measured on ours in the same minutes it did 2,631-3,210 (docs/benchmarks.md,
 `python scripts/baseline_flax_wmt.py 30`), and this config 1.60x that in the median of five
 interleaved rounds on 2026-12-06, on an Intel Xeon host with the scripts' huge pages for host
-memory (1.42x the example given the same pages; 1.20x on 2026-11-29 on an AMD EPYC host).
+memory (1.42x the example given the same pages; 1.20x on 2026-11-29 on an AMD EPYC host), and
+1.68x (1.26x given the same pages) on 2026-12-07 on an AMD EPYC host with AVX-512.
 It also trains (`scripts/train.py --config configs/cpu_reference.py --workdir ...`) on the
 built-in numbers task, but it is meant for measuring, not for results.
 """
