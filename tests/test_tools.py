@@ -1873,11 +1873,18 @@ def test_copy_baseline_scores_the_sources_as_translations(workdir, tmp_path, cap
   rc, out, err = run_main(evaluate_script, ["--workdir", str(bare), "--baseline", "copy"], capsys)
   assert rc == 0 and json.loads(out)["bleu"] == pytest.approx(expected), err
   assert sorted(os.listdir(bare)) == ["baselines", "config.json", "eval"]
-  # A run from before data.split was recorded is told what to add, not guessed (its held-out
-  # pairs depend on it) and not a KeyError traceback.
+  # A run from before data.split was recorded: a numbers run never read it, and is scored
+  # as before; a text run is told what to add, not guessed (its held-out pairs depend on it)
+  # and not a KeyError traceback.
   with open(bare / "config.json") as f:
     old = json.load(f)
   del old["data"]["split"]
+  with open(bare / "config.json", "w") as f:
+    json.dump(old, f)
+  rc, out, err = run_main(evaluate_script, ["--workdir", str(bare), "--baseline", "copy"],
+                          capsys)
+  assert rc == 0 and json.loads(out)["bleu"] == pytest.approx(expected), err
+  old["data"]["dataset"] = "text"
   with open(bare / "config.json", "w") as f:
     json.dump(old, f)
   rc, _, err = run_main(evaluate_script, ["--workdir", str(bare), "--baseline", "copy"], capsys)

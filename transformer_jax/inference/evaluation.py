@@ -31,6 +31,7 @@ import ml_collections
 
 from transformer_jax import bleu as bleu_lib
 from transformer_jax.data import fingerprint  # hashes a text corpus; loads no TFDS
+from transformer_jax.data.config import OWN_SPLIT_DATASETS, default_data_config
 from transformer_jax.files import write_atomically
 from transformer_jax.inference.flags import read_flag_lines
 from transformer_jax.inference.translator import Translator, warn_stderr
@@ -349,11 +350,15 @@ def data_config(run: dict, workdir: str, data_dir: str | None = None) -> ml_coll
   """The `data` config of the run `run` (its config.json, in `workdir`), to rebuild its splits;
   `data_dir`: where TFDS finds them instead."""
   if "split" not in run["data"]:
-    # Recorded since 2026-11-23 13:31; the held-out pairs depend on it, so it is not guessed.
-    raise RunError(
-        f"{os.path.join(workdir, 'config.json')} has no data.split (the run predates "
-        "its recording): add \"split\": \"grouped\" to its \"data\" section for a run made "
-        "after 2026-11-23 11:55 (near-duplicates grouped), else \"split\": \"source\"")
+    # Recorded since 2026-11-23 13:31; the held-out pairs of a locale or text corpus depend on
+    # it, so it is not guessed.
+    if run["data"].get("dataset") not in OWN_SPLIT_DATASETS:
+      raise RunError(
+          f"{os.path.join(workdir, 'config.json')} has no data.split (the run predates "
+          "its recording): add \"split\": \"grouped\" to its \"data\" section for a run "
+          "made after 2026-11-23 11:55 (near-duplicates grouped), else \"split\": \"source\"")
+    # Numbers and WMT runs never read it: any valid value builds the same splits.
+    run = {**run, "data": {**run["data"], "split": default_data_config().split}}
   config, changes = _corpus_config(run, data_dir)
   if changes and os.path.exists(os.path.join(workdir, CONFIG)):
     # `run` is the config of an older step; a later resume may have recorded the corpus moved
