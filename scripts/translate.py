@@ -38,15 +38,17 @@ N`, N samples a line (any N), the most probable first, the score and the log-pro
 the sample's natural-log probability under the model (at temperature 1, without the top-k
 or nucleus restriction).
 
-The input is read, translated and written `--chunk_lines` lines at a time (default 10,000;
-each chunk sorted by length and batched), flushed after each, so a long job (back-translating
-a large monolingual file) holds one chunk in memory, starts writing after its first chunk
-(also from a pipe), leaves every finished chunk on disk if it stops, and `--verbose` says how
-far it got; a line that is not UTF-8 stops it at that line's chunk, with the lines before that
-chunk written and the error naming the line (the first chunk is read before the model
+The input is read, translated and written `--chunk_lines` lines at a time (default 10,000; each
+chunk sorted by length and batched), flushed after each, so a long job (back-translating a large
+monolingual file) holds one chunk in memory, starts writing after its first chunk (also from a
+pipe), leaves every finished chunk on disk if it stops (a chunk whose write fails, on a full
+disk, is cut off the file again: it ends with a whole chunk's last line), and `--verbose` says
+how far it got; a line that is not UTF-8 stops it at that line's chunk, with the lines before
+that chunk written and the error naming the line (the first chunk is read before the model
 loads). The output does not depend on the chunk size (tested; the search batches each line
-independently, and sampling keys follow the line's place; docs/decoding.md says where
-floating point can differ). To go on after K lines of output (`wc -l < out`):
+independently, and sampling keys follow the line's place; docs/decoding.md says where floating
+point can differ). To go on after the first K input lines (`wc -l < out`; with --nbest, the
+first field of the output's last row):
 `tail -n +$((K + 1)) in.txt | translate.py ... --line_offset K >> out` with --sample or
 --nbest; drop --line_offset for a plain search (refused there: nothing depends on it).
 
@@ -63,6 +65,7 @@ import itertools
 import json
 import logging
 import os
+import stat
 import sys
 
 import _host_memory  # noqa: F401 (before jax: restarts with huge pages, see the module)
@@ -127,6 +130,50 @@ def nbest_lines(nbest, line_offset: int = 0) -> str:
   return "".join(rows)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+  view = memoryview(data)
+  while view:
+    view = view[os.write(fd, view):]
+
+
+def _write_chunk(out, text: str, lines_before: int, path: str) -> None:
+  """Write one chunk's output to `out`, whole or not at all where `out` is a file (`--output`,
+  or stdout sent to one): a write cut short (a full disk) is undone, so that the output ends
+  after the last whole chunk, as the documented way to go on (`wc -l < out`, then the input
+  after that many lines) expects."""
+  try:
+    fd = out.fileno()  # bytes straight to the file: no buffer of the wrapper's holds a part
+    regular = stat.S_ISREG(os.fstat(fd).st_mode)
+  except (AttributeError, ValueError, OSError):  # no file behind it (a test's io.StringIO)
+    regular = False
+  if not regular:  # a pipe or a terminal: what was written is gone anyway
+    out.write(text)
+    out.flush()
+    return
+  # The end, not the position: a shell's `>> out` opens at offset 0 in append mode.
+  end = os.lseek(fd, 0, os.SEEK_END)
+  try:
+    _write_all(fd, text.encode("utf-8"))
+  except OSError as e:
+    os.ftruncate(fd, end)  # the command stops here: nothing is written after it
+    where = "the output (stdout)" if path == "-" else f"--output {path}"
+    raise RunError(f"{where}: {e.strerror or e} while writing the translations of this input's "
+                   f"lines {lines_before + 1:,} on; it ends with those of the lines before them, "
+                   "each whole. To go on after them, see --help (`wc -l`, then the input from "
+                   "the next line)") from None
+
+
+def _reads(input_path: str, output: str) -> bool:
+  """Whether the input (`-`: stdin) is the file `output` names."""
+  if not os.path.exists(output):
+    return False
+  try:
+    read = os.stat(sys.stdin.fileno() if input_path == "-" else input_path)
+  except (AttributeError, ValueError, OSError):  # a stdin with no file behind it (io.StringIO)
+    return False
+  return os.path.samestat(read, os.stat(output))
+
+
 def body(values, sentences):
   # The first chunk is read before loading the model: a bad --input fails at once. The rest
   # is read a chunk at a time, as it is translated.
@@ -134,6 +181,12 @@ def body(values, sentences):
   if sentences:
     refuse_ignored(values, ["input"], "when sentences are given as arguments",
                    "pass either --input or the sentences, not both")
+    for i, sentence in enumerate(sentences, 1):
+      try:
+        sentence.encode("utf-8")
+      except UnicodeEncodeError as e:  # bytes the locale could not decode (surrogate escapes)
+        raise RunError(f"argument {i} is not UTF-8 (at character {e.start + 1}): pass UTF-8 "
+                       "text, or put the sentences in a UTF-8 file for --input") from None
     chunks = iter([sentences[i:i + size] for i in range(0, len(sentences), size)])
     name = "argument {}".format
   else:
@@ -160,11 +213,11 @@ def body(values, sentences):
                                           values.line_offset, top_p=values.top_p)
   if values.nbest:
     translator.check_nbest(values.nbest)
-  if (values.output != "-" and not sentences and values.input != "-"
-      and os.path.exists(values.output) and os.path.samefile(values.input, values.output)):
+  if values.output != "-" and not sentences and _reads(values.input, values.output):
     # Opening the output would empty the input, and the reader would go on into the
-    # translations written after it: without end.
-    raise RunError(f"--input and --output are the same file ({values.output}): writing the "
+    # translations written after it (stdin too: `--output F < F`).
+    given = "stdin" if values.input == "-" else "--input"
+    raise RunError(f"{given} and --output are the same file ({values.output}): writing the "
                    "translations would overwrite the sentences being read; give --output "
                    "another path")
   # Opened before translating: a bad path fails now, not after the whole search.
@@ -182,14 +235,14 @@ def body(values, sentences):
       part = (translator.with_line_offset(values.line_offset + start) if translator.sampling
               else translator)
       if values.nbest:
-        out.write(nbest_lines(part.translate_nbest(piece, values.nbest, names=piece_names),
-                              values.line_offset + start))
+        text = nbest_lines(part.translate_nbest(piece, values.nbest, names=piece_names),
+                           values.line_offset + start)
       else:
         # One line a translation, whatever it holds: byte-fallback pieces can decode to a line
         # break, which would shift every later line against the input (as evaluate.py does).
-        out.write("".join(" ".join(line.splitlines()) + "\n"
-                          for line in part.translate(piece, names=piece_names)))
-      out.flush()
+        text = "".join(" ".join(line.splitlines()) + "\n"
+                       for line in part.translate(piece, names=piece_names))
+      _write_chunk(out, text, start, values.output)
       if values.verbose and (start or len(piece) == size):  # more than one chunk, or may be
         print(f"translate: {end:,} lines written", file=sys.stderr, flush=True)
       start = end

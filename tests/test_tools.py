@@ -4,6 +4,7 @@ One tiny run is trained once for the module (steps 3 and 6 saved); the scripts' 
 are called in-process (one subprocess smoke test checks the command line itself).
 """
 import copy
+import errno
 import hashlib
 import io
 import json
@@ -246,6 +247,10 @@ def test_actionable_errors(workdir, tmp_path, capsys, monkeypatch):
   rc, _, err = run_main(translate_script, ["--workdir", workdir], capsys,
                         stdin=b"seven\n\xff\n", monkeypatch=monkeypatch)
   assert rc == 1 and "stdin line 2 is not UTF-8" in err
+  # An argument the locale could not decode (Python keeps its bytes as surrogate escapes).
+  escaped = b"I buy \xff apples".decode("utf-8", "surrogateescape")
+  rc, out, err = run_main(translate_script, ["--workdir", workdir, "seven", escaped], capsys)
+  assert rc == 1 and "error: argument 2 is not UTF-8 (at character 7)" in err and out == "", err
   rc, _, err = run_main(translate_script, ["--workdir", workdir, "--output",
                                            str(tmp_path / "no" / "such" / "dir.txt"), "one"],
                         capsys)
@@ -960,12 +965,46 @@ def test_translate_writes_one_line_a_translation_and_refuses_its_input_as_output
                                              "--output", str(output)], capsys)
     assert rc == 1 and "--input and --output are the same file" in err, err
     assert source.read_text() == "seven\ntwelve\n"
+  with open(source, encoding="utf-8") as stdin:  # `--output in.txt < in.txt`
+    monkeypatch.setattr(sys, "stdin", stdin)
+    rc, _, err = run_main(translate_script, ["--workdir", workdir, "--output", str(source)],
+                          capsys)
+  assert rc == 1 and "stdin and --output are the same file" in err, err
+  assert source.read_text() == "seven\ntwelve\n"
   monkeypatch.setattr(translator_lib.Translator, "translate",
                       lambda self, lines, names=None: ["a\nb", "c\r\nd\re"][:len(lines)])
   out = tmp_path / "out.txt"
   rc, _, err = run_main(translate_script, ["--workdir", workdir, "--input", str(source),
                                            "--output", str(out)], capsys)
   assert rc == 0 and out.read_text() == "a b\nc d e\n", err
+  # A write cut short (a full disk) is undone: the output ends after the last whole chunk, so
+  # `wc -l` counts the lines done (the docstring's way to go on), also on stdout sent to a
+  # file in append mode, whose earlier lines stay.
+  writes = []
+
+  def short_write(fd, data):
+    writes.append(data)
+    if len(writes) % 2 == 0:  # every second chunk: one byte, then the disk is full
+      os.write(fd, data[:1])
+      raise OSError(errno.ENOSPC, "No space left on device")
+    os.write(fd, data)
+  monkeypatch.setattr(translate_script, "_write_all", short_write)
+  rc, _, err = run_main(translate_script, ["--workdir", workdir, "--input", str(source),
+                                           "--output", str(out), "--chunk_lines", "1"], capsys)
+  assert rc == 1 and (f"--output {out}: No space left on device while writing the translations "
+                      "of this input's lines 2 on; it ends with those of the lines before") in err
+  assert out.read_text() == "a b\n"
+  appended = tmp_path / "appended.txt"
+  appended.write_text("kept\n")
+  # As a shell's `>> appended.txt` opens it: in append mode, at offset 0 until a write.
+  with os.fdopen(os.open(appended, os.O_WRONLY | os.O_APPEND), "w", encoding="utf-8") as stdout:
+    monkeypatch.setattr(sys, "stdout", stdout)
+    writes[:] = [b""]  # its first chunk is cut short
+    rc, _, err = run_main(translate_script, ["--workdir", workdir, "--input", str(source),
+                                             "--chunk_lines", "1"], capsys)
+  assert rc == 1 and ("the output (stdout): No space left on device while writing the "
+                      "translations of this input's lines 1 on") in err, err
+  assert appended.read_text() == "kept\n"
 
 
 def test_translate_nbest_writes_tab_separated_rows(workdir, tmp_path, capsys):
@@ -1217,9 +1256,14 @@ def test_an_ensemble_decodes_its_members_by_their_mean_probability(workdir, tran
   dummy = np.ones((1, 4), np.int32)
   checkpointing.save_params(str(tmp_path / "wider"), 3, translator_lib.Transformer(wider).init(
       jax.random.key(0), dummy, dummy)["params"], {})
+  os.symlink(workdir, tmp_path / "link")
   for members, message in (
       ([os.path.join(workdir, "checkpoints", "6")], "is already in the ensemble (the translator's "
        "own checkpoint)"),
+      ([str(tmp_path / "link" / "checkpoints" / "6")], "is already in the ensemble (the "
+       "translator's own checkpoint)"),   # the same checkpoint through a symbolic link
+      ([os.path.join(workdir, "checkpoints", "3"), str(tmp_path / "link" / "checkpoints" / "3")],
+       f"is already in the ensemble (--ensemble {os.path.join(workdir, 'checkpoints', '3')})"),
       ([str(tmp_path / "nowhere")], f"--ensemble {tmp_path / 'nowhere'}: no checkpoint in"),
       ([str(other)], f"activation={theirs!r} (--workdir's: {mine!r})"),
       ([str(other_tokenizer)], f"--ensemble {other_tokenizer}: "),
@@ -1544,6 +1588,17 @@ def test_tokenized_bleu_takes_the_runs_target_language_and_tokenized_references_
                                             "--reference", str(ref2)], capsys)
   assert rc == 0 and f"held the result for reference_file {ref}; it is replaced by this one for " \
       f"{ref2}" in err, err
+  assert "references.t.txt held other references" in err and f"replaced by {ref2}'s" in err
+  # The references file is every search's of the test set, not only the same search's: beam 2
+  # against the first references (no earlier beam 2 result) is told too; again, it is not.
+  for told in (True, False):
+    rc, out, err = run_main(evaluate_script, ["--workdir", run, "--source", str(src),
+                                              "--reference", str(ref), "--beam_size", "2"],
+                            capsys)
+    assert rc == 0 and ("references.t.txt held other references" in err) == told, err
+    assert "held the result for" not in err, err
+  assert open(json.loads(out)["references"], encoding="utf-8").read() == ref.read_text(
+      encoding="utf-8")
 
 
 def test_bleu_text_and_a_grid_without_intervals_or_p_values():
@@ -1557,6 +1612,10 @@ def test_bleu_text_and_a_grid_without_intervals_or_p_values():
   table = evaluation.grid_table("test", rows, [None, None]).splitlines()
   assert "p vs best" not in "\n".join(table) and len(table) == 4, table
   assert table[3].split() == ["*", "4", "0.6", "22.50", "51.00", "23.00", "5.0"], table
+  # Every source blank: nothing searched, no speed.
+  rows[1]["sentences_per_sec"] = None
+  table = evaluation.grid_table("test", rows, [None, None]).splitlines()
+  assert table[3].split() == ["*", "4", "0.6", "22.50", "51.00", "23.00", "-"], table
 
 
 def test_a_grids_columns_end_under_their_headings_and_hypotheses_are_read_line_by_line(

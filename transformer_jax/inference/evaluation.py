@@ -151,9 +151,10 @@ def grid_table(split: str, results: Sequence[dict],
     if show_p:
       p = "  " + ("-" if p_values[i] is None else f"{p_values[i]:.3f}").rjust(9)
     step = f"{r.get('step')!s:>7}  " if steps else ""
+    # None where nothing was searched (every source blank).
+    speed = "-" if r["sentences_per_sec"] is None else f"{r['sentences_per_sec']:.1f}"
     rows.append(f"{'*' if best else ' '} {step}{r['beam_size']:>4}  {alpha:>5}  {r['bleu']:>6.2f}  "
-                f"{ci}  {r['chrf']:>6.2f}  {r['tokenized_bleu']:>14.2f}  "
-                f"{r['sentences_per_sec']:>11.1f}{p}")
+                f"{ci}  {r['chrf']:>6.2f}  {r['tokenized_bleu']:>14.2f}  {speed:>11}{p}")
   if show_p:
     rows.append(f"p vs best: paired bootstrap ({bleu_lib.BOOTSTRAP_SAMPLES:,} resamples, "
                 "sacreBLEU's --paired-bs) against the row marked - ; above 0.05 the "
@@ -247,6 +248,24 @@ def warn_if_other_files(path: str, result: dict, kept: str = " (eval/results.jso
       return
 
 
+def _warn_if_other_references(path: str, references: str, result: dict) -> None:
+  """`references.<split>.txt` is shared by every search of the split in its directory: other
+  references written over it (a test set of one's own of the same name, scored against
+  another reference file) leave the earlier searches' results pointing at references they
+  were not scored on, which is said."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      if f.read() == references:
+        return
+  except (OSError, ValueError):  # none yet, or unreadable: nothing of it to keep
+    return
+  given = result.get("reference_file") or result.get("target_file")
+  warn_stderr(f"{path} held other references, which the earlier results in its directory "
+              f"were scored on; it is replaced by {given or 'these'}'s, and those results' "
+              "BLEU no longer follows from the files beside them: pass --name to keep test "
+              "sets scored against different references side by side")
+
+
 def _write(output_dir: str, split: str, tag: str, hypotheses: Sequence[str], result: dict,
            pairs: Sequence[tuple[str, str]], num_examples: int, workdir: str | None) -> dict:
   """`hypotheses.<name>.txt` (one line per pair, in the split's order), `eval.<name>.json` and
@@ -263,7 +282,9 @@ def _write(output_dir: str, split: str, tag: str, hypotheses: Sequence[str], res
   result["hypotheses"] = os.path.join(output_dir, f"hypotheses.{name}.txt")
   write_atomically(result["hypotheses"], "".join(h + "\n" for h in hypotheses))
   result["references"] = os.path.join(output_dir, f"references.{split}.txt")
-  write_atomically(result["references"], "".join(" ".join(r.splitlines()) + "\n" for _, r in pairs))
+  references = "".join(" ".join(r.splitlines()) + "\n" for _, r in pairs)
+  _warn_if_other_references(result["references"], references, result)
+  write_atomically(result["references"], references)
   if num_examples > 0:
     result["examples"] = os.path.join(output_dir, f"examples.{name}.md")
     write_atomically(result["examples"],

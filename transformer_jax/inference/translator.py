@@ -349,7 +349,8 @@ class Translator:
     """Each `--ensemble` path's checkpoint, checked: `{"checkpoint", "step", "averaged_steps",
     "params"}` (host numpy)."""
     members: list[dict] = []
-    seen = {(self.checkpoint_dir, self.step): "the translator's own checkpoint"}
+    # By real path: a checkpoint reached through a link (or `..`) is the same model.
+    seen = {(os.path.realpath(self.checkpoint_dir), self.step): "the translator's own checkpoint"}
     paths = list(paths)
     if not all(p.strip() for p in paths):  # else '' would name --workdir's own checkpoints
       raise RunError(f"--ensemble {','.join(paths)}: an empty path (a comma too many?): name "
@@ -359,10 +360,11 @@ class Translator:
       try:
         directory, step = checkpointing.resolve_checkpoint(self.workdir, checkpoint=path)
         where = os.path.join(directory, str(step))
-        if (directory, step) in seen:
-          raise RunError(f"{where} is already in the ensemble ({seen[directory, step]}): a "
+        key = (os.path.realpath(directory), step)
+        if key in seen:
+          raise RunError(f"{where} is already in the ensemble ({seen[key]}): a "
                          "model twice only weighs it double; name each checkpoint once")
-        seen[directory, step] = flag
+        seen[key] = flag
         _check_tokenizer(self.workdir, directory, spm_path)
         _check_member_model(self.config, directory, step, flag, self.workdir)
         _, params = checkpointing.load_params(directory, step)
