@@ -94,7 +94,8 @@ def test_translate_stdin_keeps_lines_and_survives_odd_input(workdir, capsys, mon
   assert outputs[1] == "" and outputs[2] == ""                    # empty stays empty
   # Read whole, as evaluate.py reads it (sinusoidal positions), with a warning naming the line.
   assert ("stdin line 5: 276 pieces, more than the 31 (max_len 32 - 1 for eos) the model was "
-          "built for: read whole") in err, err
+          "built for: read whole, as sinusoidal positions extend past max_len, but its "
+          "translation stops at 32 tokens\n") in err, err
   assert "line 4" not in err                                      # unknown characters: no warning
   assert err.count("warning:") == 1
   # In chunks of 4 lines: the same output, the warning naming the same line.
@@ -1084,6 +1085,11 @@ def test_scoring_details_found_by_mutation_testing(translator, tmp_path):
     scoring.pair_scores(translator, [("", "sieben")] * empty, warn=said.append)
     assert said == [f"{empty} pair(s) with an empty source not scored {named}the model never "
                     "saw an empty source (translate.py gives it an empty translation)"]
+  # A long source is read whole; nothing is translated, so no translation stops anywhere.
+  said = []
+  scoring.pair_scores(translator, [(LONG, "sieben")], warn=said.append)
+  assert said == ["pair 1: 276 pieces, more than the 31 (max_len 32 - 1 for eos) the model was "
+                  "built for: read whole, as sinusoidal positions extend past max_len"]
   # A scorer starts at no time; score() reports the time of its own scoring and compiling.
   scorer = scoring.PairScorer(translator)
   assert (scorer.compile_seconds, scorer.score_seconds, scorer.compiled_shapes) == (0.0, 0.0, 0)
@@ -2309,6 +2315,10 @@ def test_attention_maps_cut_a_long_target_and_plot_what_each_kind_attends(transl
       f"warning: --target: {pieces} pieces, more than the model's maximum of {max_len - 1} "
       f"(max_len {max_len} - 1 for eos; its learned position table ends there): truncated to "
       f"{max_len - 1} pieces, the plot shows those\n")
+  # A long source with its target given: read whole, and nothing is translated.
+  attention_maps.attention_maps(translator, long_target, "sieben")
+  assert capsys.readouterr().err.endswith("read whole, as sinusoidal positions extend past "
+                                          "max_len\n")
   src, tgt, dec = ["a", "b", "</s>"], ["x", "y", "z", "</s>"], ["<s>", "x", "y", "z"]
   rng = np.random.default_rng(0)
   def weights(queries, keys, heads=6):

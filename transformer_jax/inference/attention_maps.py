@@ -37,7 +37,8 @@ def attention_maps(translator: Translator, source: str, target: str | None = Non
   if translator.members:
     raise RunError("attention maps are one model's: pass a translator without ensemble "
                    "members")
-  (src,) = translator.encode([source], warn_stderr, names=["--source"])
+  (src,) = translator.encode([source], warn_stderr, names=["--source"],
+                             translated=target is None)
   if not src:
     raise RunError("the source sentence is empty: nothing to attend to")
   if target is None:

@@ -111,7 +111,7 @@ def pair_scores(translator: Translator, pairs: Sequence[tuple[str, str]],
   names = names or [f"pair {i + 1}" for i in range(len(pairs))]
   scorer = scorer or PairScorer(translator)
   config, tokenizer = translator.config, translator.tokenizer
-  sources = translator.encode([s for s, _ in pairs], capped, names)
+  sources = translator.encode([s for s, _ in pairs], capped, names, translated=False)
   targets = [list(ids) + [tokenizer.eos_id]
              for ids in tokenizer.encode_batch([t for _, t in pairs])] if pairs else []
   too_long = [len(ids) > config.max_len for ids in targets]

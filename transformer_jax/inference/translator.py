@@ -500,10 +500,11 @@ class Translator:
   # -- text <-> ids
 
   def encode(self, lines: Sequence[str], warn: Callable[[str], None] = warn_stderr,
-             names: Sequence[str] | None = None) -> list[list[int]]:
+             names: Sequence[str] | None = None, translated: bool = True) -> list[list[int]]:
     """Source ids with eos per line; [] for an empty (or blank) line. A source longer than
     `max_len - 1` pieces gets a warning naming the line (`names[i]`), and is cut to that length
-    when truncating (`self.truncate`)."""
+    when truncating (`self.truncate`). `translated`: whether the lines are to be translated
+    (not scored against a target given), which the warning then says stops at max_len."""
     # Normalised here as the tokenizer will, so that a blank line is seen as empty.
     lines = [normalize_spaces(line) for line in lines]
     ids = self.tokenizer.encode_batch(lines) if lines else []
@@ -512,9 +513,8 @@ class Translator:
       if not line or not pieces:
         out.append([])
         continue
-      pieces = self.fit(pieces, names[i] if names else f"line {i + 1}", warn,
-                        whole_note=f", but its translation stops at {self.config.max_len} "
-                        "tokens")
+      note = f", but its translation stops at {self.config.max_len} tokens" if translated else ""
+      pieces = self.fit(pieces, names[i] if names else f"line {i + 1}", warn, whole_note=note)
       out.append(pieces + [self.tokenizer.eos_id])
     return out
 
