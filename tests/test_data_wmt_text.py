@@ -83,7 +83,7 @@ def test_lines_split_at_newlines_only(tmp_path):
   assert pairs == [("page break", "Seite"), ("line sep", "Zeile"), ("nel x", "NEL")]
 
 
-def test_text_corpus_errors_name_the_file(tmp_path):
+def test_text_corpus_errors_name_the_file(tmp_path, capsys):
   (tmp_path / "latin1.tsv").write_bytes("one\teins\nGr\xfc\xdfe\tgreetings\n".encode("latin-1"))
   c = default_data_config()
   c.dataset, c.data_dir, c.tsv_path = "text", str(tmp_path / "tfds"), str(tmp_path / "latin1.tsv")
@@ -93,7 +93,33 @@ def test_text_corpus_errors_name_the_file(tmp_path):
   (tmp_path / "small.tsv").write_text("".join(f"s{i}\tt{i}\n" for i in range(5)))
   c.tsv_path = str(tmp_path / "small.tsv")
   with pytest.raises(DataError, match=r"small.tsv: split\(s\) \[.*\] would be empty.*"
-                                       r"held_out_per_mille"):
+                                       r"held_out_per_mille") as e:
+    get_data(c, str(tmp_path / "work"))
+  assert "of the corpus's near-duplicate groups (pairs sharing a normalized source or target) " \
+      "(data.split='grouped_v2'): it has 5: so few pairs may be a file whose lines end in bare " \
+      "carriage returns" in str(e.value), e.value
+  c.split = "source"
+  with pytest.raises(DataError, match=r"share of the corpus's distinct sources "
+                                       r"\(data.split='source'\): it has 5: so few"):
+    get_data(c, str(tmp_path / "work"))
+  c.split = "grouped_v2"
+  # Two aligned files with old Mac line ends: one line each, and a warning says why.
+  from transformer_jax.data import builders
+  (tmp_path / "cr.en").write_bytes(b"one\rtwo\rthree\r")
+  (tmp_path / "cr.de").write_bytes(b"eins\rzwei\rdrei\r")
+  capsys.readouterr()
+  assert builders.read_parallel_text(None, str(tmp_path / "cr.en"), str(tmp_path / "cr.de")) == [
+      ("one two three", "eins zwei drei")]
+  assert capsys.readouterr().err == (
+      f"{tmp_path / 'cr.en'} and {tmp_path / 'cr.de'}: lines hold a carriage return not "
+      "followed by a line feed: lines end at line feeds only, so what it separates is read as "
+      "one line; if it ends lines (old Mac line ends), convert them, e.g. with "
+      "`tr '\\r' '\\n'`\n")
+  # One target across the corpus makes one group of every pair: no share can hold it out.
+  (tmp_path / "yes.tsv").write_text("".join(f"question {i}\tJa.\n" for i in range(300)))
+  c.tsv_path = str(tmp_path / "yes.tsv")
+  with pytest.raises(DataError, match=r"it has 1; the largest holds 300 of the 300 pairs \(a "
+                                       r"target or source repeated across the corpus"):
     get_data(c, str(tmp_path / "work"))
   # An empty file is said to be empty (not that held_out_per_mille is too small).
   (tmp_path / "empty.tsv").write_text("\n\n")
@@ -103,7 +129,12 @@ def test_text_corpus_errors_name_the_file(tmp_path):
   # A wrong path names its field, and the directory a relative one was read from.
   c.tsv_path = "nope/corpus.tsv"
   with pytest.raises(DataError, match=r"data.tsv_path=nope/corpus.tsv \(read from "
-                                       rf"{os.getcwd()}\): no such file"):
+                                       rf"{os.getcwd()}\): no such file: pass the path of "
+                                       r"your corpus file$"):
+    get_data(c, str(tmp_path / "work"))
+  c.tsv_path = "~/corpus.tsv"  # `--config.data.tsv_path=~/corpus.tsv`: no shell expands it
+  with pytest.raises(DataError, match=r"no such file: pass the path of your corpus file; `~` is "
+                                       r"not your home directory here .*: write \$HOME/ instead"):
     get_data(c, str(tmp_path / "work"))
   c.tsv_path, c.source_path, c.target_path = None, str(tmp_path / "latin1.tsv"), str(tmp_path)
   with pytest.raises(DataError, match=rf"data.target_path={tmp_path}: is a directory"):

@@ -1589,7 +1589,8 @@ def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, t
   monkeypatch.chdir(tmp_path / "a")
   corpus.write_text("one\tzwei\n")                       # the same size, another content
   with pytest.raises(workdir_lib.ConfigChangeRefused,
-                     match=f"(?s){corpus}: its content changed.*restore them to resume"):
+                     match=f"(?s){corpus}: its content changed.*old files. Restore them to "
+                     "resume"):
     workdir_lib.check_config(run, text)
   # A run that failed before its first checkpoint has only its tokenizer: also made from the
   # old files.
@@ -1597,8 +1598,10 @@ def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, t
   with pytest.raises(workdir_lib.ConfigChangeRefused, match=f"{corpus}: its content changed"):
     workdir_lib.check_config(run, text)
   corpus.unlink()
-  with pytest.raises(workdir_lib.ConfigChangeRefused, match=f"{corpus}: no longer exists"):
+  with pytest.raises(workdir_lib.ConfigChangeRefused, match=f"{corpus}: no longer exists") as e:
     workdir_lib.check_config(run, text)
+  assert ("Moved? Resume naming their new place (--config.data.tsv_path=NEW_PATH): the same "
+          "bytes elsewhere are the same corpus.") in str(e.value)
 
 
 def test_a_text_run_records_its_corpus_and_refuses_an_edited_one(tmp_path, data_dir):
@@ -1761,7 +1764,7 @@ def test_roles_of_a_record_without_them_are_found_by_the_paths_given(tmp_path):
                                                 "target_path": "y/tgt.txt"})
 
 
-def test_fingerprint_details_found_by_mutation_testing(tmp_path, monkeypatch):
+def test_fingerprint_details_found_by_mutation_testing(tmp_path):
   def text(**paths):
     fields = {f"data.{k}": str(v) for k, v in paths.items()}
     return config(tmp_path, **{"data.dataset": "text", **fields}).data
@@ -1783,16 +1786,18 @@ def test_fingerprint_details_found_by_mutation_testing(tmp_path, monkeypatch):
   loc.locale_ding_path = str(tmp_path / "missing.txt")
   assert fingerprint.input_files(loc) == [str(catalogs / "a.mo")]
 
-  # changed(): every file is looked at, whatever comes before it; an untouched one is not read.
+  # changed(): every file is looked at, whatever comes before it, and read again even where
+  # its size and time are the recorded ones (`touch -r` after an edit).
   a, b, c = (tmp_path / n for n in ("a.txt", "b.txt", "c.txt"))
   for path, content in ((a, "one\n"), (b, "eins\n"), (c, "one\n")):
     path.write_text(content)
   recorded = fingerprint.fingerprint(text(source_path=a, target_path=b))
-  monkeypatch.setattr(fingerprint, "_sha256", lambda path: 1 / 0)
   assert fingerprint.changed(recorded) == []
-  monkeypatch.undo()
-  b.write_text("zwei\n")  # the same size: its time (set a second on, not to rely on the clock's
-  os.utime(b, ns=(0, recorded[str(b)]["mtime_ns"] + 10**9))  # resolution) says to look
+  b.write_text("zwei\n")  # the same size, and the recorded time put back
+  os.utime(b, ns=(0, recorded[str(b)]["mtime_ns"]))
+  assert os.stat(b).st_size == recorded[str(b)]["bytes"]
+  assert fingerprint.changed(recorded) == [f"{b}: its content changed (5 -> 5 bytes)"]
+  os.utime(b, ns=(0, recorded[str(b)]["mtime_ns"] + 10**9))  # and with a new time
   assert fingerprint.changed(recorded) == [f"{b}: its content changed (5 -> 5 bytes)"]
   a.unlink()
   assert fingerprint.changed(recorded) == [f"{a}: no longer exists",

@@ -13,6 +13,7 @@ TFDS itself writes into an `incomplete.*` directory that it renames when done.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -96,12 +97,31 @@ class _PairsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       raise DataError(f"{self._inputs()} holds no pairs (no line with a source and a target "
                       "that are both non-blank): check that it is the file you meant")
     if empty:
-      counts = ", ".join(f"{split} {len(pairs[split])}" for split in SPLITS)
-      raise DataError(
-          f"{self._inputs()}: split(s) {empty} would be empty (pairs: {counts}). Validation "
-          "and test take a hash-chosen data.held_out_per_mille share of the distinct sources "
-          "each: use a larger corpus or raise data.held_out_per_mille.")
+      raise DataError(self._empty_splits_message(pairs, empty))
     return {split: self._generate_examples(pairs[split]) for split in SPLITS}
+
+  def _empty_splits_message(self, pairs: dict, empty: list[str]) -> str:
+    counts = ", ".join(f"{split} {len(pairs[split])}" for split in SPLITS)
+    mode = self.builder_config.params["split"]
+    every = [pair for split in SPLITS for pair in pairs[split]]
+    if mode == "source":
+      units, keys = "distinct sources", [s for s, _ in every]
+    else:
+      units = "near-duplicate groups (pairs sharing a normalized source or target)"
+      keys = leakage.group_keys(every, empty_links_all=mode == "grouped")
+    sizes = collections.Counter(keys)
+    largest = max(sizes.values())
+    why = (f"; the largest holds {largest:,} of the {len(every):,} pairs (a target or source "
+           "repeated across the corpus joins its pairs into one), and no share of the rest "
+           "can fill the held-out splits" if mode != "source" and largest > len(every) // 2 else
+           "")
+    lines = ("" if len(every) > 10 else
+             ": so few pairs may be a file whose lines end in bare carriage returns (old Mac "
+             "line ends), read as one line; convert them with `tr '\\r' '\\n'`")
+    return (f"{self._inputs()}: split(s) {empty} would be empty (pairs: {counts}). Validation "
+            f"and test each take the pairs of a hash-chosen data.held_out_per_mille share of "
+            f"the corpus's {units} (data.split={mode!r}): it has {len(sizes):,}{why}{lines}. Use "
+            "a larger corpus or raise data.held_out_per_mille.")
 
   def _generate_examples(self, pairs):
     config = self.builder_config
@@ -197,6 +217,13 @@ def _raw_pairs(tsv_path: str | None, source_path: str | None,
       raise DataError(f"{source_path} has {len(sources)} lines but {target_path} has "
                        f"{len(targets)}: the files must be line-aligned")
     raw = list(zip(sources, targets))
+    odd = [path for path, lines in ((source_path, sources), (target_path, targets))
+           if any("\r" in line for line in lines)]
+    if odd:  # the TSV's are refused above, as lines of one field
+      print(f"{' and '.join(odd)}: lines hold a carriage return not followed by a line feed: "
+            "lines end at line feeds only, so what it separates is read as one line; if it "
+            "ends lines (old Mac line ends), convert them, e.g. with `tr '\\r' '\\n'`",
+            file=sys.stderr, flush=True)
   return raw
 
 
@@ -251,9 +278,12 @@ def make_builder(data_config, data_dir: str) -> _PairsBuilder:
     for field in fields:
       if not os.path.isfile(c[field]):
         where = "" if os.path.isabs(c[field]) else f" (read from {os.getcwd()})"
+        # A shell leaves `~` after `--config.data.tsv_path=` as it is.
+        tilde = ("; `~` is not your home directory here (a shell expands it only at the start "
+                 "of a word): write $HOME/ instead" if c[field].startswith("~") else "")
         raise DataError(f"data.{field}={c[field]}{where}: "
                         + ("is a directory" if os.path.isdir(c[field]) else "no such file")
-                        + ": pass the path of your corpus file")
+                        + f": pass the path of your corpus file{tilde}")
     paths = [c[f] for f in fields]
     params = {"tsv_path": c.tsv_path, "source_path": c.source_path,
               "target_path": c.target_path, "held_out_per_mille": c.held_out_per_mille,

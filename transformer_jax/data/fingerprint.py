@@ -8,7 +8,8 @@ modification times, so a corpus edited in place is rebuilt on the next start, wi
 splits, under the tokenizer and the data position of the old one. The workdir records this
 fingerprint (`config.json`'s `resolved_data`) and a resume compares it (`run.workdir`). The
 content's SHA-256 decides: a file only touched or copied (a new time, the same bytes) is the
-same corpus, and is hashed again only when its size or time moved.
+same corpus, and one rewritten with its old size and time put back is not (every comparison
+hashes the files again: about a second a gigabyte).
 
     record(config.data)                      # {"inputs": fingerprint, "roles": {field: path}}
     matches(recorded_record, config.data)    # the same bytes, each file in the same role
@@ -65,9 +66,10 @@ def changed(recorded: dict) -> list[str]:
     if not os.path.exists(path):
       out.append(f"{path}: no longer exists")
       continue
+    # Read again even where its size and time are the recorded ones: a file rewritten with its
+    # old time put back (`touch -r`) would otherwise pass, and the build, named by size and
+    # time, would stay the old one here but not on a rebuild (another data_dir).
     stat = os.stat(path)
-    if stat.st_size == was["bytes"] and stat.st_mtime_ns == was["mtime_ns"]:
-      continue  # untouched: not read again
     if _sha256(path) != was["sha256"]:
       out.append(f"{path}: its content changed ({was['bytes']:,} -> {stat.st_size:,} bytes)")
   return out

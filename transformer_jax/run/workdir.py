@@ -886,8 +886,8 @@ def corpus_changes(stored: dict, data_config) -> list[str]:
   inputs, data = recorded["inputs"], stored.get("data")
   now = fingerprint.input_files(data_config)
   if sorted(now) == sorted(inputs):
-    # The same files (hashed only where their size or time moved). Their roles are not
-    # compared here: the callers refuse a change of the path fields first.
+    # The same files (hashed again). Their roles are not compared here: the callers refuse a
+    # change of the path fields first.
     return fingerprint.changed(inputs)
   if fingerprint.matches(recorded, data_config, data):
     return []
@@ -904,12 +904,18 @@ def _check_corpus(workdir: str, stored: dict, config) -> None:
                                               config.data.target_path)):
     relative = (f" This command's relative corpus paths were read from {os.getcwd()}: run it "
                 "from the directory the run was started in, or give absolute paths.")
+  moved = ""
+  if config.data.dataset == "text" and any(line.endswith(": no longer exists") for line in lines):
+    from transformer_jax.data import fingerprint  # see config_json
+    fields = " ".join(f"--config.data.{f}=NEW_PATH" for f in fingerprint.roles(config.data))
+    moved = (f" Moved? Resume naming their new place ({fields}): the same bytes elsewhere are "
+             "the same corpus.")
   if lines:
     raise ConfigChangeRefused(
         f"{workdir} holds a run trained on corpus files that have changed since:\n  "
         + "\n  ".join(lines) + f"\nNothing was changed in {workdir}. Its tokenizer, its "
-        "validation and test splits and its place in the data were made from the old files: "
-        "restore them to resume this run, or start a new --workdir on the new files (with "
+        "validation and test splits and its place in the data were made from the old files."
+        f"{moved} Restore them to resume this run, or start a new --workdir on the new files (with "
         f"--config.init_from={os.path.join(workdir, CHECKPOINTS)} to continue from this "
         "run's parameters and tokenizer, which it copies)." + relative)
 
