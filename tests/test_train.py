@@ -448,7 +448,7 @@ def test_batches_that_do_not_split_over_the_devices_are_refused(tmp_path, data_d
   Trainer.create(c, str(tmp_path / "c")).checkpointer.close()
 
 
-def test_evaluation_fits_sentences_to_a_learned_position_table(tmp_path, data_dir):
+def test_evaluation_fits_sentences_to_a_learned_position_table(tmp_path, data_dir, monkeypatch):
   # The tiny task's validation split has sentences longer than 32 pieces: a learned table of 32
   # positions used to fail the first evaluation (and every resume after it) with "a sequence of
   # 40 positions is longer than the learned position table".
@@ -462,9 +462,20 @@ def test_evaluation_fits_sentences_to_a_learned_position_table(tmp_path, data_di
   assert np.isfinite(trainer.evaluate(params)["eval_loss"])
   assert trainer.bleu(params, 4)["bleu_sentences"] == 4
   trainer.checkpointer.close()
-  # Sinusoidal positions take any length: nothing cut, nothing said.
+  # Sinusoidal positions take any length: nothing cut, nothing said; unless a pair is so long
+  # that padding every batch to it may run out of memory (the split's one length).
   trainer = Trainer.create(tiny_config(data_dir), str(tmp_path / "sinusoidal"))
   assert trainer.eval_max_len is None and trainer.eval_cut_warning() is None
+  pairs = trainer.data.raw_examples("validation")[:2]
+  for words, said in ((20, False), (200, True)):
+    monkeypatch.setattr(trainer.data, "raw_examples",
+                        lambda split, words=words: pairs + [(" ".join(["seven"] * words), "x")])
+    warning = trainer.eval_cut_warning()
+    assert (warning is not None) == said, warning
+  assert re.fullmatch(r"validation pair 3 is \d+ pieces with EOS, over 4 times model.max_len=32: "
+                      r"evaluation pads every batch of the split to the split's longest pair, "
+                      r"data.eval_batch_size=\d+ rows of it, which may run out of memory; lower "
+                      r"data.eval_batch_size, or take the pair out of the corpus", warning)
   trainer.checkpointer.close()
 
 

@@ -70,6 +70,11 @@ def adopt_init_from_tokenizer(config, workdir: str) -> None:
   distributed.sync("transformer_jax: the init_from tokenizer is copied")
 
 
+# A held-out pair this many times model.max_len is warned of (`Trainer.eval_cut_warning`): the
+# split's every evaluation batch is padded to it, and attention grows with its square.
+LONG_EVAL_FACTOR = 4
+
+
 class Trainer:
   """Data, model config, `TrainSetup` (mesh, state shardings, jitted train step), eval step and
   checkpointer of one run."""
@@ -103,11 +108,22 @@ class Trainer:
     return cls(config, data, model_cfg, setup, checkpointer)
 
   def eval_cut_warning(self, split: str = "validation") -> str | None:
-    """What evaluation cuts to fit a learned position table, if anything (said once a run)."""
+    """What evaluation cuts to fit a learned position table, or a pair so long that padding
+    every batch of the split to it may run out of memory; None if neither (said once a run)."""
+    pairs = self.data.raw_examples(split)
     if not self.eval_max_len:
-      return None
-    _, _, cut = pipeline.eval_ids(self.data.raw_examples(split), self.data.tokenizer,
-                                  self.eval_max_len)
+      # Sinusoidal positions take any length, and the split is padded to its longest pair.
+      source_ids, target_ids, _ = pipeline.eval_ids(pairs, self.data.tokenizer)
+      lengths = [max(len(s), len(t)) for s, t in zip(source_ids, target_ids)]
+      longest = max(lengths, default=0)
+      if longest <= LONG_EVAL_FACTOR * self.model_cfg.max_len:
+        return None
+      return (f"{split} pair {lengths.index(longest) + 1} is {longest:,} pieces with EOS, over "
+              f"{LONG_EVAL_FACTOR} times model.max_len={self.model_cfg.max_len}: evaluation "
+              "pads every batch of the split to the split's longest pair, "
+              f"data.eval_batch_size={self.config.data.eval_batch_size} rows of it, which may "
+              "run out of memory; lower data.eval_batch_size, or take the pair out of the corpus")
+    _, _, cut = pipeline.eval_ids(pairs, self.data.tokenizer, self.eval_max_len)
     if not cut:
       return None
     return (f"{cut} {split} pairs are longer than the learned position table (model.max_len="
