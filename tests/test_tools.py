@@ -1594,7 +1594,8 @@ def test_tokenized_bleu_takes_the_runs_target_language_and_tokenized_references_
                                             "--reference", str(ref2)], capsys)
   assert rc == 0 and f"held the result for reference_file {ref}; it is replaced by this one for " \
       f"{ref2}" in err, err
-  assert "references.t.txt held other references" in err and f"replaced by {ref2}'s" in err
+  assert "references.t.txt held other references" in err
+  assert f"replaced by those of {ref2}, and" in err
   # The references file is every search's of the test set, not only the same search's: beam 2
   # against the first references (no earlier beam 2 result) is told too; again, it is not.
   for told in (True, False):

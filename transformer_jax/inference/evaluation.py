@@ -261,9 +261,9 @@ def _warn_if_other_references(path: str, references: str, result: dict) -> None:
     return
   given = result.get("reference_file") or result.get("target_file")
   warn_stderr(f"{path} held other references, which the earlier results in its directory "
-              f"were scored on; it is replaced by {given or 'these'}'s, and those results' "
-              "BLEU no longer follows from the files beside them: pass --name to keep test "
-              "sets scored against different references side by side")
+              f"were scored on; it is replaced by {f'those of {given}' if given else 'these'}, "
+              "and those results' BLEU no longer follows from the files beside them: pass "
+              "--name to keep test sets scored against different references side by side")
 
 
 def _write(output_dir: str, split: str, tag: str, hypotheses: Sequence[str], result: dict,
