@@ -96,12 +96,21 @@ def test_text_corpus_errors_name_the_file(tmp_path, capsys):
                                        r"held_out_per_mille") as e:
     get_data(c, str(tmp_path / "work"))
   assert "of the corpus's near-duplicate groups (pairs sharing a normalized source or target) " \
-      "(data.split='grouped_v2'): it has 5: so few pairs may be a file whose lines end in bare " \
-      "carriage returns" in str(e.value), e.value
+      "(data.split='grouped_v2'): it has 5. Use a larger corpus" in str(e.value), e.value
   c.split = "source"
   with pytest.raises(DataError, match=r"share of the corpus's distinct sources "
-                                       r"\(data.split='source'\): it has 5: so few"):
+                                       r"\(data.split='source'\): it has 5. Use"):
     get_data(c, str(tmp_path / "work"))
+  c.split = "grouped_v2"
+  # Groups as the split's mode makes them: a target shared by two pairs joins them; sides of
+  # punctuation alone, by their exact text (the legacy "grouped" made one group of all such).
+  (tmp_path / "groups.tsv").write_text("s0\tt0\ns1\tt0\nx1\t...\nx2\t?!\n")
+  c.tsv_path = str(tmp_path / "groups.tsv")
+  for mode, groups in (("grouped_v2", 3), ("grouped", 2)):
+    c.split = mode
+    with pytest.raises(DataError, match=rf"\(data.split='{mode}'\): it has {groups}; the largest "
+                                         r"holds 2 of the 4 pairs \(a target or source"):
+      get_data(c, str(tmp_path / "work"))
   c.split = "grouped_v2"
   # Two aligned files with old Mac line ends: one line each, and a warning says why.
   from transformer_jax.data import builders
@@ -119,7 +128,8 @@ def test_text_corpus_errors_name_the_file(tmp_path, capsys):
   (tmp_path / "yes.tsv").write_text("".join(f"question {i}\tJa.\n" for i in range(300)))
   c.tsv_path = str(tmp_path / "yes.tsv")
   with pytest.raises(DataError, match=r"it has 1; the largest holds 300 of the 300 pairs \(a "
-                                       r"target or source repeated across the corpus"):
+                                       r"target or source repeated across the corpus joins its "
+                                       r"pairs into one\)\. Use"):
     get_data(c, str(tmp_path / "work"))
   # An empty file is said to be empty (not that held_out_per_mille is too small).
   (tmp_path / "empty.tsv").write_text("\n\n")

@@ -110,18 +110,13 @@ class _PairsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       units = "near-duplicate groups (pairs sharing a normalized source or target)"
       keys = leakage.group_keys(every, empty_links_all=mode == "grouped")
     sizes = collections.Counter(keys)
-    largest = max(sizes.values())
+    largest = max(sizes.values())  # 1 for distinct sources: clean_pairs keeps one pair each
     why = (f"; the largest holds {largest:,} of the {len(every):,} pairs (a target or source "
-           "repeated across the corpus joins its pairs into one), and no share of the rest "
-           "can fill the held-out splits" if mode != "source" and largest > len(every) // 2 else
-           "")
-    lines = ("" if len(every) > 10 else
-             ": so few pairs may be a file whose lines end in bare carriage returns (old Mac "
-             "line ends), read as one line; convert them with `tr '\\r' '\\n'`")
+           "repeated across the corpus joins its pairs into one)" if largest > 1 else "")
     return (f"{self._inputs()}: split(s) {empty} would be empty (pairs: {counts}). Validation "
             f"and test each take the pairs of a hash-chosen data.held_out_per_mille share of "
-            f"the corpus's {units} (data.split={mode!r}): it has {len(sizes):,}{why}{lines}. Use "
-            "a larger corpus or raise data.held_out_per_mille.")
+            f"the corpus's {units} (data.split={mode!r}): it has {len(sizes):,}{why}. Use a "
+            "larger corpus or raise data.held_out_per_mille.")
 
   def _generate_examples(self, pairs):
     config = self.builder_config
@@ -223,7 +218,7 @@ def _raw_pairs(tsv_path: str | None, source_path: str | None,
       print(f"{' and '.join(odd)}: lines hold a carriage return not followed by a line feed: "
             "lines end at line feeds only, so what it separates is read as one line; if it "
             "ends lines (old Mac line ends), convert them, e.g. with `tr '\\r' '\\n'`",
-            file=sys.stderr, flush=True)
+            file=sys.stderr)
   return raw
 
 
