@@ -467,12 +467,13 @@ def test_evaluation_fits_sentences_to_a_learned_position_table(tmp_path, data_di
   trainer = Trainer.create(tiny_config(data_dir), str(tmp_path / "sinusoidal"))
   assert trainer.eval_max_len is None and trainer.eval_cut_warning() is None
   pairs = trainer.data.raw_examples("validation")[:2]
-  for words, said in ((20, False), (200, True)):
+  assert len(trainer.data.tokenizer.encode(" ".join(["I"] * 127))) == 127  # one piece each
+  for words, said in ((127, False), (128, True)):  # 128 pieces with EOS: 4 x max_len, not over
     monkeypatch.setattr(trainer.data, "raw_examples",
-                        lambda split, words=words: pairs + [(" ".join(["seven"] * words), "x")])
+                        lambda split, words=words: pairs + [(" ".join(["I"] * words), "x")])
     warning = trainer.eval_cut_warning()
     assert (warning is not None) == said, warning
-  assert re.fullmatch(r"validation pair 3 is \d+ pieces with EOS, over 4 times model.max_len=32: "
+  assert re.fullmatch(r"validation pair 3 is 129 pieces with EOS, over 4 times model.max_len=32: "
                       r"evaluation pads every batch of the split to the split's longest pair, "
                       r"data.eval_batch_size=\d+ rows of it, which may run out of memory; lower "
                       r"data.eval_batch_size, or take the pair out of the corpus", warning)

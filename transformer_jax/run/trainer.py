@@ -115,7 +115,7 @@ class Trainer:
       # Sinusoidal positions take any length, and the split is padded to its longest pair.
       source_ids, target_ids, _ = pipeline.eval_ids(pairs, self.data.tokenizer)
       lengths = [max(len(s), len(t)) for s, t in zip(source_ids, target_ids)]
-      longest = max(lengths, default=0)
+      longest = max(lengths)  # a split is never empty (the builders refuse one)
       if longest <= LONG_EVAL_FACTOR * self.model_cfg.max_len:
         return None
       return (f"{split} pair {lengths.index(longest) + 1} is {longest:,} pieces with EOS, over "
