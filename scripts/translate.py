@@ -155,7 +155,8 @@ def _write_chunk(out, text: str, lines_before: int, path: str) -> None:
   try:
     _write_all(fd, text.encode("utf-8"))
   except OSError as e:
-    os.ftruncate(fd, end)  # the command stops here: nothing is written after it
+    os.ftruncate(fd, end)
+    os.lseek(fd, end, os.SEEK_SET)  # `> out 2>&1`: the error follows the last line, no hole
     where = "the output (stdout)" if path == "-" else f"--output {path}"
     raise RunError(f"{where}: {e.strerror or e} while writing the translations of this input's "
                    f"lines {lines_before + 1:,} on; it ends with those of the lines before them, "
@@ -164,14 +165,14 @@ def _write_chunk(out, text: str, lines_before: int, path: str) -> None:
 
 
 def _reads(input_path: str, output: str) -> bool:
-  """Whether the input (`-`: stdin) is the file `output` names."""
-  if not os.path.exists(output):
-    return False
+  """Whether the input (`-`: stdin) is the regular file the output (`-`: stdout) writes: a
+  terminal or /dev/null may be both, and is no file to empty."""
   try:
     read = os.stat(sys.stdin.fileno() if input_path == "-" else input_path)
-  except (AttributeError, ValueError, OSError):  # a stdin with no file behind it (io.StringIO)
+    written = os.stat(sys.stdout.fileno() if output == "-" else output)
+  except (AttributeError, ValueError, OSError):  # none yet, or no file behind it (io.StringIO)
     return False
-  return os.path.samestat(read, os.stat(output))
+  return stat.S_ISREG(read.st_mode) and os.path.samestat(read, written)
 
 
 def body(values, sentences):
@@ -213,13 +214,13 @@ def body(values, sentences):
                                           values.line_offset, top_p=values.top_p)
   if values.nbest:
     translator.check_nbest(values.nbest)
-  if values.output != "-" and not sentences and _reads(values.input, values.output):
+  if not sentences and _reads(values.input, values.output):
     # Opening the output would empty the input, and the reader would go on into the
-    # translations written after it (stdin too: `--output F < F`).
+    # translations written after it (stdin too: `--output F < F`; stdout: `--input F >> F`).
     given = "stdin" if values.input == "-" else "--input"
-    raise RunError(f"{given} and --output are the same file ({values.output}): writing the "
-                   "translations would overwrite the sentences being read; give --output "
-                   "another path")
+    into = "stdout" if values.output == "-" else "--output"
+    raise RunError(f"{given} and {into} are the same file: writing the translations would "
+                   "overwrite or extend the sentences being read; write them to another file")
   # Opened before translating: a bad path fails now, not after the whole search.
   out = sys.stdout if values.output == "-" else open_flag_output("output", values.output)
   if values.verbose:

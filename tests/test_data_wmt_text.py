@@ -109,7 +109,9 @@ def test_text_corpus_errors_name_the_file(tmp_path, capsys):
   for mode, groups in (("grouped_v2", 3), ("grouped", 2)):
     c.split = mode
     with pytest.raises(DataError, match=rf"\(data.split='{mode}'\): it has {groups}; the largest "
-                                         r"holds 2 of the 4 pairs \(a target or source"):
+                                         r"holds 2 of the 4 pairs \(a target or source.*into "
+                                         r"one\)\. Use a larger corpus or raise "
+                                         r"data.held_out_per_mille\.$"):
       get_data(c, str(tmp_path / "work"))
   c.split = "grouped_v2"
   # Two aligned files with old Mac line ends: one line each, and a warning says why.
@@ -124,12 +126,19 @@ def test_text_corpus_errors_name_the_file(tmp_path, capsys):
       "followed by a line feed: lines end at line feeds only, so what it separates is read as "
       "one line; if it ends lines (old Mac line ends), convert them, e.g. with "
       "`tr '\\r' '\\n'`\n")
+  # Old Mac line ends beside a file of line feeds: the line counts differ, and the error says why.
+  (tmp_path / "lf.de").write_bytes(b"eins\nzwei\ndrei\n")
+  with pytest.raises(DataError, match=r"cr.en has 1 lines but .*lf.de has 3: the files must be "
+                                       r"line-aligned\. .*cr.en: lines hold a carriage return"):
+    builders.read_parallel_text(None, str(tmp_path / "cr.en"), str(tmp_path / "lf.de"))
   # One target across the corpus makes one group of every pair: no share can hold it out.
   (tmp_path / "yes.tsv").write_text("".join(f"question {i}\tJa.\n" for i in range(300)))
   c.tsv_path = str(tmp_path / "yes.tsv")
   with pytest.raises(DataError, match=r"it has 1; the largest holds 300 of the 300 pairs \(a "
                                        r"target or source repeated across the corpus joins its "
-                                       r"pairs into one\)\. Use"):
+                                       r"pairs into one\)\. Use a larger corpus or raise "
+                                       r"data.held_out_per_mille; where one group holds most "
+                                       r"pairs neither helps .*--config.data.split=source"):
     get_data(c, str(tmp_path / "work"))
   # An empty file is said to be empty (not that held_out_per_mille is too small).
   (tmp_path / "empty.tsv").write_text("\n\n")

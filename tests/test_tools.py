@@ -972,6 +972,20 @@ def test_translate_writes_one_line_a_translation_and_refuses_its_input_as_output
                           capsys)
   assert rc == 1 and "stdin and --output are the same file" in err, err
   assert source.read_text() == "seven\ntwelve\n"
+  captured = sys.stdout
+  with open(source, "a", encoding="utf-8") as stdout:  # `--input in.txt >> in.txt`
+    monkeypatch.setattr(sys, "stdout", stdout)
+    rc, _, err = run_main(translate_script, ["--workdir", workdir, "--input", str(source)],
+                          capsys)
+  monkeypatch.setattr(sys, "stdout", captured)
+  assert rc == 1 and "--input and stdout are the same file" in err, err
+  assert source.read_text() == "seven\ntwelve\n"
+  # Not a regular file: /dev/null read and written is nothing to empty.
+  with open(os.devnull, encoding="utf-8") as stdin:
+    monkeypatch.setattr(sys, "stdin", stdin)
+    rc, _, err = run_main(translate_script, ["--workdir", workdir, "--output", os.devnull],
+                          capsys)
+  assert rc == 0, err
   monkeypatch.setattr(translator_lib.Translator, "translate",
                       lambda self, lines, names=None: ["a\nb", "c\r\nd\re"][:len(lines)])
   out = tmp_path / "out.txt"
@@ -1003,9 +1017,20 @@ def test_translate_writes_one_line_a_translation_and_refuses_its_input_as_output
     writes[:] = [b""]  # its first chunk is cut short
     rc, _, err = run_main(translate_script, ["--workdir", workdir, "--input", str(source),
                                              "--chunk_lines", "1"], capsys)
+  monkeypatch.setattr(sys, "stdout", captured)
   assert rc == 1 and ("the output (stdout): No space left on device while writing the "
                       "translations of this input's lines 1 on") in err, err
   assert appended.read_text() == "kept\n"
+  # `> out 2>&1`: the offset is put back too, so what is written next (the error) follows the
+  # last whole line instead of leaving a hole of NUL bytes.
+  with open(appended, "w", encoding="utf-8") as stdout:
+    monkeypatch.setattr(sys, "stdout", stdout)
+    writes[:] = []  # the first chunk whole, the second cut short
+    rc, _, err = run_main(translate_script, ["--workdir", workdir, "--input", str(source),
+                                             "--chunk_lines", "1"], capsys)
+    assert rc == 1 and os.lseek(stdout.fileno(), 0, os.SEEK_CUR) == len("a b\n"), err
+  monkeypatch.setattr(sys, "stdout", captured)
+  assert appended.read_text() == "a b\n"
 
 
 def test_translate_nbest_writes_tab_separated_rows(workdir, tmp_path, capsys):

@@ -1600,7 +1600,8 @@ def test_a_corpus_file_changed_under_a_run_is_refused_on_resume(run, data_dir, t
   corpus.unlink()
   with pytest.raises(workdir_lib.ConfigChangeRefused, match=f"{corpus}: no longer exists") as e:
     workdir_lib.check_config(run, text)
-  assert ("Moved? Resume naming their new place (--config.data.tsv_path=NEW_PATH): the same "
+  assert (f"Moved? Resume naming their new place (`python scripts/train.py --config "
+          f"configs/resume.py:{run} --workdir {run} --config.data.tsv_path=NEW_PATH`): the same "
           "bytes elsewhere are the same corpus.") in str(e.value)
 
 

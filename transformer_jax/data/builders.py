@@ -113,10 +113,15 @@ class _PairsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     largest = max(sizes.values())  # 1 for distinct sources: clean_pairs keeps one pair each
     why = (f"; the largest holds {largest:,} of the {len(every):,} pairs (a target or source "
            "repeated across the corpus joins its pairs into one)" if largest > 1 else "")
+    advice = ("Use a larger corpus or raise data.held_out_per_mille" + (
+        "; where one group holds most pairs neither helps (a group never spans two splits): "
+        "keep fewer pairs of the repeated side, or split by the exact source "
+        "(--config.data.split=source, which lets near-duplicates cross splits)"
+        if largest > len(every) // 2 else ""))
     return (f"{self._inputs()}: split(s) {empty} would be empty (pairs: {counts}). Validation "
             f"and test each take the pairs of a hash-chosen data.held_out_per_mille share of "
-            f"the corpus's {units} (data.split={mode!r}): it has {len(sizes):,}{why}. Use a "
-            "larger corpus or raise data.held_out_per_mille.")
+            f"the corpus's {units} (data.split={mode!r}): it has {len(sizes):,}{why}. "
+            f"{advice}.")
 
   def _generate_examples(self, pairs):
     config = self.builder_config
@@ -208,17 +213,18 @@ def _raw_pairs(tsv_path: str | None, source_path: str | None,
     raw = [(row[0], row[1]) if len(row) == 2 else ("", "") for row in rows]
   else:
     sources, targets = read_lines(source_path), read_lines(target_path)
-    if len(sources) != len(targets):
-      raise DataError(f"{source_path} has {len(sources)} lines but {target_path} has "
-                       f"{len(targets)}: the files must be line-aligned")
-    raw = list(zip(sources, targets))
     odd = [path for path, lines in ((source_path, sources), (target_path, targets))
            if any("\r" in line for line in lines)]
+    said = (f"{' and '.join(odd)}: lines hold a carriage return not followed by a line feed: "
+            "lines end at line feeds only, so what it separates is read as one line; if it ends "
+            "lines (old Mac line ends), convert them, e.g. with `tr '\\r' '\\n'`")
+    if len(sources) != len(targets):
+      raise DataError(f"{source_path} has {len(sources)} lines but {target_path} has "
+                      f"{len(targets)}: the files must be line-aligned"
+                      + (f". {said}" if odd else ""))
+    raw = list(zip(sources, targets))
     if odd:  # the TSV's are refused above, as lines of one field
-      print(f"{' and '.join(odd)}: lines hold a carriage return not followed by a line feed: "
-            "lines end at line feeds only, so what it separates is read as one line; if it "
-            "ends lines (old Mac line ends), convert them, e.g. with `tr '\\r' '\\n'`",
-            file=sys.stderr)
+      print(said, file=sys.stderr)
   return raw
 
 

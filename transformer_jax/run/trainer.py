@@ -118,11 +118,13 @@ class Trainer:
       longest = max(lengths)  # a split is never empty (the builders refuse one)
       if longest <= LONG_EVAL_FACTOR * self.model_cfg.max_len:
         return None
-      return (f"{split} pair {lengths.index(longest) + 1} is {longest:,} pieces with EOS, over "
+      i = lengths.index(longest)
+      source = pairs[i][0] if len(pairs[i][0]) <= 40 else pairs[i][0][:40] + "..."
+      return (f"{split} pair {i + 1} ({source!r}) is {longest:,} pieces with EOS, over "
               f"{LONG_EVAL_FACTOR} times model.max_len={self.model_cfg.max_len}: evaluation "
               "pads every batch of the split to the split's longest pair, "
               f"data.eval_batch_size={self.config.data.eval_batch_size} rows of it, which may "
-              "run out of memory; lower data.eval_batch_size, or take the pair out of the corpus")
+              "run out of memory; if it does, lower data.eval_batch_size")
     _, _, cut = pipeline.eval_ids(pairs, self.data.tokenizer, self.eval_max_len)
     if not cut:
       return None

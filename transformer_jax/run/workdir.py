@@ -908,8 +908,9 @@ def _check_corpus(workdir: str, stored: dict, config) -> None:
   if config.data.dataset == "text" and any(line.endswith(": no longer exists") for line in lines):
     from transformer_jax.data import fingerprint  # see config_json
     fields = " ".join(f"--config.data.{f}=NEW_PATH" for f in fingerprint.roles(config.data))
-    moved = (f" Moved? Resume naming their new place ({fields}): the same bytes elsewhere are "
-             "the same corpus.")
+    moved = (" Moved? Resume naming their new place (`python scripts/train.py --config "
+             f"configs/resume.py:{workdir} --workdir {workdir} {fields}`): the same bytes "
+             "elsewhere are the same corpus.")
   if lines:
     raise ConfigChangeRefused(
         f"{workdir} holds a run trained on corpus files that have changed since:\n  "
