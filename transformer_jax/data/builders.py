@@ -39,16 +39,19 @@ def split_pairs(pairs, held_out_per_mille: int,
   pair shares a normalized source or target with a training pair. Mode "grouped" groups as runs
   made 2026-11-23 to 2026-12-07 did (a side of punctuation alone joined one common group); mode
   "source" hashes the exact source (the split of runs made before the grouping)."""
-  if mode == "source":
-    keys = [s for s, _ in pairs]
-  elif mode in ("grouped", "grouped_v2"):
-    keys = leakage.group_keys(pairs, empty_links_all=mode == "grouped")
-  else:
-    raise ValueError(f"split mode {mode!r}: not one of grouped_v2, grouped, source")
   out = {split: [] for split in SPLITS}
-  for pair, key in zip(pairs, keys):
+  for pair, key in zip(pairs, split_keys(pairs, mode)):
     out[numbers.split_of(key, held_out_per_mille)].append(pair)
   return out
+
+
+def split_keys(pairs, mode: str) -> list[str]:
+  """What `split_pairs` hashes for each pair: its near-duplicate group's key, or its source."""
+  if mode == "source":
+    return [s for s, _ in pairs]
+  if mode in ("grouped", "grouped_v2"):
+    return leakage.group_keys(pairs, empty_links_all=mode == "grouped")
+  raise ValueError(f"split mode {mode!r}: not one of grouped_v2, grouped, source")
 
 
 def _digest(obj) -> str:
@@ -104,12 +107,9 @@ class _PairsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     counts = ", ".join(f"{split} {len(pairs[split])}" for split in SPLITS)
     mode = self.builder_config.params["split"]
     every = [pair for split in SPLITS for pair in pairs[split]]
-    if mode == "source":
-      units, keys = "distinct sources", [s for s, _ in every]
-    else:
-      units = "near-duplicate groups (pairs sharing a normalized source or target)"
-      keys = leakage.group_keys(every, empty_links_all=mode == "grouped")
-    sizes = collections.Counter(keys)
+    units = ("distinct sources" if mode == "source" else
+             "near-duplicate groups (pairs sharing a normalized source or target)")
+    sizes = collections.Counter(split_keys(every, mode))
     largest = max(sizes.values())  # 1 for distinct sources: clean_pairs keeps one pair each
     why = (f"; the largest holds {largest:,} of the {len(every):,} pairs (a target or source "
            "repeated across the corpus joins its pairs into one)" if largest > 1 else "")

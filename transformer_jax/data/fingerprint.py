@@ -59,12 +59,16 @@ def fingerprint(c) -> dict:
   return {p: _entry(p) for p in input_files(c) if os.path.exists(p)}
 
 
+# How `changed` says a file is gone (`run.workdir` tells a moved corpus by it).
+GONE = "no longer exists"
+
+
 def changed(recorded: dict) -> list[str]:
   """What differs between the files now and `recorded` (a `fingerprint`): one line per file."""
   out = []
   for path, was in sorted(recorded.items()):
     if not os.path.exists(path):
-      out.append(f"{path}: no longer exists")
+      out.append(f"{path}: {GONE}")
       continue
     # Read again even where its size and time are the recorded ones: a file rewritten with its
     # old time put back (`touch -r`) would otherwise pass, and the build, named by size and

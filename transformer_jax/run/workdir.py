@@ -904,9 +904,10 @@ def _check_corpus(workdir: str, stored: dict, config) -> None:
                                               config.data.target_path)):
     relative = (f" This command's relative corpus paths were read from {os.getcwd()}: run it "
                 "from the directory the run was started in, or give absolute paths.")
+  from transformer_jax.data import fingerprint  # see config_json
   moved = ""
-  if config.data.dataset == "text" and any(line.endswith(": no longer exists") for line in lines):
-    from transformer_jax.data import fingerprint  # see config_json
+  if config.data.dataset == "text" and any(line.endswith(f": {fingerprint.GONE}")
+                                           for line in lines):
     fields = " ".join(f"--config.data.{f}=NEW_PATH" for f in fingerprint.roles(config.data))
     moved = (" Moved? Resume naming their new place (`python scripts/train.py --config "
              f"configs/resume.py:{workdir} --workdir {workdir} {fields}`): the same bytes "
