@@ -33,8 +33,8 @@ MODES = {**dict.fromkeys(("datasets", "batching", "batch_size", "max_len", "seco
                           "profile_dir"), ("train",)),
          **dict.fromkeys(("beams", "decode_rows", "decode_len"), ("decode", "kernels")),
          **dict.fromkeys(("sweep", "sweep_config", "curve_dir"), ("train", "decode")),
-         "ensemble_size": ("decode",), "steps": ("train", "decode", "kernels"),
-         "workdir": ("data", "train", "decode")}
+         **dict.fromkeys(("ensemble_size", "search_parts"), ("decode",)),
+         "steps": ("train", "decode", "kernels"), "workdir": ("data", "train", "decode")}
 # The config fields the other modes read instead of a data-mode flag.
 CONFIG_FIELDS = {"batch_size": "data.batch_size (or data.batch_tokens)",
                  "max_len": "data.max_source_len and data.max_target_len",
@@ -75,6 +75,9 @@ def define(values):
           "its stages give the cached slots (0: max_target_len)", lower_bound=0)
   integer("ensemble_size", DECODE.ensemble_size, "decode: models searched together (an "
           "ensemble of random ones; 1: one model)", lower_bound=1)
+  integer("search_parts", DECODE.parts, "decode: slices of each batch searched at the same "
+          "time, one thread each (0: search.concurrent_parts, 2 on one CPU device of 2+ cores)",
+          lower_bound=0)
   flags.DEFINE_multi_string("sweep", [], "train, decode: FIELD=V1,V2: a curve (repeatable: the "
                             "product)", flag_values=values)
   flags.DEFINE_bool("sweep_config", False, "train, decode: a curve over the config's sweep()",
@@ -157,7 +160,7 @@ def _options(v):
         profile_dir=v.profile_dir, config_path=v["config"].config_filename)
   return DECODE(beams=tuple(int(b) for b in v.beams.split(",")), steps=v.steps,
                 rows=v.decode_rows, decode_len=v.decode_len, workdir=v.workdir,
-                ensemble_size=v.ensemble_size)
+                ensemble_size=v.ensemble_size, parts=v.search_parts)
 
 
 def main(argv=None):

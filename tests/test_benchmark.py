@@ -4,6 +4,7 @@ their times and counts (checked on hand-picked numbers and stand-in steps, datas
 and their tables print those figures; `scripts/benchmark.py` maps its flags onto them;
 `--what train` needs neither tensorflow-datasets nor grain."""
 import contextlib
+import dataclasses
 import gzip
 import json
 import os
@@ -601,6 +602,14 @@ def test_benchmark_decode_smoke(capsys):
       "random parameters; EOS disabled, 40 tokens per sentence; an ensemble of 3 models "
       "(seeds 0 to 2)")
   assert result["figures"]["beam 2"]["target_tokens_per_batch"] == 2 * 40
+  # In the tests' 8 fake devices a batch is searched whole; asked for, in halves (said).
+  assert result["search_parts"] == 1
+  options = bench_decode.DecodeOptions(beams=(1,), steps=1, rows=4, parts=2)
+  result = bench_decode.run(tiny_config_with(), options)
+  assert result["search_parts"] == 2
+  assert re.search(r"\nsearched as +2 slice\(s\) of 2 rows at a time\n", capsys.readouterr().out)
+  with pytest.raises(bench_common.BenchError, match="--search_parts 3 does not divide the 4 rows"):
+    bench_decode.run(tiny_config_with(), dataclasses.replace(options, parts=3))
 
 
 def test_decode_benchmark_figures_and_table_are_the_arithmetic_of_the_calls():
@@ -703,6 +712,7 @@ def test_the_kernels_loop_runs_each_step_once_an_iteration_on_shifted_inputs():
     (["--what", "decode", "--decode_len", "-1"], "--decode_len=-1"),
     (["--what", "decode", "--beams", "1,0"], "--beams=1,0: must be beam sizes >= 1"),
     (["--what", "train", "--ensemble_size", "2"], "--ensemble_size applies to --what decode"),
+    (["--what", "train", "--search_parts", "2"], "--search_parts applies to --what decode"),
     (["--what", "decode", "--ensemble_size", "2", "--workdir", "runs/x"],
      "drop --workdir, or decode trained runs together"),
     (["--what", "train", "--bogus"], "bogus"),
@@ -750,6 +760,8 @@ def test_benchmark_options_check_their_ranges():
     bench_decode.DecodeOptions(steps=0)
   with pytest.raises(ValueError, match="ensemble_size=0: must be >= 1"):
     bench_decode.DecodeOptions(ensemble_size=0)
+  with pytest.raises(ValueError, match="parts=-1: must be >= 0"):
+    bench_decode.DecodeOptions(parts=-1)
   with pytest.raises(ValueError, match="evaluate.py --ensemble"):
     bench_decode.DecodeOptions(ensemble_size=2, workdir="runs/x")
   with pytest.raises(ValueError, match="iterations=0: must be >= 1"):

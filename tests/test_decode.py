@@ -2,6 +2,7 @@
 import functools
 import inspect
 import itertools
+import threading
 
 import flax.linen as nn
 import jax
@@ -306,6 +307,58 @@ def test_beam_size_one_equals_greedy(tiny, greedy):
   assert isinstance(np_tokens, np.ndarray) and isinstance(np_lengths, np.ndarray)
   np.testing.assert_array_equal(np_tokens, greedy[0])
   np.testing.assert_array_equal(np_lengths, greedy[1])
+
+
+@pytest.mark.parametrize("beam,parts", [(1, 2), (1, 4), (4, 2)])
+def test_a_batch_searched_in_parts_is_the_batch_searched_whole(tiny, beam, parts):
+  """`search_batch` with `parts`: slices of the rows searched at the same time give every row
+  what the whole batch's search gives it, bit for bit and in row order (the rows differ: source
+  lengths 7, 4, 1 and 0)."""
+  cfg, params, src = tiny
+  whole = search.search_batch(cfg, params, src, beam_size=beam, max_len_margin=MARGIN, parts=1)
+  split = search.search_batch(cfg, params, src, beam_size=beam, max_len_margin=MARGIN,
+                              parts=parts)
+  assert len(set(map(tuple, whole[0]))) == 4
+  for a, b in zip(whole, split):
+    assert b.dtype == np.int32
+    np.testing.assert_array_equal(b, a)
+  with pytest.raises(ValueError, match="parts=3: must be >= 1 and divide the batch's 4 rows"):
+    search.search_batch(cfg, params, src, beam_size=beam, max_len_margin=MARGIN, parts=3)
+
+
+def test_in_parts_runs_the_slices_at_the_same_time_and_joins_them_in_order():
+  # Each call waits for the other two at the barrier: run one after another, they would fail.
+  barrier, seen = threading.Barrier(3, timeout=20), []
+  def fake(rows, other):
+    seen.append((threading.get_ident(), rows.shape[0], int(rows[0])))
+    barrier.wait()
+    return rows * 2, other + 1
+  doubled, plus_one = search.in_parts(fake, np.arange(6), np.arange(6) * 10, parts=3)
+  np.testing.assert_array_equal(doubled, np.arange(6) * 2)
+  np.testing.assert_array_equal(plus_one, np.arange(6) * 10 + 1)
+  assert sorted(s[1:] for s in seen) == [(2, 0), (2, 2), (2, 4)]
+  assert len({s[0] for s in seen}) == 3
+  # One part: the caller's thread, the whole rows.
+  seen.clear()
+  search.in_parts(lambda rows: (seen.append(threading.get_ident()) or rows,), np.arange(3),
+                  parts=1)
+  assert seen == [threading.get_ident()]
+  with pytest.raises(ValueError, match="parts=0"):
+    search.in_parts(fake, np.arange(6), np.arange(6), parts=0)
+
+
+def test_concurrent_parts_halves_even_batches_on_one_cpu_device_of_two_cores(monkeypatch):
+  # The tests' 8 fake devices: a batch stays whole.
+  assert search.concurrent_parts(16) == 1
+  monkeypatch.setattr(search.jax, "local_device_count", lambda: 1)
+  monkeypatch.setattr(search, "_cores", lambda: 2)
+  assert [search.concurrent_parts(rows) for rows in (1, 2, 15, 16, 64)] == [1, 2, 1, 2, 2]
+  monkeypatch.setattr(search, "_cores", lambda: 1)
+  assert search.concurrent_parts(16) == 1
+  monkeypatch.setattr(search, "_cores", lambda: 16)
+  assert search.concurrent_parts(16) == 2
+  monkeypatch.setattr(search.jax, "default_backend", lambda: "gpu")
+  assert search.concurrent_parts(16) == 1
 
 
 def test_beam_scores_match_teacher_forcing(tiny, beam4):

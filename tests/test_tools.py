@@ -1311,6 +1311,34 @@ def test_an_ensemble_decodes_its_members_by_their_mean_probability(workdir, tran
       f"--step 6: {os.path.join(workdir, 'checkpoints', '6')} is also in --ensemble") in err, err
 
 
+def test_the_translator_searches_halves_of_its_batches_as_it_searches_them_whole(
+    translator, monkeypatch):
+  """With a batch's halves searched at the same time (`search.concurrent_parts`, the default on
+  one CPU device of 2+ cores), translations, n-best lists and samples are what a whole batch
+  gives: rows in order, each line its own key; the scores to float32 rounding (XLA sums a
+  row's log-softmax in another order for another number of rows, as for another bucket)."""
+  lines = ["one hundred and two", "seven", "", "twelve thousand", "three", "forty one"]
+  searches = {"greedy": translator.with_search(1, None), "beam": translator.with_search(4, 0.6),
+              "sample": translator.with_sampling(1.5, seed=3)}
+  def outputs():
+    return {name: (t.translate(lines), t.translate_nbest(lines, 1 if name == "greedy" else 2))
+            for name, t in searches.items()}
+  whole = outputs()
+  halves = []
+  def two(rows):
+    halves.append(rows)
+    return 2 if rows % 2 == 0 else 1
+  monkeypatch.setattr(search, "concurrent_parts", two)
+  split = outputs()
+  for name, (texts, nbest) in whole.items():
+    assert split[name][0] == texts, name
+    assert [[h[0] for h in hyps] for hyps in split[name][1]] == [[h[0] for h in hyps]
+                                                                for hyps in nbest], name
+    np.testing.assert_allclose([h[1:] for hyps in split[name][1] for h in hyps],
+                               [h[1:] for hyps in nbest for h in hyps], rtol=1e-6)
+  assert 4 in halves  # batches of 4 rows (and one of 1, whole)
+
+
 def test_sampling_draws_each_line_by_its_own_key(translator, workdir, tmp_path, capsys):
   lines = ["one hundred and two", "seven", "", "twelve thousand", "three"]
   sampler = translator.with_sampling(temperature=1.5, seed=3)

@@ -29,7 +29,7 @@ from transformer_jax.inference.translator import model_config_from
 from transformer_jax.model import Transformer
 from transformer_jax.run import checkpointing
 from transformer_jax.run.workdir import load_run_config, run_config_path
-from transformer_jax.search import Ensemble, search_batch
+from transformer_jax.search import Ensemble, concurrent_parts, search_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +40,7 @@ class DecodeOptions:
   decode_len: int = 0              # output length limit (0: data.max_target_len)
   workdir: str | None = None       # a training run whose latest parameters to use
   ensemble_size: int = 1           # models decoded together (random parameters only)
+  parts: int = 0                   # slices of a batch searched at once (0: concurrent_parts)
 
   def __post_init__(self):
     if self.steps < 1:
@@ -47,6 +48,8 @@ class DecodeOptions:
     if self.rows < 0 or self.decode_len < 0:
       raise ValueError(f"rows={self.rows}, decode_len={self.decode_len}: must be >= 0 (0: the "
                        "config's)")
+    if self.parts < 0:
+      raise ValueError(f"parts={self.parts}: must be >= 0 (0: search.concurrent_parts)")
     if self.ensemble_size < 1:
       raise ValueError(f"ensemble_size={self.ensemble_size}: must be >= 1")
     if self.ensemble_size > 1 and self.workdir:
@@ -94,11 +97,12 @@ def check_point(config, options: DecodeOptions) -> None:
                  options)
 
 
-def _time_search(search_cfg, params, inputs, beam: int, decode_len: int, calls: int):
+def _time_search(search_cfg, params, inputs, beam: int, decode_len: int, calls: int,
+                 parts: int):
   """(first call's seconds, the timed calls' seconds, output tokens of each)."""
   def search():
     return search_batch(search_cfg, params, inputs, beam_size=beam, max_len_margin=decode_len,
-                        max_decode_len=decode_len)
+                        max_decode_len=decode_len, parts=parts)
 
   start = time.perf_counter()
   search()
@@ -146,11 +150,16 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
   # Said in the output: trained parameters or not, what is searched is no real sentence.
   sources = (f"random token ids ({common.FIRST_TOKEN}..{model_cfg.vocab_size - 1}, no padding), "
              "not sentences of the dataset")
+  parts = options.parts or concurrent_parts(rows)
+  if rows % parts:
+    raise common.BenchError(f"--search_parts {parts} does not divide the {rows} rows of a batch "
+                            "(--decode_rows): pass a divisor, or 0 for the default")
   results, table = {}, [("device", f"{jax.devices()[0].device_kind}"), ("parameters", source),
-                        ("sources", sources)]
+                        ("sources", sources),
+                        ("searched as", f"{parts} slice(s) of {rows // parts} rows at a time")]
   for beam in options.beams:
     first_s, times, produced = _time_search(search_cfg, params, inputs, beam, decode_len,
-                                            options.steps)
+                                            options.steps, parts)
     name = "greedy" if beam == 1 else f"beam {beam}"
     results[name] = {"beam_size": beam, **search_figures(rows, first_s, times, produced)}
     table += table_rows(name, results[name])
@@ -161,7 +170,7 @@ def run(config, options: DecodeOptions = DecodeOptions()) -> dict:
   memory, memory_source = common.peak_memory(fresh_peak)
   return {"what": "decode", "parameters": source, "sources": sources,
           "shapes": {"inputs": [rows, d.max_source_len], "max_output_len": decode_len},
-          "ensemble_size": options.ensemble_size,
+          "ensemble_size": options.ensemble_size, "search_parts": parts,
           "model": model_cfg.to_dict(), "config": common.config_json(config),
           **common.environment(model_cfg), "load_average_start": load_start,
           "load_average_end": common.load_average(),

@@ -55,6 +55,7 @@ from transformer_jax.search import (
   Ensemble,
   beam_search,
   greedy_search,
+  in_parts,
   output_ids,
   sample_search,
   search_batch,
@@ -569,11 +570,11 @@ class Translator:
     draw = jnp.asarray(index % draws)
     keys = jax.vmap(jax.random.fold_in)(
         jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(s.seed), lines), draw)
-    tokens, lengths, log_probs = sample_search(
-        self.config, self.params, inputs, keys, temperature=s.temperature, top_k=s.top_k,
-        top_p=s.top_p, max_len_margin=self.max_len_margin)
-    return (np.asarray(tokens, np.int32), np.asarray(lengths, np.int32),
-            np.asarray(log_probs, np.float32))
+    tokens, lengths, log_probs = in_parts(
+        lambda inputs, keys: sample_search(
+            self.config, self.params, inputs, keys, temperature=s.temperature, top_k=s.top_k,
+            top_p=s.top_p, max_len_margin=self.max_len_margin), inputs, keys)
+    return tokens.astype(np.int32), lengths.astype(np.int32), log_probs.astype(np.float32)
 
   def _in_batches(self, sources: Sequence[Sequence[int]], search: Callable, results: list,
                   kind: str) -> None:
@@ -693,14 +694,16 @@ class Translator:
   def _search_all(self, inputs: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`(tokens [rows, beam, T], scores [rows, beam])` numpy: every finished hypothesis (greedy
     search: its one output, with the log-probability its loop summed)."""
-    if self.beam_size == 1:
-      tokens, _, scores = greedy_search(self.config, self.params, inputs,
-                                        max_len_margin=self.max_len_margin, score=True)
-      return np.asarray(tokens, np.int32)[:, None], np.asarray(scores, np.float32)[:, None]
-    tokens, scores = beam_search(self.config, self.params, inputs, beam_size=self.beam_size,
-                                 alpha=self.alpha, max_len_margin=self.max_len_margin,
-                                 return_all=True)
-    return np.asarray(tokens, np.int32), np.asarray(scores, np.float32)
+    def search(inputs):
+      if self.beam_size == 1:
+        tokens, _, scores = greedy_search(self.config, self.params, inputs,
+                                          max_len_margin=self.max_len_margin, score=True)
+        return tokens[:, None], scores[:, None]
+      return beam_search(self.config, self.params, inputs, beam_size=self.beam_size,
+                         alpha=self.alpha, max_len_margin=self.max_len_margin, return_all=True)
+
+    tokens, scores = in_parts(search, inputs)
+    return tokens.astype(np.int32), scores.astype(np.float32)
 
   def translate(self, lines: Sequence[str], warn: Callable[[str], None] = warn_stderr,
                 names: Sequence[str] | None = None) -> list[str]:
