@@ -11,7 +11,9 @@ its latest parameters and model config are used and sentences stop at EOS as usu
 counts what was produced; on random sources the output lengths are not those of real
 translations). `ensemble_size` M > 1 searches an ensemble (`search.Ensemble`) of M models
 initialised with M seeds (random parameters only: evaluate.py --ensemble decodes trained runs
-together).
+together). Each batch is searched as evaluate.py searches it, in `parts` slices of its rows at
+the same time (`search.in_parts`; 0: `search.concurrent_parts`, two halves on one CPU device of
+2+ cores); the JSON line's `search_parts` says how many.
 """
 from __future__ import annotations
 
