@@ -147,7 +147,12 @@ def _write_chunk(out, text: str, lines_before: int, path: str) -> None:
   except (AttributeError, ValueError, OSError):  # no file behind it (a test's io.StringIO)
     regular = False
   if not regular:  # a pipe or a terminal: what was written is gone anyway
-    out.write(text)
+    buffer = getattr(out, "buffer", None)
+    if buffer is None:  # a text stream only (a test's io.StringIO)
+      out.write(text)
+    else:  # UTF-8 as the input is read and --output written, whatever the locale
+      out.flush()
+      buffer.write(text.encode("utf-8"))
     out.flush()
     return
   # The end, not the position: a shell's `>> out` opens at offset 0 in append mode.
@@ -191,7 +196,7 @@ def body(values, sentences):
     chunks = iter([sentences[i:i + size] for i in range(0, len(sentences), size)])
     name = "argument {}".format
   else:
-    if values.input == "-" and sys.stdin.isatty():
+    if values.input == "-" and sys.stdin is not None and sys.stdin.isatty():
       # Otherwise a bare command waits without a word, and looks hung.
       print("translate: reading sentences from the terminal, one a line; end with Ctrl-D "
             "(or pass them as arguments, or --input FILE)", file=sys.stderr, flush=True)
@@ -221,6 +226,8 @@ def body(values, sentences):
     into = "stdout" if values.output == "-" else "--output"
     raise RunError(f"{given} and {into} are the same file: writing the translations would "
                    "overwrite or extend the sentences being read; write them to another file")
+  if values.output == "-" and sys.stdout is None:  # started with stdout closed (`>&-`)
+    raise RunError("stdout is closed: pass --output FILE for the translations")
   # Opened before translating: a bad path fails now, not after the whole search.
   out = sys.stdout if values.output == "-" else open_flag_output("output", values.output)
   if values.verbose:

@@ -361,6 +361,44 @@ def test_concurrent_parts_halves_even_batches_on_one_cpu_device_of_two_cores(mon
   assert search.concurrent_parts(16) == 1
 
 
+def test_the_cores_are_the_affinitys_within_a_cgroup_quota(tmp_path, monkeypatch):
+  monkeypatch.setattr(search.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+  v2, quota, period = tmp_path / "cpu.max", tmp_path / "quota", tmp_path / "period"
+  monkeypatch.setattr(search, "CPU_MAX", str(v2))
+  monkeypatch.setattr(search, "CFS_FILES", (str(quota), str(period)))
+  assert search._cores() == 4                    # no cgroup files: the affinity
+  for text, cores in (("max 100000\n", 4), ("150000 100000\n", 1), ("200000 100000\n", 2),
+                      ("900000 100000\n", 4), ("50000 100000\n", 1)):
+    v2.write_text(text)
+    assert search._cores() == cores, text
+  v2.unlink()
+  quota.write_text("-1\n")                       # cgroup v1: no quota
+  period.write_text("100000\n")
+  assert search._cores() == 4
+  quota.write_text("100000\n")
+  assert search._cores() == 1
+
+
+def test_in_parts_searches_whole_under_settings_of_this_thread_alone():
+  """A `with` block's JAX or Flax settings hold in this thread only: a batch searched in parts
+  would have the other threads' parts searched without them."""
+  def threads_used():
+    seen = set()
+    search.in_parts(lambda rows: (seen.add(threading.get_ident()) or rows,), np.arange(4),
+                    parts=2)
+    return len(seen)
+  assert threads_used() == 2 and search._thread_settings() == []
+  # Made one at a time: jax.set_mesh sets its mesh when called, before its `with`.
+  for block, name in ((lambda: jax.debug_nans(True), "jax_debug_nans"),
+                      (lambda: jax.default_matmul_precision("highest"),
+                       "jax_default_matmul_precision"),
+                      (lambda: jax.set_mesh(jax.make_mesh((1,), ("data",))), "mesh"),
+                      (lambda: nn.logical_axis_rules([("batch", "data")]), "logical_axis_rules")):
+    with block():
+      assert search._thread_settings() == [name]
+      assert threads_used() == 1, name
+
+
 def test_beam_scores_match_teacher_forcing(tiny, beam4):
   """The search's scores are those of its sequences under the uncached model: the self-attention
   cache followed every beam's reordering."""

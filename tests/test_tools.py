@@ -127,6 +127,25 @@ def test_translate_stdin_keeps_lines_and_survives_odd_input(workdir, capsys, mon
   assert rc == 1 and "stdin line 5 is not UTF-8" in err and not never.exists(), err
 
 
+def test_translate_writes_utf8_to_stdout_and_names_a_closed_stdin_or_stdout(workdir, capsys,
+                                                                           monkeypatch):
+  # stdout in a pipe is written UTF-8 as the input is read and --output written, whatever the
+  # locale's encoding (here ASCII, which cannot hold the line at all).
+  pipe = io.BytesIO()
+  out = io.TextIOWrapper(pipe, encoding="ascii")
+  out.write("before\n")
+  translate_script._write_chunk(out, "zwölf ☃\n", 0, "-")
+  assert pipe.getvalue() == "before\nzwölf ☃\n".encode("utf-8")
+  # Started with stdin (`<&-`) or stdout (`>&-`) closed: Python's None there, an error here.
+  monkeypatch.setattr(sys, "stdin", None)
+  rc, _, err = run_main(translate_script, ["--workdir", workdir], capsys)
+  assert rc == 1 and "--input -: stdin is closed: give a file, or send the lines to stdin" in err
+  monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"seven\n"), encoding="utf-8"))
+  monkeypatch.setattr(sys, "stdout", None)
+  assert translate_script.main(["--workdir", workdir]) == 1
+  assert "stdout is closed: pass --output FILE" in capsys.readouterr().err
+
+
 def test_a_carriage_return_in_the_first_of_several_chunks_names_its_lines(tmp_path, capsys):
   # Found by mutation testing: the chunk's line range was tested in a later chunk only.
   path = tmp_path / "in.txt"

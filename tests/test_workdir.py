@@ -1826,6 +1826,47 @@ def test_fingerprint_details_found_by_mutation_testing(tmp_path):
         "source_path": "/w/x/a/src.txt"}
 
 
+def test_a_corpus_file_untouched_since_its_record_is_not_read_again(tmp_path, monkeypatch):
+  """`fingerprint.changed` reads a file again only when its inode, device, size, modification
+  or change time moved (or its entry has none); a process hashes a settled file once; a file
+  written in the last 2 s is hashed at every look and recorded without inode and ctime."""
+  data = config(tmp_path, **{"data.dataset": "text", "data.tsv_path": str(tmp_path / "c.tsv")})
+  corpus = tmp_path / "c.tsv"
+  corpus.write_text("one\teins\n")
+  hashed = []
+  real = fingerprint._sha256
+  monkeypatch.setattr(fingerprint, "_sha256", lambda path: hashed.append(path) or real(path))
+  # Just written: no inode or ctime recorded, hashed at every look.
+  fresh = fingerprint.fingerprint(data.data)[str(corpus)]
+  assert "ctime_ns" not in fresh and "inode" not in fresh
+  assert fingerprint.changed({str(corpus): fresh}) == [] and len(hashed) == 2
+  # Settled (the clock's margin set to 0 here instead of waiting 2 s).
+  monkeypatch.setattr(fingerprint, "SETTLED_NS", 0)
+  hashed.clear()
+  recorded = fingerprint.fingerprint(data.data)
+  entry = recorded[str(corpus)]
+  stat = os.stat(corpus)
+  assert (entry["ctime_ns"], entry["inode"], entry["device"]) == (
+      stat.st_ctime_ns, stat.st_ino, stat.st_dev)
+  assert fingerprint.fingerprint(data.data) == recorded and len(hashed) == 1  # once a process
+  assert fingerprint.changed(recorded) == [] and len(hashed) == 1            # not read again
+  # Each recorded field that differs has the file read again (an old entry has none of them).
+  for field in ("ctime_ns", "inode", "device", "bytes", "mtime_ns"):
+    hashed.clear()
+    fingerprint._HASHED.clear()
+    fingerprint.changed({str(corpus): {**entry, field: entry[field] + 1}})
+    assert hashed == [str(corpus)], field
+  hashed.clear()
+  fingerprint._HASHED.clear()
+  old = {k: v for k, v in entry.items() if k not in ("ctime_ns", "inode", "device")}
+  assert fingerprint.changed({str(corpus): old}) == [] and hashed == [str(corpus)]
+  # Rewritten with its size and time put back (`touch -r`): the ctime moved, the bytes differ.
+  time.sleep(0.05)  # past the file system clock's tick
+  corpus.write_text("one\tzwei\n")
+  os.utime(corpus, ns=(0, entry["mtime_ns"]))
+  assert fingerprint.changed(recorded) == [f"{corpus}: its content changed (9 -> 9 bytes)"]
+
+
 def test_evaluating_an_older_step_finds_the_corpus_where_a_later_resume_recorded_it(tmp_path):
   run = tmp_path / "run"
   run.mkdir()

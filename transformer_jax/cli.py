@@ -64,8 +64,10 @@ def run(body: Callable[[flags.FlagValues, list[str]], int | None],
   try:
     code = _run(body, argv, doc, define, config, config_help, positional, absl_level)
     # What is still buffered is written here, where a reader gone is handled below, not by
-    # Python's flush at exit ("Exception ignored ... BrokenPipeError", exit 120).
-    sys.stdout.flush()
+    # Python's flush at exit ("Exception ignored ... BrokenPipeError", exit 120). None: the
+    # process was started with stdout closed (`>&-`).
+    if sys.stdout is not None:
+      sys.stdout.flush()
     return code
   except BrokenPipeError:  # the reader went away (`--help | head`): nothing left to say
     # Python flushes stdout again at exit: pointed at /dev/null, that flush cannot fail too.

@@ -38,6 +38,7 @@ import math
 import os
 from typing import Any
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -570,12 +571,43 @@ def search_batch(config: TransformerConfig, params, inputs, *, beam_size: int = 
   return tokens.astype(np.int32), lengths.astype(np.int32)
 
 
-def _cores() -> int:
-  """The CPU cores this process may run on (its affinity: taskset, a scheduler's allocation)."""
+# Where a container's CPU quota is (cgroup v2, then v1): "quota period", or the two files.
+CPU_MAX = "/sys/fs/cgroup/cpu.max"
+CFS_FILES = ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+
+
+def _read(path: str) -> str:
+  with open(path) as f:
+    return f.read().strip()
+
+
+def _quota_cores() -> float | None:
+  """The CPUs a cgroup quota allows this process (`docker --cpus`, a Kubernetes limit), or None
+  where none is set or it cannot be read."""
   try:
-    return len(os.sched_getaffinity(0))
+    with open(CPU_MAX) as f:
+      quota, period = f.read().split()[:2]
+  except (OSError, ValueError):
+    try:
+      quota, period = (_read(path) for path in CFS_FILES)
+    except OSError:
+      return None
+  try:
+    quota, period = float(quota), float(period)
+  except ValueError:  # "max": no quota
+    return None
+  return quota / period if quota > 0 and period > 0 else None
+
+
+def _cores() -> int:
+  """The CPU cores this process may run on: its affinity (taskset, a scheduler's cpuset), and no
+  more than a cgroup quota allows (a container of 1 CPU on a host of many)."""
+  try:
+    cores = len(os.sched_getaffinity(0))
   except AttributeError:  # not on Linux
-    return os.cpu_count() or 1
+    cores = os.cpu_count() or 1
+  quota = _quota_cores()
+  return cores if quota is None else max(1, min(cores, int(quota)))
 
 
 def concurrent_parts(rows: int) -> int:
@@ -585,13 +617,36 @@ def concurrent_parts(rows: int) -> int:
   Why: a search step multiplies few rows (16 for greedy search on 16 sentences) by every weight
   of the decoder and the vocabulary-sized output kernel, which XLA:CPU runs on about one core at a
   time (CPU time over wall time 1.3-1.45, docs/benchmarks.md). Two halves of the batch, each a
-  search of its own on its own thread, keep both cores busy: on the 2-core hosts, greedy search
-  in 8-12% less time and beam 4 in 20% less (docs/benchmarks.md, "Two halves of a batch at the
-  same time"). On an accelerator, or over several devices, a batch stays whole.
+  search of its own on its own thread, keep both cores busy: on a 2-core host, the benchmark's
+  greedy search 1.33x and beam 4 1.47x as fast (medians of five rounds; docs/benchmarks.md,
+  "Two halves of a batch at the same time"); measured on 2-core hosts only. On an accelerator,
+  or over several devices, a batch stays whole.
   """
   if rows < 2 or rows % 2 or jax.default_backend() != "cpu" or jax.local_device_count() != 1:
     return 1
   return 2 if _cores() >= 2 else 1
+
+
+def _thread_settings() -> list[str]:
+  """What a `with` block set for this thread alone, which a thread of the pool would not see:
+  JAX settings (`jax.debug_nans`, `jax.default_matmul_precision`, `jax.default_device`, ...),
+  a mesh (`jax.set_mesh`), Flax's logical axis rules. Reading JAX's settings takes its private
+  `_value_holders` (no public way lists them): where that is gone, only the mesh and the rules
+  are told."""
+  found = []
+  try:
+    from jax._src.config import State
+    holders = jax.config._value_holders
+  except (ImportError, AttributeError):
+    holders, State = {}, ()
+  for name, state in holders.items():
+    if isinstance(state, State) and state.value is not state.get_global():
+      found.append(name)
+  if not jax.sharding.get_abstract_mesh().empty:
+    found.append("mesh")
+  if nn.get_logical_axis_rules():
+    found.append("logical_axis_rules")
+  return found
 
 
 @functools.cache
@@ -603,12 +658,17 @@ def in_parts(search, *rows_args, parts: int | None = None) -> tuple[np.ndarray, 
   """`search(*rows_args)` as numpy arrays, run as `parts` equal slices of the rows (the leading
   axis of every `rows_args` array and of every output) at the same time, one thread each, the
   outputs put back together in row order. Every search treats its rows independently, so this
-  gives each row what one call on the whole batch gives it. `parts` None: `concurrent_parts`;
-  it must divide the rows."""
+  gives each row what one call on the whole batch gives it (to float32 rounding: XLA may sum in
+  another order for another number of rows, as for another bucket shape). `parts` None:
+  `concurrent_parts`; it must divide the rows. Called inside a `with` block that set JAX or
+  Flax settings for this thread (`_thread_settings`), the batch is searched whole: the other
+  threads would search without them."""
   rows = rows_args[0].shape[0]
   parts = concurrent_parts(rows) if parts is None else parts
   if parts < 1 or rows % parts:
     raise ValueError(f"parts={parts}: must be >= 1 and divide the batch's {rows} rows")
+  if parts > 1 and _thread_settings():
+    parts = 1
 
   def part(k):
     size = rows // parts

@@ -1,6 +1,6 @@
 """What a run's corpus was, file by file, so a resume can tell when the files changed under it.
 
-    inputs = fingerprint(config.data)        # {path: {"bytes", "mtime_ns", "sha256"}}
+    inputs = fingerprint(config.data)        # {path: {"bytes", "mtime_ns", "sha256", ...}}
     changed(inputs)                          # [] or ["corpus.tsv: its content changed", ...]
 
 The local builders ("text", "locale") name their TFDS build after the input files' sizes and
@@ -8,8 +8,14 @@ modification times, so a corpus edited in place is rebuilt on the next start, wi
 splits, under the tokenizer and the data position of the old one. The workdir records this
 fingerprint (`config.json`'s `resolved_data`) and a resume compares it (`run.workdir`). The
 content's SHA-256 decides: a file only touched or copied (a new time, the same bytes) is the
-same corpus, and one rewritten with its old size and time put back is not (every comparison
-hashes the files again: about a second a gigabyte).
+same corpus, and one rewritten with its old size and time put back is not. Hashing takes about
+a second a gigabyte, so a file is read again only when it may have changed: each entry also
+records the file's inode, device and status change time (`ctime`), which the kernel sets at
+every write and no user can set back (`touch -r` sets the modification time, and so moves
+`ctime`); a file whose inode, device, size and both times are the recorded ones has not been
+written since. Within a process a file is hashed once for as long as they stay the same. A file
+written in the last `SETTLED_NS` (2 s) is hashed at every look, and its entry records no inode
+or ctime: another write within the same tick of the file system's clock would not move them.
 
     record(config.data)                      # {"inputs": fingerprint, "roles": {field: path}}
     matches(recorded_record, config.data)    # the same bytes, each file in the same role
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 from transformer_jax.data import locale
 
@@ -49,9 +56,45 @@ def _sha256(path: str) -> str:
   return h.hexdigest()
 
 
+# {(path, device, inode, size, mtime, ctime): SHA-256} of the files this process has hashed.
+_HASHED: dict[tuple, str] = {}
+# A file written this recently might be written again within one tick of the file system's
+# clock, its times unmoved (git's "racy" index entries): it is hashed every time it is looked at.
+SETTLED_NS = 2 * 10**9
+
+
+def _untouched_key(stat: os.stat_result) -> tuple:
+  """What any write to the file, or its replacement by another, changes."""
+  return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def _settled(stat: os.stat_result) -> bool:
+  return time.time_ns() - max(stat.st_ctime_ns, stat.st_mtime_ns) >= SETTLED_NS
+
+
+def _content_sha256(path: str, stat: os.stat_result) -> str:
+  if not _settled(stat):
+    return _sha256(path)
+  key = (path,) + _untouched_key(stat)
+  if key not in _HASHED:
+    _HASHED[key] = _sha256(path)
+  return _HASHED[key]
+
+
 def _entry(path: str) -> dict:
   stat = os.stat(path)
-  return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path)}
+  entry = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+  if _settled(stat):  # else no later look may skip reading it (`_untouched`)
+    entry.update(ctime_ns=stat.st_ctime_ns, inode=stat.st_ino, device=stat.st_dev)
+  return {**entry, "sha256": _content_sha256(path, stat)}
+
+
+def _untouched(was: dict, stat: os.stat_result) -> bool:
+  """Whether the file `stat` describes is the one recorded as `was`, not written since (never
+  for an entry without inode and ctime: recorded before 2026-12-07, or of a file written just
+  before)."""
+  recorded = tuple(was.get(k) for k in ("device", "inode", "bytes", "mtime_ns", "ctime_ns"))
+  return None not in recorded and recorded == _untouched_key(stat)
 
 
 def fingerprint(c) -> dict:
@@ -70,11 +113,13 @@ def changed(recorded: dict) -> list[str]:
     if not os.path.exists(path):
       out.append(f"{path}: {GONE}")
       continue
-    # Read again even where its size and time are the recorded ones: a file rewritten with its
-    # old time put back (`touch -r`) would otherwise pass, and the build, named by size and
-    # time, would stay the old one here but not on a rebuild (another data_dir).
+    # Size and modification time alone would not do: a file rewritten with its old time put
+    # back (`touch -r`) would pass, and the build, named by size and time, would stay the old
+    # one here but not on a rebuild (another data_dir). Its ctime has moved, though.
     stat = os.stat(path)
-    if _sha256(path) != was["sha256"]:
+    if _untouched(was, stat):
+      continue
+    if _content_sha256(path, stat) != was["sha256"]:
       out.append(f"{path}: its content changed ({was['bytes']:,} -> {stat.st_size:,} bytes)")
   return out
 

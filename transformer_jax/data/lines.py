@@ -29,6 +29,8 @@ def line_chunks(path: str, size: int | None = None) -> Iterator[list[str]]:
   they are asked for: only a chunk is held, and a line that is not UTF-8 is an error when its
   chunk is read. The file is opened now, so a missing one fails here, not at the first chunk."""
   if path == "-":
+    if sys.stdin is None:  # started with stdin closed (`<&-`)
+      raise OSError("stdin is closed: give a file, or send the lines to stdin")
     return _chunks(sys.stdin.buffer, "stdin", size, close=False)
   return _chunks(open(path, "rb"), path, size, close=True)
 

@@ -204,7 +204,9 @@ class Trainer:
   def bleu(self, params, num_sentences: int, split: str = "validation") -> dict:
     """sacreBLEU of the configured search on the first `num_sentences` pairs of `split`."""
     c = self.config
-    host_params = multihost_utils.process_allgather(params, tiled=True)  # may span hosts
+    # May span hosts. Put on this process's device once: a search called with numpy arrays
+    # copies them in at every call (of each batch's every part).
+    host_params = jax.device_put(multihost_utils.process_allgather(params, tiled=True))
     tok = self.data.tokenizer
     hyps, refs = [], []
     for batch in self.data.eval_batches(split, self.eval_max_len):
