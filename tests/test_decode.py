@@ -345,6 +345,10 @@ def test_in_parts_runs_the_slices_at_the_same_time_and_joins_them_in_order():
   assert seen == [threading.get_ident()]
   with pytest.raises(ValueError, match="parts=0"):
     search.in_parts(fake, np.arange(6), np.arange(6), parts=0)
+  with pytest.raises(ValueError, match=r"hold \[6, 4\] rows: each must hold the batch's 6"):
+    search.in_parts(fake, np.arange(6), np.arange(4), parts=2)
+  # One pool of threads for each number of parts, kept: not threads made at every batch.
+  assert search._threads(3) is search._threads(3)
 
 
 def test_concurrent_parts_halves_even_batches_on_one_cpu_device_of_two_cores(monkeypatch):
@@ -362,7 +366,16 @@ def test_concurrent_parts_halves_even_batches_on_one_cpu_device_of_two_cores(mon
 
 
 def test_the_cores_are_the_affinitys_within_a_cgroup_quota(tmp_path, monkeypatch):
-  monkeypatch.setattr(search.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+  # Not on Linux: os.cpu_count (which may not know: None).
+  monkeypatch.delattr(search.os, "sched_getaffinity", raising=False)
+  monkeypatch.setattr(search, "CPU_MAX", str(tmp_path / "none"))
+  monkeypatch.setattr(search, "CFS_FILES", (str(tmp_path / "none"),) * 2)
+  for count, cores in ((3, 3), (None, 1)):
+    monkeypatch.setattr(search.os, "cpu_count", lambda count=count: count)
+    assert search._cores() == cores
+  # This process's affinity (pid 0).
+  monkeypatch.setattr(search.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3} if pid == 0
+                      else set(), raising=False)
   v2, quota, period = tmp_path / "cpu.max", tmp_path / "quota", tmp_path / "period"
   monkeypatch.setattr(search, "CPU_MAX", str(v2))
   monkeypatch.setattr(search, "CFS_FILES", (str(quota), str(period)))

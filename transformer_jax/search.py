@@ -664,19 +664,20 @@ def in_parts(search, *rows_args, parts: int | None = None) -> tuple[np.ndarray, 
   Flax settings for this thread (`_thread_settings`), the batch is searched whole: the other
   threads would search without them."""
   rows = rows_args[0].shape[0]
+  if any(x.shape[0] != rows for x in rows_args):
+    raise ValueError(f"the arrays' first axes hold {[x.shape[0] for x in rows_args]} rows: each "
+                     f"must hold the batch's {rows}")
   parts = concurrent_parts(rows) if parts is None else parts
   if parts < 1 or rows % parts:
     raise ValueError(f"parts={parts}: must be >= 1 and divide the batch's {rows} rows")
-  if parts > 1 and _thread_settings():
+  if _thread_settings():  # which the pool's threads would search without
     parts = 1
+  size = rows // parts
 
   def part(k):
-    size = rows // parts
     outputs = search(*(x[k * size:(k + 1) * size] for x in rows_args))
     return tuple(np.asarray(x) for x in outputs)  # waits for this part's result
 
-  if parts == 1:
-    return part(0)
   # JAX compiles a program once when two threads first call it together.
   others = [_threads(parts).submit(part, k) for k in range(1, parts)]
   results = [part(0)] + [f.result() for f in others]

@@ -326,9 +326,8 @@ def init_from_split_warning(config, record: dict) -> str | None:
          if theirs.get(f) != ours.get(f)]
   from transformer_jax.data.config import OWN_SPLIT_DATASETS  # see config_json
   dataset = ours["data.dataset"]
-  if why:
-    pass
-  elif dataset == "numbers":
+  # Another dataset or direction says it all; the split's own settings are compared within one.
+  if not why and dataset == "numbers":
     from transformer_jax.data import numbers  # see config_json
     shares = [numbers.held_out_share(*(c[f"data.numbers_{n}"] for n in
                                        ("train_size", "eval_size", "eval_size")))
@@ -336,7 +335,7 @@ def init_from_split_warning(config, record: dict) -> str | None:
     if shares[1] > shares[0]:
       why.append(f"a held-out share of {shares[1]} per mille here, {shares[0]} there "
                  "(data.numbers_train_size and numbers_eval_size)")
-  elif dataset not in OWN_SPLIT_DATASETS:  # locale, text (WMT: TFDS's own splits)
+  elif not why and dataset not in OWN_SPLIT_DATASETS:  # locale, text (WMT: TFDS's own splits)
     if "data.split" not in same_run_fields(theirs, ours) and theirs["data.split"] != ours[
         "data.split"]:
       why.append(f"data.split: {theirs['data.split']!r} there, {ours['data.split']!r} here")
