@@ -642,7 +642,8 @@ def _thread_settings() -> list[str]:
   for name, state in holders.items():
     if isinstance(state, State) and state.value is not state.get_global():
       found.append(name)
-  if not jax.sharding.get_abstract_mesh().empty:
+  mesh = getattr(jax.sharding, "get_abstract_mesh", None)  # jax >= 0.6
+  if mesh is not None and not mesh().empty:
     found.append("mesh")
   if nn.get_logical_axis_rules():
     found.append("logical_axis_rules")
