@@ -346,7 +346,7 @@ def test_in_parts_runs_the_slices_at_the_same_time_and_joins_them_in_order():
   with pytest.raises(ValueError, match="parts=0"):
     search.in_parts(fake, np.arange(6), np.arange(6), parts=0)
   with pytest.raises(ValueError, match=r"hold \[6, 4\] rows: each must hold the batch's 6"):
-    search.in_parts(fake, np.arange(6), np.arange(4), parts=2)
+    search.in_parts(fake, np.arange(6), np.zeros((4, 3)), parts=2)
   # One pool of threads for each number of parts, kept: not threads made at every batch.
   assert search._threads(3) is search._threads(3)
 
@@ -381,7 +381,8 @@ def test_the_cores_are_the_affinitys_within_a_cgroup_quota(tmp_path, monkeypatch
   monkeypatch.setattr(search, "CFS_FILES", (str(quota), str(period)))
   assert search._cores() == 4                    # no cgroup files: the affinity
   for text, cores in (("max 100000\n", 4), ("150000 100000\n", 1), ("200000 100000\n", 2),
-                      ("900000 100000\n", 4), ("50000 100000\n", 1)):
+                      ("900000 100000\n", 4), ("50000 100000\n", 1), ("1 100000\n", 1),
+                      ("2 1\n", 2), ("0 100000\n", 4), ("100000 0\n", 4), ("garbled\n", 4)):
     v2.write_text(text)
     assert search._cores() == cores, text
   v2.unlink()

@@ -1860,6 +1860,23 @@ def test_a_corpus_file_untouched_since_its_record_is_not_read_again(tmp_path, mo
   fingerprint._HASHED.clear()
   old = {k: v for k, v in entry.items() if k not in ("ctime_ns", "inode", "device")}
   assert fingerprint.changed({str(corpus): old}) == [] and hashed == [str(corpus)]
+  # Every file is looked at, whatever the untouched ones before it.
+  other = tmp_path / "d.tsv"
+  other.write_text("two\tzwei\n")
+  both = fingerprint.fingerprint(config(tmp_path, **{
+      "data.dataset": "text", "data.source_path": str(corpus),
+      "data.target_path": str(other)}).data)
+  other.write_text("two\tdrei\n")
+  assert fingerprint.changed(both) == [f"{other}: its content changed (9 -> 9 bytes)"]
+  # Settled: 2 s after the later of the file's change and modification times.
+  stat, real_time_ns = os.stat(corpus), time.time_ns
+  monkeypatch.setattr(fingerprint, "SETTLED_NS", 2 * 10**9)
+  for after, settled in ((2 * 10**9 - 1, False), (2 * 10**9, True)):
+    monkeypatch.setattr(fingerprint.time, "time_ns", lambda after=after: (
+        max(stat.st_ctime_ns, stat.st_mtime_ns) + after))
+    assert fingerprint._settled(stat) is settled
+  monkeypatch.setattr(fingerprint.time, "time_ns", real_time_ns)
+  monkeypatch.setattr(fingerprint, "SETTLED_NS", 0)
   # Rewritten with its size and time put back (`touch -r`): the ctime moved, the bytes differ.
   time.sleep(0.05)  # past the file system clock's tick
   corpus.write_text("one\tzwei\n")

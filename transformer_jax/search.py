@@ -585,8 +585,7 @@ def _quota_cores() -> float | None:
   """The CPUs a cgroup quota allows this process (`docker --cpus`, a Kubernetes limit), or None
   where none is set or it cannot be read."""
   try:
-    with open(CPU_MAX) as f:
-      quota, period = f.read().split()[:2]
+    quota, period = _read(CPU_MAX).split()  # "max 100000": none
   except (OSError, ValueError):
     try:
       quota, period = (_read(path) for path in CFS_FILES)
