@@ -337,6 +337,10 @@ def test_user_errors_out_of_memory_and_a_broken_pipe(capsys, monkeypatch):
   monkeypatch.setattr(cli.os, "dup2", lambda fd, to: dups.append((fd, to)))
   monkeypatch.setattr(sys, "stdout", ClosedPipe())
   assert _toy(["--help"]) == 1 and dups == [((os.devnull, os.O_WRONLY), 101)]
+  # Started with stdout closed (`>&-`: None), a pipe of its own gone (a FIFO's reader): exit 1.
+  monkeypatch.setattr(sys, "stdout", None)
+  assert _toy([], _raising(BrokenPipeError(32, "Broken pipe"))) == 1 and len(dups) == 1
+  assert _toy([], lambda values, args: 0) == 0  # and nothing to flush at the end
 
 
 def test_an_os_error_without_a_file_names_the_checkouts_innermost_frame(capsys):

@@ -1836,12 +1836,20 @@ def test_a_corpus_file_untouched_since_its_record_is_not_read_again(tmp_path, mo
   hashed = []
   real = fingerprint._sha256
   monkeypatch.setattr(fingerprint, "_sha256", lambda path: hashed.append(path) or real(path))
-  # Just written: no inode or ctime recorded, hashed at every look.
-  fresh = fingerprint.fingerprint(data.data)[str(corpus)]
-  assert "ctime_ns" not in fresh and "inode" not in fresh
-  assert fingerprint.changed({str(corpus): fresh}) == [] and len(hashed) == 2
+  # A file system that keeps ctime (tmp_path's may be any: its type is the next test's).
+  monkeypatch.setattr(fingerprint, "_fs_type", lambda device: "ext4")
+  # Just written (within the margin, here a day): no inode or ctime recorded, hashed at every
+  # look; so on a file system not known to keep ctime (sshfs), whenever written.
+  for margin, fs in ((86400 * 10**9, "ext4"), (0, "fuse.sshfs")):
+    monkeypatch.setattr(fingerprint, "SETTLED_NS", margin)
+    monkeypatch.setattr(fingerprint, "_fs_type", lambda device, fs=fs: fs)
+    hashed.clear()
+    fresh = fingerprint.fingerprint(data.data)[str(corpus)]
+    assert "ctime_ns" not in fresh and "inode" not in fresh
+    assert fingerprint.changed({str(corpus): fresh}) == [] and len(hashed) == 2
   # Settled (the clock's margin set to 0 here instead of waiting 2 s).
   monkeypatch.setattr(fingerprint, "SETTLED_NS", 0)
+  monkeypatch.setattr(fingerprint, "_fs_type", lambda device: "ext4")
   hashed.clear()
   recorded = fingerprint.fingerprint(data.data)
   entry = recorded[str(corpus)]
@@ -1850,6 +1858,10 @@ def test_a_corpus_file_untouched_since_its_record_is_not_read_again(tmp_path, mo
       stat.st_ctime_ns, stat.st_ino, stat.st_dev)
   assert fingerprint.fingerprint(data.data) == recorded and len(hashed) == 1  # once a process
   assert fingerprint.changed(recorded) == [] and len(hashed) == 1            # not read again
+  # In a new process: a file changed() found untouched is not read for the record made next.
+  fingerprint._HASHED.clear()
+  assert fingerprint.changed(recorded) == [] and fingerprint.fingerprint(data.data) == recorded
+  assert len(hashed) == 1
   # Each recorded field that differs has the file read again (an old entry has none of them).
   for field in ("ctime_ns", "inode", "device", "bytes", "mtime_ns"):
     hashed.clear()
@@ -1882,6 +1894,27 @@ def test_a_corpus_file_untouched_since_its_record_is_not_read_again(tmp_path, mo
   corpus.write_text("one\tzwei\n")
   os.utime(corpus, ns=(0, entry["mtime_ns"]))
   assert fingerprint.changed(recorded) == [f"{corpus}: its content changed (9 -> 9 bytes)"]
+
+
+def test_a_files_system_type_is_read_from_mountinfo(tmp_path, monkeypatch):
+  mountinfo = tmp_path / "mountinfo"
+  mountinfo.write_text(
+      "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+      "40 27 0:51 / /mnt/remote rw,nosuid shared:5 - fuse.sshfs host:/data rw,user_id=0\n"
+      "41 27 0:52 / /mnt/odd rw - tmpfs tmpfs rw\n")
+  monkeypatch.setattr(fingerprint, "MOUNTINFO", str(mountinfo))
+  fingerprint._fs_type.cache_clear()
+  try:
+    assert fingerprint._fs_type(os.makedev(254, 0)) == "ext4"
+    assert fingerprint._fs_type(os.makedev(0, 51)) == "fuse.sshfs"  # optional fields before -
+    assert fingerprint._fs_type(os.makedev(0, 52)) == "tmpfs"
+    assert fingerprint._fs_type(os.makedev(0, 53)) is None
+    monkeypatch.setattr(fingerprint, "MOUNTINFO", str(tmp_path / "none"))
+    fingerprint._fs_type.cache_clear()
+    assert fingerprint._fs_type(os.makedev(254, 0)) is None
+  finally:
+    fingerprint._fs_type.cache_clear()
+  assert "fuse.sshfs" not in fingerprint.CTIME_KEPT and "ext4" in fingerprint.CTIME_KEPT
 
 
 def test_evaluating_an_older_step_finds_the_corpus_where_a_later_resume_recorded_it(tmp_path):

@@ -71,7 +71,8 @@ def run(body: Callable[[flags.FlagValues, list[str]], int | None],
     return code
   except BrokenPipeError:  # the reader went away (`--help | head`): nothing left to say
     # Python flushes stdout again at exit: pointed at /dev/null, that flush cannot fail too.
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if sys.stdout is not None:  # closed (`>&-`): a pipe of --output's gone instead
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 1
 
 

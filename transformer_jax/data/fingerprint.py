@@ -11,11 +11,13 @@ content's SHA-256 decides: a file only touched or copied (a new time, the same b
 same corpus, and one rewritten with its old size and time put back is not. Hashing takes about
 a second a gigabyte, so a file is read again only when it may have changed: each entry also
 records the file's inode, device and status change time (`ctime`), which the kernel sets at
-every write and no user can set back (`touch -r` sets the modification time, and so moves
-`ctime`); a file whose inode, device, size and both times are the recorded ones has not been
-written since. Within a process a file is hashed once for as long as they stay the same. A file
-written in the last `SETTLED_NS` (2 s) is hashed at every look, and its entry records no inode
-or ctime: another write within the same tick of the file system's clock would not move them.
+every write(), truncate or rename and no user can set back (`touch -r` sets the modification
+time, and so moves `ctime`); a file whose inode, device, size and both times are the recorded
+ones has not been written since. Within a process a file is hashed once for as long as they
+stay the same. A file written in the last `SETTLED_NS` (2 s), or on a file system not known to
+keep its ctime (`CTIME_KEPT`: sshfs and other FUSE mounts may report ctime = mtime), is hashed
+at every look, and its entry records no inode or ctime. (Stores through a shared mmap after
+the first to a page move no time: not guarded against.)
 
     record(config.data)                      # {"inputs": fingerprint, "roles": {field: path}}
     matches(recorded_record, config.data)    # the same bytes, each file in the same role
@@ -25,6 +27,7 @@ with `source_path` and `target_path` swapped hold the same bytes but train the o
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -68,8 +71,42 @@ def _untouched_key(stat: os.stat_result) -> tuple:
   return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
+# File systems whose kernel driver keeps ctime apart from mtime (a write or `touch -r` moves
+# it). FUSE mounts such as sshfs may report ctime = mtime, and others are not known: their files
+# are hashed at every look.
+CTIME_KEPT = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "tmpfs", "overlay",
+                        "nfs", "nfs4", "lustre", "gpfs", "f2fs"})
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+@functools.cache
+def _fs_type(device: int) -> str | None:
+  """The type of the file system mounted from `device` (`/proc/self/mountinfo`), or None."""
+  wanted = f"{os.major(device)}:{os.minor(device)}"
+  try:
+    with open(MOUNTINFO) as f:
+      for line in f:
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == wanted and " - " in line:
+          return line.split(" - ", 1)[1].split()[0]
+  except OSError:
+    pass
+  return None
+
+
+def _stat(path: str) -> os.stat_result:
+  """The file's status from an open file: NFS answers a bare stat() from its attribute cache
+  (up to a minute old), an open checks with the server (close-to-open)."""
+  with open(path, "rb") as f:
+    return os.fstat(f.fileno())
+
+
 def _settled(stat: os.stat_result) -> bool:
-  return time.time_ns() - max(stat.st_ctime_ns, stat.st_mtime_ns) >= SETTLED_NS
+  """Whether the file's inode and times can stand for its content: written at least
+  `SETTLED_NS` ago, on a file system that keeps its ctime (this host's clock and a file
+  server's assumed within a second of each other)."""
+  return (time.time_ns() - max(stat.st_ctime_ns, stat.st_mtime_ns) >= SETTLED_NS
+          and _fs_type(stat.st_dev) in CTIME_KEPT)
 
 
 def _content_sha256(path: str, stat: os.stat_result) -> str:
@@ -82,7 +119,7 @@ def _content_sha256(path: str, stat: os.stat_result) -> str:
 
 
 def _entry(path: str) -> dict:
-  stat = os.stat(path)
+  stat = _stat(path)
   entry = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
   if _settled(stat):  # else no later look may skip reading it (`_untouched`)
     entry.update(ctime_ns=stat.st_ctime_ns, inode=stat.st_ino, device=stat.st_dev)
@@ -116,8 +153,9 @@ def changed(recorded: dict) -> list[str]:
     # Size and modification time alone would not do: a file rewritten with its old time put
     # back (`touch -r`) would pass, and the build, named by size and time, would stay the old
     # one here but not on a rebuild (another data_dir). Its ctime has moved, though.
-    stat = os.stat(path)
+    stat = _stat(path)
     if _untouched(was, stat):
+      _HASHED[(path,) + _untouched_key(stat)] = was["sha256"]  # for a record made next
       continue
     if _content_sha256(path, stat) != was["sha256"]:
       out.append(f"{path}: its content changed ({was['bytes']:,} -> {stat.st_size:,} bytes)")
