@@ -1899,9 +1899,10 @@ def test_a_corpus_file_untouched_since_its_record_is_not_read_again(tmp_path, mo
 def test_a_files_system_type_is_read_from_mountinfo(tmp_path, monkeypatch):
   mountinfo = tmp_path / "mountinfo"
   mountinfo.write_text(
+      "short 0:53\n"
       "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
       "40 27 0:51 / /mnt/remote rw,nosuid shared:5 - fuse.sshfs host:/data rw,user_id=0\n"
-      "41 27 0:52 / /mnt/odd rw - tmpfs tmpfs rw\n")
+      "41 27 0:52 / /mnt/odd rw - tmpfs a - b rw\n")
   monkeypatch.setattr(fingerprint, "MOUNTINFO", str(mountinfo))
   fingerprint._fs_type.cache_clear()
   try:

@@ -86,9 +86,9 @@ def _fs_type(device: int) -> str | None:
   try:
     with open(MOUNTINFO) as f:
       for line in f:
-        fields = line.split()
-        if len(fields) > 2 and fields[2] == wanted and " - " in line:
-          return line.split(" - ", 1)[1].split()[0]
+        # "ID PARENT MAJOR:MINOR ROOT MOUNT OPTIONS [OPTIONAL...] - TYPE SOURCE OPTIONS"
+        if line.split()[2:3] == [wanted] and " - " in line:
+          return line.partition(" - ")[2].split()[0]
   except OSError:
     pass
   return None
