@@ -71,6 +71,11 @@ def _untouched_key(stat: os.stat_result) -> tuple:
   return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
+def _memo_key(path: str, stat: os.stat_result) -> tuple:
+  """The file's key in `_HASHED`."""
+  return (path,) + _untouched_key(stat)
+
+
 # File systems whose kernel driver keeps ctime apart from mtime (a write or `touch -r` moves
 # it). FUSE mounts such as sshfs may report ctime = mtime, and others are not known: their files
 # are hashed at every look.
@@ -112,7 +117,7 @@ def _settled(stat: os.stat_result) -> bool:
 def _content_sha256(path: str, stat: os.stat_result) -> str:
   if not _settled(stat):
     return _sha256(path)
-  key = (path,) + _untouched_key(stat)
+  key = _memo_key(path, stat)
   if key not in _HASHED:
     _HASHED[key] = _sha256(path)
   return _HASHED[key]
@@ -155,7 +160,7 @@ def changed(recorded: dict) -> list[str]:
     # one here but not on a rebuild (another data_dir). Its ctime has moved, though.
     stat = _stat(path)
     if _untouched(was, stat):
-      _HASHED[(path,) + _untouched_key(stat)] = was["sha256"]  # for a record made next
+      _HASHED[_memo_key(path, stat)] = was["sha256"]  # for a record made next
       continue
     if _content_sha256(path, stat) != was["sha256"]:
       out.append(f"{path}: its content changed ({was['bytes']:,} -> {stat.st_size:,} bytes)")
